@@ -1,0 +1,58 @@
+#include "config.h"
+#include "log.h"
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static double env_num(const char *name, double dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    double d = strtod(v, &end);
+    if (*end) {
+        hvdl__log(HVDL_LOG_WARNING, "ignoring %s=%s: not a number", name, v);
+        return dflt;
+    }
+    return d;
+}
+
+static int env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") && strcasecmp(v, "false");
+}
+
+static int parse_level(const char *v) {
+    static const char *names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
+    for (int i = 0; i < 6; i++)
+        if (v && !strcasecmp(v, names[i])) return i;
+    return HVDL_LOG_WARNING;
+}
+
+void hvdl__config_read(config_t *c) {
+    c->log_level = parse_level(getenv("HOROVOD_LOG_LEVEL"));
+    hvdl__log_set_level(c->log_level);
+    c->fusion_threshold = (int64_t)env_num("HOROVOD_FUSION_THRESHOLD", 128.0 * 1024 * 1024);
+    c->cycle_time = env_num("HOROVOD_CYCLE_TIME", 1.0) / 1000.0;
+    c->cache_capacity = (int)env_num("HOROVOD_CACHE_CAPACITY", 1024);
+    c->stall_check = !env_flag("HOROVOD_STALL_CHECK_DISABLE");
+    c->stall_warning = env_num("HOROVOD_STALL_CHECK_TIME_SECONDS", 60);
+    c->stall_shutdown = env_num("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0);
+    c->peer_timeout = env_num("HOROVODLIKE_PEER_TIMEOUT_SECONDS", 30);
+    c->chunk_bytes = (int64_t)env_num("HOROVODLIKE_CHUNK_BYTES", 256 * 1024);
+    c->socket_buffer = (int64_t)env_num("HOROVODLIKE_SOCKET_BUFFER_BYTES", 4 << 20);
+    if (c->fusion_threshold < 0) c->fusion_threshold = 0;
+    if (c->cycle_time < 0) c->cycle_time = 0;
+    if (c->cache_capacity < 0) c->cache_capacity = 0;
+    /* Chunks must hold whole elements of every dtype: round to 64 bytes. */
+    c->chunk_bytes = c->chunk_bytes < 4096 ? 4096 : c->chunk_bytes & ~(int64_t)63;
+}
+
+void hvdl__config_log(const config_t *c, int rank) {
+    hvdl__log(HVDL_LOG_INFO,
+              "rank %d config: fusion_threshold=%lld cycle_time_ms=%.3f cache_capacity=%d "
+              "stall_check=%d stall_warning_s=%.0f stall_shutdown_s=%.0f peer_timeout_s=%.0f "
+              "chunk_bytes=%lld",
+              rank, (long long)c->fusion_threshold, c->cycle_time * 1e3, c->cache_capacity,
+              c->stall_check, c->stall_warning, c->stall_shutdown, c->peer_timeout,
+              (long long)c->chunk_bytes);
+}

@@ -1,0 +1,23 @@
+/* The engine's knobs. Each environment variable is read in exactly one place
+ * (config.c), with Horovod's names and defaults; new knobs use HOROVODLIKE_. */
+#ifndef HVDL_CONFIG_H
+#define HVDL_CONFIG_H
+#include <stdint.h>
+
+typedef struct config {
+    int64_t fusion_threshold;    /* HOROVOD_FUSION_THRESHOLD, bytes; 0 disables fusion */
+    double cycle_time;           /* HOROVOD_CYCLE_TIME, ms in the variable, s here */
+    int cache_capacity;          /* HOROVOD_CACHE_CAPACITY; 0 disables the cache */
+    int stall_check;             /* !HOROVOD_STALL_CHECK_DISABLE */
+    double stall_warning;        /* HOROVOD_STALL_CHECK_TIME_SECONDS */
+    double stall_shutdown;       /* HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, 0 = never */
+    int log_level;               /* HOROVOD_LOG_LEVEL */
+    double peer_timeout;         /* HOROVODLIKE_PEER_TIMEOUT_SECONDS: no progress on a
+                                    transfer this long means the peer is lost */
+    int64_t chunk_bytes;         /* HOROVODLIKE_CHUNK_BYTES: pipelining granularity */
+    int64_t socket_buffer;       /* HOROVODLIKE_SOCKET_BUFFER_BYTES */
+} config_t;
+
+void hvdl__config_read(config_t *c);
+void hvdl__config_log(const config_t *c, int rank);
+#endif

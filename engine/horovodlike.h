@@ -1,0 +1,117 @@
+/*
+ * horovodlike engine — the public C API.
+ *
+ * This header is the manual and also the cffi declaration: the text between the
+ * CDEF-BEGIN and CDEF-END markers is handed to ffi.cdef() verbatim, so every constant
+ * and enum Python uses comes from here, never copied by hand. Keep that part to plain
+ * declarations cffi understands (no #if, no macro expressions).
+ *
+ * Life of an op: hvdl_enqueue() checks the request locally and queues it; the engine's
+ * background thread negotiates with the other ranks, fuses, moves the data and marks the
+ * handle done; hvdl_wait()/hvdl_poll() observe it; hvdl_release() returns the status,
+ * the error message and (for ops whose output size is only known after negotiation,
+ * such as allgather) the output buffer, which the caller frees with hvdl_free().
+ *
+ * Threading: every function may be called from any thread; waits block (after a short
+ * spin) and are meant to be called without the caller's interpreter lock held.
+ */
+#ifndef HOROVODLIKE_H
+#define HOROVODLIKE_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* CDEF-BEGIN */
+#define HVDL_MAX_DIMS 8
+#define HVDL_BLOB_BYTES 256
+#define HVDL_MSG_BYTES 1024
+
+/* Status codes: one table for the whole engine (names in hvdl_status_name()). */
+enum hvdl_status {
+    HVDL_OK = 0,
+    HVDL_ERR_INVALID = 1,          /* a bad argument, caught before anything was queued */
+    HVDL_ERR_DUPLICATE_NAME = 2,   /* a request with this name is already in flight */
+    HVDL_ERR_MISMATCH = 3,         /* ranks disagree on an op's dtype/shape/op/root/... */
+    HVDL_ERR_PEER_LOST = 4,        /* a rank died or its connection broke */
+    HVDL_ERR_NOT_INITIALIZED = 5,
+    HVDL_ERR_SHUT_DOWN = 6,
+    HVDL_ERR_SYSTEM = 7,           /* an operating-system call failed (message has errno) */
+    HVDL_ERR_TIMEOUT = 8,          /* hvdl_wait's deadline passed; the op goes on */
+    HVDL_ERR_NOT_IMPLEMENTED = 9,
+    HVDL_ERR_STALLED = 10          /* HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passed */
+};
+
+enum hvdl_dtype {
+    HVDL_UINT8 = 0, HVDL_INT8 = 1, HVDL_INT16 = 2, HVDL_INT32 = 3, HVDL_INT64 = 4,
+    HVDL_FLOAT16 = 5, HVDL_BFLOAT16 = 6, HVDL_FLOAT32 = 7, HVDL_FLOAT64 = 8, HVDL_BOOL = 9,
+    HVDL_NUM_DTYPES = 10
+};
+
+enum hvdl_reduce_op {
+    HVDL_SUM = 0, HVDL_AVERAGE = 1, HVDL_MIN = 2, HVDL_MAX = 3, HVDL_PRODUCT = 4,
+    HVDL_ADASUM = 5
+};
+
+enum hvdl_op_type {
+    HVDL_OP_ALLREDUCE = 0, HVDL_OP_ALLGATHER = 1, HVDL_OP_BROADCAST = 2,
+    HVDL_OP_BARRIER = 3, HVDL_OP_ALLTOALL = 4, HVDL_OP_REDUCESCATTER = 5
+};
+
+/* One collective request. The engine copies the struct and the name; the buffers are
+ * borrowed and must stay alive (and unmodified) until the handle is released. */
+typedef struct hvdl_request {
+    int op;                  /* enum hvdl_op_type */
+    int dtype;               /* enum hvdl_dtype */
+    int reduce_op;           /* enum hvdl_reduce_op (allreduce only) */
+    int root_rank;           /* broadcast only */
+    int process_set;         /* 0 = all ranks */
+    int ndim;                /* 0..HVDL_MAX_DIMS; 0 is a scalar */
+    int64_t shape[8];        /* HVDL_MAX_DIMS entries, the first ndim used */
+    double prescale;         /* allreduce: multiply inputs by this before reducing */
+    double postscale;        /* allreduce: multiply the result by this */
+    const void *input;       /* the caller's contiguous data (NULL only if empty) */
+    void *output;            /* allreduce/broadcast: result buffer (may equal input);
+                                allgather: NULL, the engine allocates the result */
+    const char *name;        /* unique among in-flight requests; required */
+} hvdl_request;
+
+/* What a finished op produced (filled by hvdl_release). */
+typedef struct hvdl_result {
+    void *data;              /* allgather: engine-allocated output, free with hvdl_free */
+    int64_t nbytes;          /* bytes at data */
+    int64_t first_dim;       /* allgather: the concatenated first dimension */
+} hvdl_result;
+
+/* Start-up in two steps so that the caller can exchange the address blobs however it
+ * likes (MPI, the launcher's store, nothing at size 1):
+ *   hvdl_prepare: read the configuration from the environment, open the listening
+ *                 socket, and write this rank's blob (HVDL_BLOB_BYTES) to blob_out.
+ *   hvdl_start:   given every rank's blob, in rank order, concatenated, connect to the
+ *                 peers and start the background thread. */
+int hvdl_prepare(const char *hostname, const char *advertise_addr, char *blob_out);
+int hvdl_start(int rank, int size, const char *all_blobs);
+
+/* Waits for every rank to call it (pending ops finish first), then stops the engine.
+ * A lost peer makes it return at once. Safe to call twice. */
+int hvdl_shutdown(void);
+int hvdl_is_running(void);
+
+/* Queue a request; on success *handle is set. On failure nothing was queued and
+ * hvdl_last_error() says why. */
+int hvdl_enqueue(const hvdl_request *req, int64_t *handle);
+
+/* 1 if done, 0 if not, negative if the handle is unknown. */
+int hvdl_poll(int64_t handle);
+/* Block until done or timeout_s passes (HVDL_ERR_TIMEOUT); timeout_s < 0 waits forever. */
+int hvdl_wait(int64_t handle, double timeout_s);
+/* Free a finished handle: returns the op's status, copies its message (if any) into
+ * msg (HVDL_MSG_BYTES), and fills *result. Releasing an unfinished handle is refused. */
+int hvdl_release(int64_t handle, char *msg, hvdl_result *result);
+
+/* The message of the last failed call made on this thread. */
+const char *hvdl_last_error(void);
+const char *hvdl_status_name(int status);
+int hvdl_dtype_size(int dtype);
+void hvdl_free(void *p);
+/* CDEF-END */
+
+#endif

@@ -1,0 +1,195 @@
+/*
+ * Internal declarations shared by the engine's files. Public names are hvdl_x, internal
+ * ones hvdl__x. Nothing here is global: all state hangs off one struct engine, so a C
+ * test could run several engines as threads; api.c holds the one pointer Python uses.
+ */
+#ifndef HVDL_INTERNAL_H
+#define HVDL_INTERNAL_H
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stddef.h>
+#include "horovodlike.h"
+#include "util.h"
+#include "config.h"
+#include "log.h"
+
+/* What every rank must agree on for one named request. Also the unit the response
+ * cache compresses: a request equal to its cached meta travels as one bit. */
+typedef struct meta {
+    int32_t op, dtype, reduce_op, root_rank, process_set, ndim;
+    int64_t shape[HVDL_MAX_DIMS];
+    double prescale, postscale;
+} meta_t;
+
+/* One enqueued request, from hvdl_enqueue until hvdl_release. */
+typedef struct op {
+    int64_t handle;
+    char *name;
+    meta_t meta;
+    const void *input;
+    void *output;
+    int64_t nbytes;          /* input bytes */
+    int cache_id;            /* this rank's cache entry for the name, or -1 */
+    double enqueued_at;
+    atomic_int done;         /* written under engine.mu, read lock-free by spinners */
+    int status;
+    char *msg;               /* error text, malloc'd, or NULL */
+    hvdl_result result;
+    struct op *next;         /* link in whichever queue holds it */
+} op_t;
+
+typedef struct op_queue { op_t *head, *tail; } op_queue_t;
+void hvdl__queue_push(op_queue_t *q, op_t *o);
+op_t *hvdl__queue_pop(op_queue_t *q);
+
+/* A fused response: tensors that are moved by one collective call, in order. Built by
+ * the coordinator (negotiate.c), sent to every rank, executed by exec.c. */
+typedef struct response {
+    int kind;                /* RESP_* below */
+    meta_t meta;             /* shared op/dtype/reduce/root/scales (shape unused) */
+    int ntensors;
+    char **names;
+    int *cache_ids;          /* per tensor: the cache id every rank stores it under, or -1 */
+    int64_t *dim0;           /* allgather: ntensors x size first dimensions */
+    char *error;             /* RESP_ERROR: the message every rank reports */
+} response_t;
+enum { RESP_OK = 0, RESP_ERROR = 1, RESP_SHUTDOWN = 2 };
+void hvdl__response_free(response_t *r);
+
+/* The peer-to-peer transport every algorithm talks to. An algorithm never includes a
+ * backend; it calls t->exchange(). */
+typedef void (*chunk_fn)(void *ctx, int64_t offset, const void *data, int64_t len);
+typedef struct xfer {
+    int send_peer;           /* -1: nothing to send */
+    const void *sbuf;
+    int64_t slen;
+    int recv_peer;           /* -1: nothing to receive */
+    void *rbuf;              /* destination of rlen bytes, or a staging buffer of chunk
+                                bytes when on_chunk is set */
+    int64_t rlen;
+    int64_t chunk;           /* staging size (a multiple of every dtype size) */
+    chunk_fn on_chunk;       /* called as each received chunk completes, in order */
+    void *ctx;
+} xfer_t;
+typedef struct transport {
+    const char *name;
+    int (*exchange)(struct transport *t, const xfer_t *x);
+} transport_t;
+
+struct engine;
+
+/* Per-peer connection state (net.c). Control frames arrive on ctrl; data on data. */
+typedef struct conn {
+    int fd;
+    buf_t rx;                /* bytes read but not yet parsed into frames */
+} conn_t;
+
+typedef struct peer {
+    char host[128];
+    char ip[64];
+    int port;
+    uint64_t nonce;          /* proves a connection was meant for this job and rank */
+    int data_fd;             /* full mesh, -1 for self */
+    conn_t ctrl;             /* control plane is a star: workers <-> rank 0 */
+} peer_t;
+
+typedef struct cache_entry {
+    char *name;
+    meta_t meta;             /* the agreed request (allgather: dim0 in dim0s instead) */
+    int64_t *dim0s;          /* allgather: every rank's first dimension, else NULL */
+} cache_entry_t;
+
+typedef struct engine {
+    config_t cfg;
+    int rank, size;
+    char host[128];
+    uint64_t nonce;
+    int listen_fd;
+    peer_t *peers;
+    transport_t *tcp;
+
+    pthread_t thread;
+    int thread_started;
+    int wake_fd;             /* eventfd: an enqueue or shutdown wakes the loop */
+
+    /* Guarded by mu. Lock rule: the loop never holds mu while doing I/O. */
+    pthread_mutex_t mu;
+    pthread_cond_t done_cv;
+    op_queue_t incoming;     /* enqueued, not yet picked up by the loop */
+    strmap_t inflight;       /* name -> op_t*, from enqueue until done */
+    op_t **slots;            /* handle table: handle = generation << 32 | slot */
+    uint32_t *gens;
+    int nslots;
+    int free_head;
+    int *free_next;
+    int failed;              /* sticky: a lost peer or a stall shutdown */
+    int fail_status;
+    char fail_msg[HVDL_MSG_BYTES];
+    int shutdown_requested;
+
+    /* Owned by the background thread alone. */
+    op_queue_t unsent;       /* picked up, not yet told to the coordinator */
+    double first_unsent_at;
+    int bye_sent;
+    int stopped;             /* a shutdown was sent (rank 0) or received (workers) */
+    strmap_t mine;           /* name -> op_t*, ops this rank has announced */
+    cache_entry_t *cache;    /* id -> entry; identical on every rank */
+    int ncache;
+    strmap_t cache_by_name;  /* name -> id+1 */
+    buf_t fusion;            /* persistent fusion buffer */
+    buf_t scratch;           /* staging for receive-and-reduce */
+    struct coordinator *coord;   /* rank 0 only */
+} engine_t;
+
+/* loop.c */
+void *hvdl__loop(void *arg);
+void hvdl__fail(engine_t *e, int status, const char *fmt, ...);
+void hvdl__complete(engine_t *e, op_t *o, int status, const char *msg);
+
+/* negotiate.c */
+int hvdl__announce(engine_t *e);                    /* send unsent requests */
+int hvdl__coordinator_new(engine_t *e);
+void hvdl__coordinator_free(engine_t *e);
+int hvdl__coordinator_step(engine_t *e);            /* rank 0: match, plan, broadcast */
+int hvdl__handle_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n);
+int hvdl__worker_take_responses(engine_t *e);       /* workers: execute what came */
+void hvdl__stall_check(engine_t *e, double now);
+int hvdl__say_bye(engine_t *e);                     /* this rank calls shutdown */
+int hvdl__coordinator_pending(engine_t *e);
+int hvdl__cache_meta_equal(const meta_t *a, const meta_t *b);
+
+/* exec.c */
+int hvdl__execute(engine_t *e, response_t *r);
+
+/* net.c: sockets, handshake, framing, waiting on control traffic */
+int hvdl__listen(engine_t *e);
+int hvdl__connect_all(engine_t *e);
+void hvdl__close_all(engine_t *e);
+int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n);
+int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd);
+int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap);
+int hvdl__control_readable(engine_t *e, int peer);
+transport_t *hvdl__tcp_transport(engine_t *e);
+void hvdl__peer_lost(engine_t *e, int peer, const char *why);
+void hvdl__blob_write(engine_t *e, int port, const char *ip, char *out);
+int hvdl__blob_read(const char *in, peer_t *p);
+
+/* Frame types on the control plane. */
+enum {
+    MSG_REQUESTS = 1,        /* worker -> rank 0: bits of cached requests + full ones */
+    MSG_RESPONSES = 2,       /* rank 0 -> workers: the ordered list of responses */
+    MSG_BYE = 3,             /* worker -> rank 0: this rank called shutdown */
+    MSG_ABORT = 4            /* any -> any: a rank was lost; payload is the message */
+};
+
+/* reduce.c */
+void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);
+void hvdl__scale(int dtype, void *buf, int64_t count, double factor);
+
+/* collectives (one file each) */
+int hvdl__allreduce_ring(engine_t *e, void *buf, int64_t count, int dtype, int op);
+int hvdl__allgather_ring(engine_t *e, void *out, const int64_t *block_bytes);
+int hvdl__broadcast_chain(engine_t *e, void *buf, int64_t nbytes, int root);
+
+#endif

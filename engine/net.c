@@ -1,0 +1,343 @@
+/*
+ * Sockets: the listening socket and address blob, the connection handshake, control
+ * frames, and waiting on control traffic.
+ *
+ * Topology: a full mesh of data sockets (rank j connects to every i < j) and a star of
+ * control sockets (every worker connects to rank 0). Keeping control apart from data means
+ * an algorithm reads its data stream without ever meeting a negotiation frame, and a
+ * control frame that arrives mid-transfer just waits in the socket until the loop asks.
+ *
+ * Every connection starts with a hello {magic, version, from rank, channel, the target's
+ * nonce from its blob}; anything else is closed, so a stray connection is rejected
+ * rather than misread. Control frames are {magic, type, length} + payload.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define WIRE_MAGIC 0x4876444cu   /* "HvDL" */
+#define WIRE_VERSION 1u
+enum { CH_DATA = 0, CH_CONTROL = 1 };
+
+typedef struct blob {
+    uint32_t magic, version;
+    uint64_t nonce;
+    int32_t port;
+    char ip[64];
+    char host[128];
+} blob_t;
+_Static_assert(sizeof(blob_t) <= HVDL_BLOB_BYTES, "blob too large");
+
+typedef struct hello {
+    uint32_t magic, version, from_rank, channel;
+    uint64_t nonce;
+} hello_t;
+
+typedef struct frame_hdr {
+    uint32_t magic, type;
+    int64_t len;
+} frame_hdr_t;
+
+static void tune_socket(engine_t *e, int fd) {
+    int one = 1, sz = (int)e->cfg.socket_buffer;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+}
+
+static int set_nonblocking(int fd) {
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+int hvdl__listen(engine_t *e) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    tune_socket(e, fd);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t al = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 256) ||
+        getsockname(fd, (struct sockaddr *)&a, &al)) {
+        close(fd);
+        return -1;
+    }
+    e->listen_fd = fd;
+    return ntohs(a.sin_port);
+}
+
+/* Blob encode/decode live here because only net.c knows the blob's layout. */
+void hvdl__blob_write(engine_t *e, int port, const char *ip, char *out) {
+    blob_t b = {.magic = WIRE_MAGIC, .version = WIRE_VERSION, .nonce = e->nonce, .port = port};
+    snprintf(b.ip, sizeof b.ip, "%s", ip);
+    snprintf(b.host, sizeof b.host, "%s", e->host);
+    memset(out, 0, HVDL_BLOB_BYTES);
+    memcpy(out, &b, sizeof b);
+}
+
+int hvdl__blob_read(const char *in, peer_t *p) {
+    blob_t b;
+    memcpy(&b, in, sizeof b);
+    if (b.magic != WIRE_MAGIC || b.version != WIRE_VERSION) return -1;
+    b.ip[sizeof b.ip - 1] = b.host[sizeof b.host - 1] = 0;
+    memcpy(p->host, b.host, sizeof p->host);
+    memcpy(p->ip, b.ip, sizeof p->ip);
+    p->port = b.port;
+    p->nonce = b.nonce;
+    return 0;
+}
+
+/* Blocking I/O with a deadline, for the handshake only. */
+static int io_full(int fd, void *p, size_t n, int writing, double deadline) {
+    uint8_t *c = p;
+    while (n) {
+        struct pollfd pf = {fd, writing ? POLLOUT : POLLIN, 0};
+        int ms = (int)((deadline - hvdl_now()) * 1000);
+        if (ms <= 0 || poll(&pf, 1, ms) <= 0) return -1;
+        ssize_t k = writing ? send(fd, c, n, MSG_NOSIGNAL) : recv(fd, c, n, 0);
+        if (k <= 0) {
+            if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+            return -1;
+        }
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int connect_to(engine_t *e, int peer, int channel, double deadline) {
+    peer_t *p = &e->peers[peer];
+    /* Peers on our own node are reached over loopback whatever address they advertise. */
+    const char *ip = strcmp(p->host, e->host) ? p->ip : "127.0.0.1";
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
+    if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) {
+        hvdl__fail(e, HVDL_ERR_INVALID, "rank %d (host %s) advertised a bad address '%s'",
+                   peer, p->host, ip);
+        return -1;
+    }
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        tune_socket(e, fd);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            hello_t h = {WIRE_MAGIC, WIRE_VERSION, (uint32_t)e->rank, (uint32_t)channel, p->nonce};
+            if (io_full(fd, &h, sizeof h, 1, deadline) == 0) return fd;
+        }
+        int err = errno;
+        close(fd);
+        if (hvdl_now() > deadline) {
+            hvdl__fail(e, HVDL_ERR_PEER_LOST, "could not connect to rank %d (host %s, %s:%d): %s",
+                       peer, p->host, ip, p->port, strerror(err));
+            return -1;
+        }
+        usleep(20000);
+    }
+}
+
+/* Accept until every expected connection has said hello; reject anything else. */
+static int accept_expected(engine_t *e, int expected, double deadline) {
+    while (expected > 0) {
+        struct pollfd pf = {e->listen_fd, POLLIN, 0};
+        int ms = (int)((deadline - hvdl_now()) * 1000);
+        if (ms <= 0 || poll(&pf, 1, ms) <= 0) {
+            hvdl__fail(e, HVDL_ERR_PEER_LOST,
+                       "rank %d: %d peer connection(s) never arrived during start-up",
+                       e->rank, expected);
+            return -1;
+        }
+        int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        hello_t h;
+        double hello_deadline = hvdl_now() + 5.0;
+        if (io_full(fd, &h, sizeof h, 0, hello_deadline < deadline ? hello_deadline : deadline) ||
+            h.magic != WIRE_MAGIC || h.version != WIRE_VERSION || h.nonce != e->nonce ||
+            h.from_rank >= (uint32_t)e->size || h.channel > CH_CONTROL) {
+            hvdl__log(HVDL_LOG_WARNING, "rejected a connection that is not from this job");
+            close(fd);
+            continue;
+        }
+        int *slot = h.channel == CH_DATA ? &e->peers[h.from_rank].data_fd
+                                         : &e->peers[h.from_rank].ctrl.fd;
+        if (*slot >= 0) { close(fd); continue; }
+        *slot = fd;
+        expected--;
+    }
+    return 0;
+}
+
+int hvdl__connect_all(engine_t *e) {
+    double deadline = hvdl_now() + 60.0;
+    for (int i = 0; i < e->rank; i++) {
+        if ((e->peers[i].data_fd = connect_to(e, i, CH_DATA, deadline)) < 0) return -1;
+    }
+    if (e->rank > 0 && (e->peers[0].ctrl.fd = connect_to(e, 0, CH_CONTROL, deadline)) < 0)
+        return -1;
+    int expected = e->size - 1 - e->rank + (e->rank == 0 ? e->size - 1 : 0);
+    if (accept_expected(e, expected, deadline)) return -1;
+    for (int i = 0; i < e->size; i++) {
+        if (e->peers[i].data_fd >= 0) set_nonblocking(e->peers[i].data_fd);
+        if (e->peers[i].ctrl.fd >= 0) set_nonblocking(e->peers[i].ctrl.fd);
+    }
+    return 0;
+}
+
+void hvdl__close_all(engine_t *e) {
+    for (int i = 0; e->peers && i < e->size; i++) {
+        if (e->peers[i].data_fd >= 0) close(e->peers[i].data_fd);
+        if (e->peers[i].ctrl.fd >= 0) close(e->peers[i].ctrl.fd);
+        e->peers[i].data_fd = e->peers[i].ctrl.fd = -1;
+        buf_free(&e->peers[i].ctrl.rx);
+    }
+    if (e->listen_fd >= 0) close(e->listen_fd);
+    e->listen_fd = -1;
+}
+
+/* ---- control plane ---- */
+
+/* Read whatever a control socket has into its rx buffer. 0, or -1 when the peer is gone. */
+static int ctrl_read(conn_t *c) {
+    for (;;) {
+        if (buf_reserve(&c->rx, c->rx.len + 65536)) return -1;
+        ssize_t k = recv(c->fd, c->rx.data + c->rx.len, (size_t)(c->rx.cap - c->rx.len), 0);
+        if (k > 0) { c->rx.len += k; continue; }
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (k < 0 && errno == EINTR) continue;
+        return -1;
+    }
+}
+
+/* If rx holds a complete frame, point at it and return its total size; 0 if not; -1 if
+ * the stream is not ours (bad magic). */
+static int64_t next_frame(conn_t *c, frame_hdr_t *h, int64_t at) {
+    if (c->rx.len - at < (int64_t)sizeof *h) return 0;
+    memcpy(h, c->rx.data + at, sizeof *h);
+    if (h->magic != WIRE_MAGIC || h->len < 0) return -1;
+    return c->rx.len - at >= (int64_t)sizeof *h + h->len ? (int64_t)sizeof *h + h->len : 0;
+}
+
+void hvdl__peer_lost(engine_t *e, int peer, const char *why);
+
+/* Looks at frames buffered from peer without consuming them: an ABORT fails the engine
+ * now (the other frames wait for the loop). Returns -1 once the engine has failed. */
+static int watch_abort(engine_t *e, int peer) {
+    conn_t *c = &e->peers[peer].ctrl;
+    frame_hdr_t h;
+    int64_t at = 0, n;
+    while ((n = next_frame(c, &h, at)) > 0) {
+        if (h.type == MSG_ABORT) {
+            hvdl__handle_frame(e, peer, MSG_ABORT, c->rx.data + at + sizeof h, h.len);
+            return -1;
+        }
+        at += n;
+    }
+    if (n < 0) { hvdl__peer_lost(e, peer, "sent a corrupt control frame"); return -1; }
+    return 0;
+}
+
+int hvdl__control_readable(engine_t *e, int peer) {
+    if (ctrl_read(&e->peers[peer].ctrl)) {
+        hvdl__peer_lost(e, peer, "its connection closed");
+        return -1;
+    }
+    return watch_abort(e, peer);
+}
+
+int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap) {
+    int n = 0;
+    for (int i = 0; i < e->size && n < cap; i++) {
+        if (e->peers[i].ctrl.fd < 0) continue;
+        fds[n] = e->peers[i].ctrl.fd;
+        ranks[n++] = i;
+    }
+    return n;
+}
+
+int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n) {
+    conn_t *c = &e->peers[peer].ctrl;
+    frame_hdr_t h = {WIRE_MAGIC, (uint32_t)type, n};
+    const uint8_t *parts[2] = {(const uint8_t *)&h, p};
+    int64_t lens[2] = {sizeof h, n};
+    double last = hvdl_now();
+    for (int i = 0; i < 2; i++) {
+        int64_t off = 0;
+        while (off < lens[i]) {
+            ssize_t k = send(c->fd, parts[i] + off, (size_t)(lens[i] - off), MSG_NOSIGNAL);
+            if (k > 0) { off += k; last = hvdl_now(); continue; }
+            if (k < 0 && errno != EAGAIN && errno != EINTR) {
+                hvdl__peer_lost(e, peer, strerror(errno));
+                return -1;
+            }
+            /* Read while we wait so that two ranks sending to each other never deadlock. */
+            struct pollfd pf = {c->fd, POLLOUT | POLLIN, 0};
+            poll(&pf, 1, 100);
+            if ((pf.revents & (POLLIN | POLLHUP | POLLERR)) && hvdl__control_readable(e, peer))
+                return -1;
+            if (hvdl_now() - last > e->cfg.peer_timeout) {
+                hvdl__peer_lost(e, peer, "it stopped reading its control connection");
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Dispatch every complete frame buffered from peer. Returns how many, or -1. */
+static int dispatch(engine_t *e, int peer) {
+    conn_t *c = &e->peers[peer].ctrl;
+    frame_hdr_t h;
+    int64_t n;
+    int count = 0;
+    while ((n = next_frame(c, &h, 0)) > 0) {
+        /* Copy out first: handling may read more into rx and move its data. */
+        uint8_t *payload = malloc((size_t)h.len + 1);
+        if (!payload) return -1;
+        memcpy(payload, c->rx.data + sizeof h, (size_t)h.len);
+        buf_consume(&c->rx, n);
+        int rc = hvdl__handle_frame(e, peer, (int)h.type, payload, h.len);
+        free(payload);
+        if (rc) return -1;
+        count++;
+    }
+    if (n < 0) { hvdl__peer_lost(e, peer, "sent a corrupt control frame"); return -1; }
+    return count;
+}
+
+/* The loop's one blocking point: wait up to timeout_ms for an enqueue (wake_fd) or a
+ * control frame, and handle every frame that has arrived. Frames already buffered
+ * (read during a data transfer) are handled first without waiting. */
+int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd) {
+    int handled = 0;
+    for (int i = 0; i < e->size; i++) {
+        if (e->peers[i].ctrl.fd < 0) continue;
+        int k = dispatch(e, i);
+        if (k < 0) return -1;
+        handled += k;
+    }
+    if (handled) timeout_ms = 0;
+    struct pollfd pf[e->size + 1];
+    int ranks[e->size + 1], fds[e->size + 1];
+    int n = hvdl__control_fds(e, fds, ranks, e->size);
+    for (int i = 0; i < n; i++) pf[i] = (struct pollfd){fds[i], POLLIN, 0};
+    pf[n] = (struct pollfd){wake_fd, POLLIN, 0};
+    if (poll(pf, (nfds_t)n + 1, timeout_ms) <= 0) return 0;
+    for (int i = 0; i < n; i++) {
+        if (!pf[i].revents) continue;
+        if (ctrl_read(&e->peers[ranks[i]].ctrl)) {
+            /* A frame that came before the close (a BYE, an ABORT) still counts. */
+            if (dispatch(e, ranks[i]) < 0 || e->failed) return -1;
+            hvdl__peer_lost(e, ranks[i], "its connection closed");
+            return -1;
+        }
+        if (dispatch(e, ranks[i]) < 0) return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,17 @@
+"""horovodlike: Horovod's API on a framework-free C engine.
+
+`import horovodlike as hvd` is the framework-free API (collectives on numpy arrays);
+`horovodlike.torch`, `horovodlike.tensorflow` and `horovodlike.tensorflow.keras` add the
+framework bindings.
+"""
+from .common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                            gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                            local_rank, local_size, mpi_built, mpi_enabled,
+                            mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                            size)
+from .common.exceptions import HorovodInternalError, TensorMismatchError
+from .common.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
+                         allreduce, allreduce_async, barrier, broadcast, broadcast_async, poll,
+                         synchronize)
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Framework-free core of horovodlike: start-up, the engine binding and collectives on numpy."""

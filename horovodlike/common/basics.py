@@ -1,0 +1,126 @@
+"""init / shutdown and the topology queries, shared by every framework binding."""
+import atexit
+import threading
+
+from . import bootstrap, engine
+
+_lock = threading.Lock()
+_topo = None
+_atexit_registered = False
+
+
+def init(comm=None, process_sets=None):
+    """Start horovodlike on this process (idempotent).
+
+    comm: an mpi4py communicator to run on (Horovod's argument); by default the launch
+    environment decides. process_sets: static process sets (not supported yet).
+    """
+    global _topo, _atexit_registered
+    with _lock:
+        if _topo is not None and engine.is_running():
+            return
+        if process_sets:
+            raise NotImplementedError("static process sets are not implemented in horovodlike yet")
+        if comm is not None:
+            launcher, rank, size = "mpi", comm.Get_rank(), comm.Get_size()
+        else:
+            launcher, rank, size = bootstrap.detect()
+        blob = engine.prepare(bootstrap.hostname(), bootstrap.advertise_address())
+        peers = bootstrap.exchange(launcher, rank, size, blob, comm)
+        hosts = [h for h, _ in peers]
+        engine.start(rank, size, [b for _, b in peers])
+        _topo = bootstrap.topology(launcher, rank, hosts)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+
+
+def shutdown():
+    """Stop the engine. Any rank's shutdown ends every rank's engine, as in Horovod."""
+    global _topo
+    with _lock:
+        engine.shutdown()
+        _topo = None
+
+
+def is_initialized():
+    return _topo is not None
+
+
+def _t():
+    if _topo is None:
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    return _topo
+
+
+def rank():
+    return _t().rank
+
+
+def size():
+    return _t().size
+
+
+def local_rank():
+    return _t().local_rank
+
+
+def local_size():
+    return _t().local_size
+
+
+def cross_rank():
+    return _t().cross_rank
+
+
+def cross_size():
+    return _t().cross_size
+
+
+def is_homogeneous():
+    return True
+
+
+def mpi_built():
+    """True when mpi4py is importable, i.e. horovodlike can start under mpirun."""
+    try:
+        import mpi4py  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def mpi_enabled():
+    return _topo is not None and _topo.launcher in ("mpi", "slurm")
+
+
+def mpi_threads_supported():
+    return mpi_built()
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False

@@ -1,0 +1,121 @@
+"""The only module that touches cffi: thin, typed wrappers over engine/horovodlike.h.
+
+Every call goes through `_check`, which turns an engine status into one exception
+family. cffi releases the GIL for the duration of each C call, so waiting here never
+blocks other Python threads.
+"""
+from horovodlike._engine import ffi, lib
+
+from .exceptions import HorovodInternalError, TensorMismatchError
+
+MAX_DIMS = lib.HVDL_MAX_DIMS
+BLOB_BYTES = lib.HVDL_BLOB_BYTES
+
+# Op codes, reduce ops and dtypes straight from the C header.
+ALLREDUCE, ALLGATHER, BROADCAST, BARRIER = (lib.HVDL_OP_ALLREDUCE, lib.HVDL_OP_ALLGATHER,
+                                            lib.HVDL_OP_BROADCAST, lib.HVDL_OP_BARRIER)
+ALLTOALL, REDUCESCATTER = lib.HVDL_OP_ALLTOALL, lib.HVDL_OP_REDUCESCATTER
+SUM, AVERAGE, MIN, MAX, PRODUCT, ADASUM = (lib.HVDL_SUM, lib.HVDL_AVERAGE, lib.HVDL_MIN,
+                                           lib.HVDL_MAX, lib.HVDL_PRODUCT, lib.HVDL_ADASUM)
+DTYPES = {
+    "uint8": lib.HVDL_UINT8, "int8": lib.HVDL_INT8, "int16": lib.HVDL_INT16,
+    "int32": lib.HVDL_INT32, "int64": lib.HVDL_INT64, "float16": lib.HVDL_FLOAT16,
+    "bfloat16": lib.HVDL_BFLOAT16, "float32": lib.HVDL_FLOAT32, "float64": lib.HVDL_FLOAT64,
+    "bool": lib.HVDL_BOOL,
+}
+
+_NOT_INIT = "Horovod has not been initialized; use hvd.init()."
+
+
+def _error(status, message):
+    if status in (lib.HVDL_ERR_INVALID, lib.HVDL_ERR_DUPLICATE_NAME):
+        return ValueError(message)
+    if status == lib.HVDL_ERR_NOT_INITIALIZED:
+        return ValueError(_NOT_INIT)
+    if status == lib.HVDL_ERR_MISMATCH:
+        return TensorMismatchError(message)
+    if status == lib.HVDL_ERR_NOT_IMPLEMENTED:
+        return NotImplementedError(message)
+    if status == lib.HVDL_ERR_TIMEOUT:
+        return TimeoutError(message)
+    return HorovodInternalError(message)
+
+
+def _check(rc):
+    if rc != lib.HVDL_OK:
+        raise _error(rc, ffi.string(lib.hvdl_last_error()).decode(errors="replace"))
+
+
+def prepare(hostname: str, advertise_addr: str) -> bytes:
+    """Open this rank's listening socket; returns its address blob."""
+    blob = ffi.new("char[]", BLOB_BYTES)
+    _check(lib.hvdl_prepare(hostname.encode(), advertise_addr.encode(), blob))
+    return bytes(ffi.buffer(blob, BLOB_BYTES))
+
+
+def start(rank: int, size: int, blobs: list) -> None:
+    _check(lib.hvdl_start(rank, size, b"".join(blobs)))
+
+
+def shutdown() -> None:
+    lib.hvdl_shutdown()
+
+
+def is_running() -> bool:
+    return bool(lib.hvdl_is_running())
+
+
+def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SUM,
+            root_rank=0, prescale=1.0, postscale=1.0, process_set=0) -> int:
+    """Queue one request; pointers are integer addresses of contiguous buffers that the
+    caller keeps alive until the handle is released."""
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"'{name}': {len(shape)} dimensions; at most {MAX_DIMS} are supported")
+    req = ffi.new("hvdl_request *")
+    req.op, req.dtype, req.reduce_op = op, dtype, reduce_op
+    req.root_rank, req.process_set, req.ndim = root_rank, process_set, len(shape)
+    for i, d in enumerate(shape):
+        req.shape[i] = d
+    req.prescale, req.postscale = prescale, postscale
+    req.input = ffi.cast("void *", input_ptr)
+    req.output = ffi.cast("void *", output_ptr)
+    c_name = ffi.new("char[]", name.encode())
+    req.name = c_name
+    handle = ffi.new("int64_t *")
+    _check(lib.hvdl_enqueue(req, handle))
+    return handle[0]
+
+
+def poll(handle: int) -> bool:
+    rc = lib.hvdl_poll(handle)
+    if rc < 0:
+        raise ValueError(f"unknown or already synchronized handle {handle}")
+    return rc == 1
+
+
+def wait(handle: int, timeout: float) -> bool:
+    """Wait up to timeout seconds; True when the op is done."""
+    rc = lib.hvdl_wait(handle, timeout)
+    if rc == lib.HVDL_ERR_TIMEOUT:
+        return False
+    _check(rc)
+    return True
+
+
+def release(handle: int):
+    """Free a finished handle. Returns (data_cdata_or_None, nbytes, first_dim) for
+    engine-allocated outputs; raises the op's error if it failed."""
+    msg = ffi.new("char[]", lib.HVDL_MSG_BYTES)
+    res = ffi.new("hvdl_result *")
+    status = lib.hvdl_release(handle, msg, res)
+    data = ffi.gc(res.data, lib.hvdl_free) if res.data != ffi.NULL else None
+    if status != lib.HVDL_OK:
+        text = ffi.string(msg).decode(errors="replace") or \
+            ffi.string(lib.hvdl_last_error()).decode(errors="replace")
+        raise _error(status, text)
+    return data, res.nbytes, res.first_dim
+
+
+def buffer(data, nbytes):
+    """A Python buffer over engine-owned memory that keeps it alive."""
+    return ffi.buffer(data, nbytes)

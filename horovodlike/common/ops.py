@@ -1,0 +1,150 @@
+"""Collectives on numpy arrays with Horovod's signatures, and the handle machinery the
+framework bindings reuse.
+
+Naming follows Horovod: `name=x` becomes "allreduce.x"; unnamed ops are numbered per op
+("allreduce.noname.3"), so they match across ranks only if every rank makes the same
+sequence of calls. Buffers are passed to the engine by address (zero copy) and kept
+alive in `_pending` until their handle is synchronized.
+"""
+import itertools
+import threading
+import warnings
+
+import numpy as np
+
+from . import basics, engine
+
+Average, Sum, Adasum, Min, Max, Product = (engine.AVERAGE, engine.SUM, engine.ADASUM,
+                                           engine.MIN, engine.MAX, engine.PRODUCT)
+
+_counters = {}
+_counter_lock = threading.Lock()
+_pending = {}       # handle -> (keep-alive objects, finisher(data, nbytes, first_dim))
+
+
+def op_name(kind, name):
+    if name is not None:
+        return f"{kind}.{name}"
+    with _counter_lock:
+        c = _counters.setdefault(kind, itertools.count())
+        return f"{kind}.noname.{next(c)}"
+
+
+def resolve_op(op, average, what="allreduce"):
+    """Horovod's op/average arguments: op wins; average= is the deprecated spelling."""
+    if op is not None and average is not None:
+        raise ValueError(f"{what}: pass op= or average=, not both")
+    if average is not None:
+        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+def dtype_code(dtype, what):
+    code = engine.DTYPES.get(np.dtype(dtype).name) if dtype is not None else None
+    if code is None:
+        raise TypeError(f"{what}: dtype {dtype} is not supported; supported dtypes are "
+                        f"{', '.join(engine.DTYPES)}")
+    return code
+
+
+def _as_array(tensor, what):
+    if not isinstance(tensor, np.ndarray):
+        raise TypeError(f"{what} expects a numpy array, got {type(tensor).__name__}")
+    if not tensor.flags.c_contiguous:
+        raise ValueError(f"{what}: the array is not C-contiguous; pass "
+                         f"np.ascontiguousarray(x)")
+    return tensor
+
+
+def check_process_set(process_set):
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise NotImplementedError("process sets other than the global one are not "
+                                  "implemented in horovodlike yet")
+
+
+def submit(keep, finish, **request):
+    """Enqueue a request; remember what must stay alive and how to finish it."""
+    basics._t()
+    handle = engine.enqueue(**request)
+    _pending[handle] = (keep, finish)
+    return handle
+
+
+def poll(handle):
+    """True once the op behind handle has finished (it does not wait)."""
+    return engine.poll(handle)
+
+
+def synchronize(handle):
+    """Wait for the op, free its handle and return its output (or raise its error)."""
+    if handle not in _pending:
+        raise ValueError(f"unknown or already synchronized handle {handle}")
+    try:
+        # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
+        while not engine.wait(handle, 0.5):
+            pass
+        data, nbytes, first_dim = engine.release(handle)
+    finally:
+        keep, finish = _pending.pop(handle)
+    return finish(data, nbytes, first_dim)
+
+
+# ---- numpy collectives ----
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=None):
+    x = _as_array(tensor, "allreduce")
+    check_process_set(process_set)
+    out = np.empty_like(x)
+    return submit((x, out), lambda *_: out, op=engine.ALLREDUCE, name=op_name("allreduce", name),
+                  dtype=dtype_code(x.dtype, "allreduce"), shape=x.shape,
+                  input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
+                  reduce_op=resolve_op(op, average), prescale=float(prescale_factor),
+                  postscale=float(postscale_factor))
+
+
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None):
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                       postscale_factor, process_set))
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    x = _as_array(tensor, "allgather")
+    check_process_set(process_set)
+    if x.ndim == 0:
+        raise ValueError("allgather needs at least one dimension to concatenate on")
+
+    def finish(data, nbytes, first_dim):
+        flat = np.frombuffer(engine.buffer(data, nbytes), dtype=x.dtype)
+        return flat.reshape((first_dim,) + x.shape[1:])
+
+    return submit((x,), finish, op=engine.ALLGATHER, name=op_name("allgather", name),
+                  dtype=dtype_code(x.dtype, "allgather"), shape=x.shape,
+                  input_ptr=x.ctypes.data)
+
+
+def allgather(tensor, name=None, process_set=None):
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    x = _as_array(tensor, "broadcast")
+    check_process_set(process_set)
+    if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
+        raise TypeError(f"broadcast: root_rank must be an int, got {root_rank!r}")
+    out = np.empty_like(x)
+    return submit((x, out), lambda *_: out, op=engine.BROADCAST, name=op_name("broadcast", name),
+                  dtype=dtype_code(x.dtype, "broadcast"), shape=x.shape,
+                  input_ptr=x.ctypes.data, output_ptr=out.ctypes.data, root_rank=int(root_rank))
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def barrier(process_set=None):
+    check_process_set(process_set)
+    synchronize(submit((), lambda *_: None, op=engine.BARRIER, name=op_name("barrier", None)))

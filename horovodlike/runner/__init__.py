@@ -1,0 +1,12 @@
+"""Job launcher (``horovodlikerun``) and the rendezvous store it serves."""
+
+from .store import StoreClient, StoreServer
+
+__all__ = ["StoreClient", "StoreServer", "main"]
+
+
+def main(argv=None):
+    # Imported lazily so ranks that only need the store client do not pay
+    # for the launcher's imports.
+    from .launch import main as _main
+    return _main(argv)

@@ -1,0 +1,398 @@
+"""``horovodlikerun``: start N ranks on one or more hosts, Horovod style.
+
+The launcher owns the job: it runs the rendezvous store, spawns every rank
+in its own process group, relays their output with ``[rank]<stream>:``
+prefixes, forwards SIGINT/SIGTERM, and tears the whole job down as soon as
+one rank fails so that a crash never leaves peers hanging in a collective.
+"""
+
+import argparse
+import os
+import queue
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from .store import StoreServer
+
+PROG = "horovodlikerun"
+DEFAULT_SSH_COMMAND = (
+    "ssh -o BatchMode=yes -o StrictHostKeyChecking=no {host} {command}")
+GRACE_SECONDS = 5.0
+_LOCAL_NAMES = ("localhost", "127.0.0.1")
+# Variables that describe the launcher's own shell session; exporting them to
+# a remote shell would be wrong or would break it.
+_NOT_EXPORTED = {"OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT",
+                 "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK"}
+_READ_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    rank: int
+    host: str
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        description="Launch a horovodlike data-parallel job.")
+    p.add_argument("-np", "--num-proc", dest="num_proc", type=int, required=True,
+                   help="total number of ranks")
+    p.add_argument("-H", "--hosts", default=None,
+                   help="host1:slots,host2:slots (default localhost:NP)")
+    p.add_argument("--ssh-command", default=os.environ.get(
+        "HOROVODLIKE_SSH_COMMAND", DEFAULT_SSH_COMMAND),
+        help="template used to start a rank on a remote host; "
+             "{host} and {command} are substituted")
+    p.add_argument("--fusion-threshold-mb", type=float)
+    p.add_argument("--cycle-time-ms", type=float)
+    p.add_argument("--cache-capacity", type=int)
+    p.add_argument("--timeline-filename")
+    p.add_argument("--timeline-mark-cycles", action="store_true")
+    p.add_argument("--no-stall-check", action="store_true")
+    p.add_argument("--stall-check-warning-time-seconds", type=int)
+    p.add_argument("--stall-check-shutdown-time-seconds", type=int)
+    p.add_argument("--log-level", type=str.upper, choices=[
+        "TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"])
+    p.add_argument("--hierarchical-allreduce", action="store_true")
+    p.add_argument("--start-timeout", type=int, default=60,
+                   help="seconds ranks wait for each other at startup")
+    p.add_argument("--verbose", action="store_true")
+    # REMAINDER keeps the user's own flags (even ones that look like ours).
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="command to run on every rank")
+    return p
+
+
+def parse_args(argv):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no command given to run")
+    if args.num_proc < 1:
+        parser.error("-np must be at least 1")
+    try:
+        args.host_list = parse_hosts(args.hosts or f"localhost:{args.num_proc}")
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def parse_hosts(spec):
+    hosts = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, slots = item.rpartition(":")
+        if not sep:
+            name, slots = item, "1"
+        if not name or not slots.isdigit() or int(slots) < 1:
+            raise ValueError(f"bad host entry {item!r} (want host:slots)")
+        hosts.append((name, int(slots)))
+    if not hosts:
+        raise ValueError(f"no hosts in {spec!r}")
+    return hosts
+
+
+def compute_plan(hosts, num_proc):
+    """Fill hosts in order; local/cross ranks follow Horovod's definitions."""
+    total = sum(slots for _, slots in hosts)
+    if total < num_proc:
+        raise ValueError(f"-np {num_proc} needs {num_proc} slots but the "
+                         f"hosts only provide {total}")
+    placed = []  # (host, local_rank, local_size)
+    for host, slots in hosts:
+        count = min(slots, num_proc - len(placed))
+        placed.extend((host, i, count) for i in range(count))
+    # Hosts (in order) that own a rank with a given local rank.
+    by_local = {}
+    for host, local_rank, _ in placed:
+        by_local.setdefault(local_rank, []).append(host)
+    return [RankSlot(rank, host, lr, ls, by_local[lr].index(host),
+                     len(by_local[lr]))
+            for rank, (host, lr, ls) in enumerate(placed)]
+
+
+def is_local_host(host):
+    return host in _LOCAL_NAMES or host == socket.gethostname()
+
+
+def _fmt(x):
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def tuning_env(args):
+    """Map Horovod's tuning flags to the env vars the engine reads."""
+    env = {"HOROVODLIKE_START_TIMEOUT": str(args.start_timeout)}
+    pairs = [
+        ("HOROVOD_FUSION_THRESHOLD", args.fusion_threshold_mb,
+         lambda v: str(int(v * 1048576))),
+        ("HOROVOD_CYCLE_TIME", args.cycle_time_ms, _fmt),
+        ("HOROVOD_CACHE_CAPACITY", args.cache_capacity, str),
+        ("HOROVOD_TIMELINE", args.timeline_filename, str),
+        ("HOROVOD_STALL_CHECK_TIME_SECONDS",
+         args.stall_check_warning_time_seconds, str),
+        ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+         args.stall_check_shutdown_time_seconds, str),
+        ("HOROVOD_LOG_LEVEL", args.log_level, str),
+    ]
+    env.update({name: conv(v) for name, v, conv in pairs if v is not None})
+    flags = [("HOROVOD_TIMELINE_MARK_CYCLES", args.timeline_mark_cycles),
+             ("HOROVOD_STALL_CHECK_DISABLE", args.no_stall_check),
+             ("HOROVOD_HIERARCHICAL_ALLREDUCE", args.hierarchical_allreduce)]
+    env.update({name: "1" for name, on in flags if on})
+    return env
+
+
+def rank_env(slot, size, job_env):
+    host = socket.gethostname() if slot.host in _LOCAL_NAMES else slot.host
+    env = dict(job_env)
+    env.update({
+        "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        "HOROVOD_HOSTNAME": host, "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def remote_argv(template, host, cwd, env, command):
+    """argv that starts `command` on `host` through the ssh-like template.
+
+    A ``{command}`` that is a whole template word becomes a single argv
+    element holding the shell line (what ssh and ``sh -c`` expect); when it
+    is embedded in a larger word it is already inside shell text, so it is
+    quoted once more.
+    """
+    exported = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
+                        if _exportable(k))
+    line = (f"cd {shlex.quote(cwd)} && env {exported} "
+            + " ".join(shlex.quote(c) for c in command))
+    argv = []
+    for word in shlex.split(template):
+        if word == "{command}":
+            argv.append(line)
+        else:
+            argv.append(word.replace("{host}", host)
+                        .replace("{command}", shlex.quote(line)))
+    return argv
+
+
+def _exportable(name):
+    return (name.isidentifier() and name.isascii()
+            and not name.startswith("BASH_FUNC_") and name not in _NOT_EXPORTED)
+
+
+def store_bind_and_advertise(plan):
+    """Loopback-only when every rank is local; otherwise reachable from peers."""
+    if all(is_local_host(s.host) for s in plan):
+        return "127.0.0.1", "127.0.0.1"
+    advertised = os.environ.get("HOROVODLIKE_STORE_HOST")
+    if not advertised:
+        try:
+            advertised = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            advertised = socket.gethostname()
+    return "0.0.0.0", advertised
+
+
+def describe_exit(slot, code):
+    where = f"rank {slot.rank} (host {slot.host})"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown"
+        return f"{where} was killed by signal {-code} ({name})", 128 - code
+    return f"{where} exited with code {code}", code
+
+
+class _Output:
+    """Serialises prefixed lines from many reader threads onto our streams."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def write(self, stream, text):
+        data = text.encode("utf-8", "replace")
+        with self._lock:
+            try:
+                stream.flush()
+                buf = getattr(stream, "buffer", None)
+                if buf is not None:
+                    buf.write(data)
+                    buf.flush()
+                else:
+                    stream.write(text)
+                    stream.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # our reader went away; keep draining the ranks
+
+    def say(self, message):
+        self.write(sys.stderr, f"{PROG}: {message}\n")
+
+    def pump(self, rank, name, pipe, stream):
+        prefix = f"[{rank}]<{name}>:"
+        with pipe:
+            for raw in iter(lambda: pipe.readline(_READ_LIMIT), b""):
+                line = raw[:-1] if raw.endswith(b"\n") else raw
+                self.write(stream, prefix + line.decode("utf-8", "replace") + "\n")
+
+
+class Job:
+    """The running set of ranks and the policy for ending them."""
+
+    def __init__(self, plan, out):
+        self.plan = plan
+        self.out = out
+        self.procs = {}
+        self.events = queue.SimpleQueue()  # safe to put() from a signal handler
+        self.threads = []
+
+    def spawn(self, slot, argv, env):
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True)
+        self.procs[slot.rank] = proc
+        self._thread(self.out.pump, slot.rank, "stdout", proc.stdout, sys.stdout)
+        self._thread(self.out.pump, slot.rank, "stderr", proc.stderr, sys.stderr)
+        self._thread(self._reap, slot.rank, proc)
+
+    def _thread(self, target, *args):
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _reap(self, rank, proc):
+        self.events.put(("exit", rank, proc.wait()))
+
+    def on_signal(self, signum, _frame):
+        self.events.put(("signal", signum))
+
+    def signal_all(self, sig, only_running=True):
+        for proc in self.procs.values():
+            if only_running and proc.returncode is not None:
+                continue
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def wait(self):
+        """Block until every rank has exited; return the job's exit code."""
+        pending = set(self.procs)
+        exit_code, stopping, deadline = 0, False, None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                event = self.events.get(timeout=timeout)
+            except queue.Empty:
+                self.signal_all(signal.SIGKILL)
+                deadline = None
+                continue
+            if event[0] == "exit":
+                _, rank, code = event
+                pending.discard(rank)
+                if code == 0 or stopping:
+                    continue
+                message, exit_code = describe_exit(self.plan[rank], code)
+                self.out.say(message)
+                self.signal_all(signal.SIGTERM)
+            else:
+                sig = event[1]
+                if stopping:  # a second signal means "now"
+                    self.signal_all(signal.SIGKILL)
+                    continue
+                exit_code = 128 + sig
+                self.out.say(f"received {signal.Signals(sig).name}, "
+                             f"forwarding to {len(pending)} rank(s)")
+                self.signal_all(sig)
+            stopping, deadline = True, time.monotonic() + GRACE_SECONDS
+        return exit_code
+
+    def cleanup(self):
+        # Grandchildren may outlive their rank; their group still dies here.
+        self.signal_all(signal.SIGKILL, only_running=False)
+        # A daemonised grandchild can hold a pipe open forever; bound the
+        # total time spent draining rather than the time per thread.
+        deadline = time.monotonic() + 2.0
+        for t in self.threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _install_handlers(handler):
+    saved = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            saved[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: cannot own signals
+            pass
+    return saved
+
+
+def _print_plan(out, plan, store_addr):
+    out.say(f"store at {store_addr}")
+    for s in plan:
+        out.say(f"rank {s.rank} -> {s.host} (local {s.local_rank}/"
+                f"{s.local_size}, cross {s.cross_rank}/{s.cross_size})")
+
+
+def _start_ranks(job, args, store_addr, job_id):
+    base = dict(os.environ)
+    base.update(tuning_env(args))
+    base.update(HOROVODLIKE_STORE_ADDR=store_addr, HOROVODLIKE_JOB_ID=job_id)
+    cwd = os.getcwd()
+    for slot in job.plan:
+        env = rank_env(slot, len(job.plan), base)
+        if is_local_host(slot.host):
+            job.spawn(slot, list(args.command), env)
+        else:
+            argv = remote_argv(args.ssh_command, slot.host, cwd, env, args.command)
+            job.spawn(slot, argv, dict(os.environ))
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = compute_plan(args.host_list, args.num_proc)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    out = _Output()
+    bind_host, advertised = store_bind_and_advertise(plan)
+    store = StoreServer(bind_host, 0).start()
+    store_addr = f"{advertised}:{store.port}"
+    job = Job(plan, out)
+    saved = _install_handlers(job.on_signal)
+    try:
+        if args.verbose:
+            _print_plan(out, plan, store_addr)
+        try:
+            _start_ranks(job, args, store_addr, uuid.uuid4().hex[:12])
+        except OSError as exc:
+            out.say(f"failed to start rank {len(job.procs)}: {exc}")
+            job.signal_all(signal.SIGTERM)
+            return 127
+        return job.wait()
+    finally:
+        job.cleanup()
+        store.close()
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
