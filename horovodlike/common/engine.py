@@ -102,9 +102,21 @@ def wait(handle: int, timeout: float) -> bool:
     return True
 
 
-def release(handle: int):
-    """Free a finished handle. Returns (data_cdata_or_None, nbytes, first_dim) for
-    engine-allocated outputs; raises the op's error if it failed."""
+class Result:
+    """What a finished op produced. data: engine-allocated output (allgather, alltoall)
+    or None; buffer() views it without a copy and keeps it alive."""
+    __slots__ = ("data", "nbytes", "first_dim", "recv_splits")
+
+    def __init__(self, data, nbytes, first_dim, recv_splits):
+        self.data, self.nbytes, self.first_dim, self.recv_splits = (data, nbytes, first_dim,
+                                                                    recv_splits)
+
+    def buffer(self):
+        return ffi.buffer(self.data, self.nbytes) if self.data is not None else b""
+
+
+def release(handle: int) -> Result:
+    """Free a finished handle and return its Result; raises the op's error if it failed."""
     msg = ffi.new("char[]", lib.HVDL_MSG_BYTES)
     res = ffi.new("hvdl_result *")
     status = lib.hvdl_release(handle, msg, res)
@@ -113,9 +125,5 @@ def release(handle: int):
         text = ffi.string(msg).decode(errors="replace") or \
             ffi.string(lib.hvdl_last_error()).decode(errors="replace")
         raise _error(status, text)
-    return data, res.nbytes, res.first_dim
+    return Result(data, res.nbytes, res.first_dim, None)
 
-
-def buffer(data, nbytes):
-    """A Python buffer over engine-owned memory that keeps it alive."""
-    return ffi.buffer(data, nbytes)

@@ -19,7 +19,7 @@ Average, Sum, Adasum, Min, Max, Product = (engine.AVERAGE, engine.SUM, engine.AD
 
 _counters = {}
 _counter_lock = threading.Lock()
-_pending = {}       # handle -> (keep-alive objects, finisher(data, nbytes, first_dim))
+_pending = {}       # handle -> (keep-alive objects, finisher(engine.Result) -> output)
 
 
 def op_name(kind, name):
@@ -85,10 +85,10 @@ def synchronize(handle):
         # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
         while not engine.wait(handle, 0.5):
             pass
-        data, nbytes, first_dim = engine.release(handle)
+        result = engine.release(handle)
     finally:
         keep, finish = _pending.pop(handle)
-    return finish(data, nbytes, first_dim)
+    return finish(result)
 
 
 # ---- numpy collectives ----
@@ -98,7 +98,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     x = _as_array(tensor, "allreduce")
     check_process_set(process_set)
     out = np.empty_like(x)
-    return submit((x, out), lambda *_: out, op=engine.ALLREDUCE, name=op_name("allreduce", name),
+    return submit((x, out), lambda _: out, op=engine.ALLREDUCE, name=op_name("allreduce", name),
                   dtype=dtype_code(x.dtype, "allreduce"), shape=x.shape,
                   input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
                   reduce_op=resolve_op(op, average), prescale=float(prescale_factor),
@@ -117,9 +117,9 @@ def allgather_async(tensor, name=None, process_set=None):
     if x.ndim == 0:
         raise ValueError("allgather needs at least one dimension to concatenate on")
 
-    def finish(data, nbytes, first_dim):
-        flat = np.frombuffer(engine.buffer(data, nbytes), dtype=x.dtype)
-        return flat.reshape((first_dim,) + x.shape[1:])
+    def finish(res):
+        flat = np.frombuffer(res.buffer(), dtype=x.dtype)
+        return flat.reshape((res.first_dim,) + x.shape[1:])
 
     return submit((x,), finish, op=engine.ALLGATHER, name=op_name("allgather", name),
                   dtype=dtype_code(x.dtype, "allgather"), shape=x.shape,
@@ -136,7 +136,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
         raise TypeError(f"broadcast: root_rank must be an int, got {root_rank!r}")
     out = np.empty_like(x)
-    return submit((x, out), lambda *_: out, op=engine.BROADCAST, name=op_name("broadcast", name),
+    return submit((x, out), lambda _: out, op=engine.BROADCAST, name=op_name("broadcast", name),
                   dtype=dtype_code(x.dtype, "broadcast"), shape=x.shape,
                   input_ptr=x.ctypes.data, output_ptr=out.ctypes.data, root_rank=int(root_rank))
 
@@ -147,4 +147,4 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 def barrier(process_set=None):
     check_process_set(process_set)
-    synchronize(submit((), lambda *_: None, op=engine.BARRIER, name=op_name("barrier", None)))
+    synchronize(submit((), lambda _: None, op=engine.BARRIER, name=op_name("barrier", None)))
