@@ -1,31 +1,30 @@
 /*
- * Ring allgather with a block per rank of any size (a variable first dimension).
+ * Ring allgather with a block per member of any size (a variable first dimension).
  *
- * Rank r's own block is already in place in the output. At step s (0..P-2) rank r
+ * Member r's own block is already in place in the output. At step s (0..n-2) member r
  * forwards block (r - s) to its right neighbour and receives block (r - s - 1) from its
- * left straight into place, so after P-1 steps every rank has every block.
+ * left straight into place, so after n-1 steps every member has every block.
  *
- * Cost for a total of S bytes: P-1 steps; every rank sends and receives about
- * (P-1)/P * S bytes; latency (P-1) * alpha. No staging copies.
+ * Cost for a total of S bytes: n-1 steps; every member sends and receives about
+ * (n-1)/n * S bytes; latency (n-1) * alpha. No staging copies.
  */
 #include "internal.h"
-#include <stdlib.h>
 
-int hvdl__allgather_ring(engine_t *e, void *out, const int64_t *block_bytes) {
-    int P = e->size, r = e->rank;
-    if (P == 1) return 0;
-    int64_t *off = malloc(sizeof(int64_t) * (size_t)(P + 1));
-    if (!off) return -1;
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+
+int hvdl__allgather_ring(engine_t *e, const group_t *g, void *out, const int64_t *block_bytes) {
+    int n = g->n, r = g->me;
+    if (n == 1) return 0;
+    int64_t off[n + 1];
     off[0] = 0;
-    for (int i = 0; i < P; i++) off[i + 1] = off[i] + block_bytes[i];
+    for (int i = 0; i < n; i++) off[i + 1] = off[i] + block_bytes[i];
     uint8_t *o = out;
-    int rc = 0;
-    for (int s = 0; s < P - 1 && !rc; s++) {
-        int send = ((r - s) % P + P) % P, recv = ((r - s - 1) % P + P) % P;
-        xfer_t x = {(r + 1) % P, o + off[send], block_bytes[send],
-                    (r - 1 + P) % P, o + off[recv], block_bytes[recv], 0, NULL, NULL};
-        rc = e->tcp->exchange(e->tcp, &x);
+    int left = g->ranks[mod(r - 1, n)], right = g->ranks[mod(r + 1, n)];
+    for (int s = 0; s < n - 1; s++) {
+        int send = mod(r - s, n), recv = mod(r - s - 1, n);
+        xfer_t x = {right, o + off[send], block_bytes[send], left, o + off[recv], block_bytes[recv],
+                    0, NULL, NULL};
+        if (e->tcp->exchange(e->tcp, &x)) return -1;
     }
-    free(off);
-    return rc;
+    return 0;
 }

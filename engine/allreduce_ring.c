@@ -1,20 +1,23 @@
 /*
- * Ring allreduce, pipelined (Patarasuk & Yuan's bandwidth-optimal ring).
+ * Ring reduce-scatter and ring allreduce, pipelined (Patarasuk & Yuan's
+ * bandwidth-optimal ring), over any process set.
  *
- * The ring algorithm works as follows. The buffer is cut into P segments, one per rank.
- *  1. Reduce-scatter, P-1 steps: at step s rank r sends segment (r - s) to its right
- *     neighbour and receives segment (r - s - 1) from its left, reducing it into its own
- *     copy. After the last step rank r holds the full reduction of segment (r + 1).
- *  2. All-gather, P-1 steps: at step s rank r sends segment (r + 1 - s), which is final,
- *     and receives segment (r - s) straight into place.
- * Each receive in step 1 is reduced chunk by chunk as it lands (see transport_tcp.c),
- * so the arithmetic overlaps the transfer and only one chunk of staging is needed.
+ * The ring algorithm works as follows. The buffer is cut into n segments, one per member.
+ *  1. Reduce-scatter, n-1 steps: at step s member r sends segment (r - s - 1) to its right
+ *     neighbour and receives segment (r - s - 2) from its left, reducing it into its own
+ *     copy. After the last step member r holds the full reduction of segment r.
+ *  2. All-gather (allgather_ring.c), n-1 steps: every member forwards the final segments
+ *     around the ring, straight into place.
+ * Each receive in step 1 is reduced chunk by chunk as it lands (see transport_tcp.c), so
+ * the arithmetic overlaps the transfer and only one chunk of staging is needed.
  *
- * Cost for S bytes: 2(P-1) steps; every rank sends and receives 2(P-1)/P * S bytes and
- * reduces (P-1)/P * S bytes; latency 2(P-1) * alpha. Bandwidth-optimal, so it is the
- * choice for large buffers; small ones pay the 2(P-1) latency terms.
+ * Cost for S bytes: 2(n-1) steps; every member sends and receives 2(n-1)/n * S bytes and
+ * reduces (n-1)/n * S bytes; latency 2(n-1) * alpha. Bandwidth-optimal, so it is the
+ * choice for large buffers; small ones pay the 2(n-1) latency terms.
+ * reducescatter is step 1 alone, with segments of the caller's row split.
  */
 #include "internal.h"
+#include <stdlib.h>
 
 typedef struct reduce_ctx {
     uint8_t *dst;            /* start of the segment being reduced into */
@@ -26,37 +29,35 @@ static void reduce_chunk(void *ctx, int64_t offset, const void *data, int64_t le
     hvdl__reduce(c->dtype, c->op, c->dst + offset, data, len / c->esz);
 }
 
-/* Segment i covers elements [seg_start(i), seg_start(i + 1)); sizes differ by at most 1. */
-static int64_t seg_start(int64_t count, int P, int i) {
-    int64_t base = count / P, rem = count % P;
-    return base * i + (i < rem ? i : rem);
-}
+static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-int hvdl__allreduce_ring(engine_t *e, void *buf, int64_t count, int dtype, int op) {
-    int P = e->size, r = e->rank;
-    if (P == 1 || count == 0) return 0;
-    int esz = hvdl_dtype_size(dtype);
-    int left = (r - 1 + P) % P, right = (r + 1) % P;
-    uint8_t *b = buf;
+int hvdl__reduce_scatter_ring(engine_t *e, const group_t *g, void *buf, const int64_t *seg_bytes,
+                              int dtype, int op) {
+    int n = g->n, r = g->me;
+    if (n == 1) return 0;
+    int64_t off[n + 1];
+    off[0] = 0;
+    for (int i = 0; i < n; i++) off[i + 1] = off[i] + seg_bytes[i];
     if (buf_reserve(&e->scratch, e->cfg.chunk_bytes)) return -1;
-    reduce_ctx_t rc = {NULL, dtype, op, esz};
-
-#define SEG_PTR(i) (b + seg_start(count, P, (i)) * esz)
-#define SEG_LEN(i) ((seg_start(count, P, (i) + 1) - seg_start(count, P, (i))) * esz)
-    for (int s = 0; s < P - 1; s++) {              /* reduce-scatter */
-        int send = ((r - s) % P + P) % P, recv = ((r - s - 1) % P + P) % P;
-        rc.dst = SEG_PTR(recv);
-        xfer_t x = {right, SEG_PTR(send), SEG_LEN(send), left, e->scratch.data, SEG_LEN(recv),
+    reduce_ctx_t rc = {NULL, dtype, op, hvdl_dtype_size(dtype)};
+    uint8_t *b = buf;
+    int left = g->ranks[mod(r - 1, n)], right = g->ranks[mod(r + 1, n)];
+    for (int s = 0; s < n - 1; s++) {
+        int send = mod(r - s - 1, n), recv = mod(r - s - 2, n);
+        rc.dst = b + off[recv];
+        xfer_t x = {right, b + off[send], seg_bytes[send], left, e->scratch.data, seg_bytes[recv],
                     e->cfg.chunk_bytes, reduce_chunk, &rc};
         if (e->tcp->exchange(e->tcp, &x)) return -1;
     }
-    for (int s = 0; s < P - 1; s++) {              /* all-gather */
-        int send = ((r + 1 - s) % P + P) % P, recv = ((r - s) % P + P) % P;
-        xfer_t x = {right, SEG_PTR(send), SEG_LEN(send), left, SEG_PTR(recv), SEG_LEN(recv),
-                    0, NULL, NULL};
-        if (e->tcp->exchange(e->tcp, &x)) return -1;
-    }
-#undef SEG_PTR
-#undef SEG_LEN
     return 0;
+}
+
+int hvdl__allreduce_ring(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op) {
+    int n = g->n;
+    if (n == 1 || count == 0) return 0;
+    int esz = hvdl_dtype_size(dtype);
+    int64_t seg[n];
+    for (int i = 0; i < n; i++) seg[i] = (count / n + (i < count % n)) * esz;   /* balanced */
+    if (hvdl__reduce_scatter_ring(e, g, buf, seg, dtype, op)) return -1;
+    return hvdl__allgather_ring(e, g, buf, seg);
 }

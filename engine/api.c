@@ -49,9 +49,12 @@ static void engine_free(engine_t *e) {
     hvdl__close_all(e);
     if (e->wake_fd >= 0) close(e->wake_fd);
     hvdl__coordinator_free(e);
-    for (int i = 0; i < e->ncache; i++) { free(e->cache[i].name); free(e->cache[i].dim0s); }
-    free(e->cache);
-    strmap_free(&e->cache_by_name);
+    hvdl__cache_free(e);
+    for (int i = 0; i < HVDL_MAX_SETS; i++) {
+        if (!e->sets[i]) continue;
+        free(e->sets[i]->ranks);
+        free(e->sets[i]);
+    }
     strmap_free(&e->mine);
     strmap_free(&e->inflight);
     buf_free(&e->fusion);
@@ -120,6 +123,14 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
         rc = err(HVDL_ERR_INVALID, "blob %d is not this process's: ranks were exchanged wrongly", rank);
         goto out;
     }
+    int *all = malloc(sizeof(int) * (size_t)size);
+    for (int i = 0; all && i < size; i++) all[i] = i;
+    if (!all || hvdl_process_set_add(0, all, size)) {
+        free(all);
+        rc = err(HVDL_ERR_SYSTEM, "out of memory");
+        goto out;
+    }
+    free(all);
     e->tcp = hvdl__tcp_transport(e);
     e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!e->tcp || e->wake_fd < 0 || (rank == 0 && hvdl__coordinator_new(e))) {
@@ -174,15 +185,23 @@ int hvdl_is_running(void) {
 
 /* ---- enqueue ---- */
 
-static int check_request(const hvdl_request *q, int size, int64_t *nbytes) {
+/* Everything that can be checked without the other ranks. Called with mu held (it reads
+ * the process-set table). */
+static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
     if (!q->name || !*q->name) return err(HVDL_ERR_INVALID, "every request needs a name");
     if (strlen(q->name) > 4096) return err(HVDL_ERR_INVALID, "name longer than 4096 bytes: '%.64s...'", q->name);
-    if (q->op < 0 || q->op > HVDL_OP_REDUCESCATTER) return err(HVDL_ERR_INVALID, "'%s': unknown op %d", q->name, q->op);
-    if (q->op == HVDL_OP_ALLTOALL || q->op == HVDL_OP_REDUCESCATTER)
-        return err(HVDL_ERR_NOT_IMPLEMENTED, "'%s': alltoall and reducescatter are not implemented in this engine yet", q->name);
-    if (q->process_set != 0)
-        return err(HVDL_ERR_NOT_IMPLEMENTED, "'%s': process sets other than the global one are not implemented yet", q->name);
-    if (q->op == HVDL_OP_BARRIER) { *nbytes = 0; return HVDL_OK; }
+    if (q->op < 0 || q->op > HVDL_OP_JOIN) return err(HVDL_ERR_INVALID, "'%s': unknown op %d", q->name, q->op);
+    group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set] : NULL;
+    if (!g || g->removed)
+        return err(HVDL_ERR_INVALID, "'%s': process set %d does not exist (was it added on every "
+                   "rank, or removed?)", q->name, q->process_set);
+    if (g->me < 0)
+        return err(HVDL_ERR_INVALID, "'%s': rank %d is not a member of process set %d",
+                   q->name, e->rank, q->process_set);
+    if (q->op == HVDL_OP_JOIN && q->process_set != 0)
+        return err(HVDL_ERR_NOT_IMPLEMENTED, "'%s': join() on a process set other than the "
+                   "global one is not implemented", q->name);
+    if (q->op == HVDL_OP_BARRIER || q->op == HVDL_OP_JOIN) { *nbytes = 0; return HVDL_OK; }
     if (!hvdl_dtype_size(q->dtype)) return err(HVDL_ERR_INVALID, "'%s': unknown dtype %d", q->name, q->dtype);
     if (q->ndim < 0 || q->ndim > HVDL_MAX_DIMS)
         return err(HVDL_ERR_INVALID, "'%s': %d dimensions; at most %d are supported", q->name, q->ndim, HVDL_MAX_DIMS);
@@ -192,22 +211,46 @@ static int check_request(const hvdl_request *q, int size, int64_t *nbytes) {
         if (q->shape[d] && n > INT64_MAX / q->shape[d]) return err(HVDL_ERR_INVALID, "'%s': size overflows 64 bits", q->name);
         n *= q->shape[d];
     }
+    *nbytes = n;
     if (n && !q->input) return err(HVDL_ERR_INVALID, "'%s': input buffer is NULL", q->name);
-    if (q->op == HVDL_OP_ALLREDUCE) {
+    if (q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_REDUCESCATTER) {
         if (q->reduce_op == HVDL_ADASUM)
             return err(HVDL_ERR_NOT_IMPLEMENTED, "'%s': Adasum is not implemented in horovodlike yet", q->name);
         if (q->reduce_op < 0 || q->reduce_op > HVDL_PRODUCT) return err(HVDL_ERR_INVALID, "'%s': unknown reduce op %d", q->name, q->reduce_op);
         if (q->dtype == HVDL_BOOL && (q->reduce_op == HVDL_AVERAGE || q->prescale != 1.0 || q->postscale != 1.0))
             return err(HVDL_ERR_INVALID, "'%s': bool tensors support Sum/Min/Max/Product without scaling, not Average", q->name);
     }
-    if ((q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_BROADCAST) && n && !q->output)
+    if (q->op == HVDL_OP_REDUCESCATTER && q->reduce_op != HVDL_SUM && q->reduce_op != HVDL_AVERAGE)
+        return err(HVDL_ERR_INVALID, "'%s': reducescatter supports only Sum and Average", q->name);
+    if ((q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_BROADCAST || q->op == HVDL_OP_REDUCESCATTER) &&
+        n && !q->output)
         return err(HVDL_ERR_INVALID, "'%s': output buffer is NULL", q->name);
-    if (q->op == HVDL_OP_BROADCAST && (q->root_rank < 0 || q->root_rank >= size))
-        return err(HVDL_ERR_INVALID, "'%s': root rank %d is not in [0, %d)", q->name, q->root_rank, size);
-    if (q->op == HVDL_OP_ALLGATHER && q->ndim < 1)
-        return err(HVDL_ERR_INVALID, "'%s': allgather needs at least one dimension to concatenate on", q->name);
-    *nbytes = n;
+    if (q->op == HVDL_OP_BROADCAST && (q->root_rank < 0 || q->root_rank >= g->n))
+        return err(HVDL_ERR_INVALID, "'%s': root rank %d is not in [0, %d)", q->name, q->root_rank, g->n);
+    if ((q->op == HVDL_OP_ALLGATHER || q->op == HVDL_OP_ALLTOALL || q->op == HVDL_OP_REDUCESCATTER) && q->ndim < 1)
+        return err(HVDL_ERR_INVALID, "'%s': %s needs at least one dimension", q->name,
+                   q->op == HVDL_OP_ALLGATHER ? "allgather" : q->op == HVDL_OP_ALLTOALL ? "alltoall" : "reducescatter");
+    if (q->op == HVDL_OP_ALLTOALL) {
+        int64_t sum = 0;
+        for (int i = 0; q->splits && i < g->n; i++) {
+            if (q->splits[i] < 0) return err(HVDL_ERR_INVALID, "'%s': negative split %lld", q->name, (long long)q->splits[i]);
+            sum += q->splits[i];
+        }
+        if (q->splits && sum != q->shape[0])
+            return err(HVDL_ERR_INVALID, "'%s': splits add up to %lld rows but the tensor has %lld",
+                       q->name, (long long)sum, (long long)q->shape[0]);
+        if (!q->splits && q->shape[0] % g->n)
+            return err(HVDL_ERR_INVALID, "'%s': %lld rows cannot be split evenly over %d ranks; pass splits",
+                       q->name, (long long)q->shape[0], g->n);
+    }
     return HVDL_OK;
+}
+
+/* The alltoall splits this request sends, one per member (even when not given). */
+static int64_t *copy_splits(const hvdl_request *q, int n) {
+    int64_t *s = malloc(sizeof(int64_t) * (size_t)n);
+    for (int i = 0; s && i < n; i++) s[i] = q->splits ? q->splits[i] : q->shape[0] / n;
+    return s;
 }
 
 static int alloc_slot(engine_t *e) {
@@ -238,14 +281,23 @@ int hvdl_enqueue(const hvdl_request *q, int64_t *handle) {
     if (!q || !handle) return err(HVDL_ERR_INVALID, "NULL request or handle pointer");
     if (!e || !e->thread_started) return err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
     int64_t nbytes = 0;
-    int rc = check_request(q, e->size, &nbytes);
+    pthread_mutex_lock(&e->mu);
+    int rc = check_request(e, q, &nbytes);
+    int set_size = rc ? 0 : e->sets[q->process_set]->n;
+    pthread_mutex_unlock(&e->mu);
     if (rc) return rc;
     op_t *o = calloc(1, sizeof *o);
-    if (!o || !(o->name = strdup(q->name))) { free(o); return err(HVDL_ERR_SYSTEM, "out of memory"); }
+    if (!o || !(o->name = strdup(q->name)) ||
+        (q->op == HVDL_OP_ALLTOALL && !(o->splits = copy_splits(q, set_size)))) {
+        if (o) { free(o->name); free(o); }
+        return err(HVDL_ERR_SYSTEM, "out of memory");
+    }
     o->meta = (meta_t){q->op, q->dtype, q->reduce_op, q->op == HVDL_OP_BROADCAST ? q->root_rank : 0,
                        q->process_set, q->ndim, {0}, q->prescale, q->postscale};
-    if (q->op != HVDL_OP_ALLREDUCE) o->meta.prescale = o->meta.postscale = 1.0;
-    if (q->op != HVDL_OP_ALLREDUCE) o->meta.reduce_op = 0;
+    /* Fields an op does not use are zeroed so they never cause a false mismatch. */
+    int reduces = q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_REDUCESCATTER;
+    if (!reduces) o->meta.prescale = o->meta.postscale = 1.0;
+    if (!reduces) o->meta.reduce_op = 0;
     memcpy(o->meta.shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
     o->input = q->input;
     o->output = q->output;
@@ -266,10 +318,61 @@ int hvdl_enqueue(const hvdl_request *q, int64_t *handle) {
         hvdl__queue_push(&e->incoming, o);
     }
     pthread_mutex_unlock(&e->mu);
-    if (rc) { free(o->name); free(o); return rc; }
+    if (rc) { free(o->name); free(o->splits); free(o); return rc; }
     wake(e);
     *handle = o->handle;
     return HVDL_OK;
+}
+
+/* ---- process sets ---- */
+
+static engine_t *set_engine(void) {
+    engine_t *e = g_engine;
+    return e && e->peers ? e : NULL;
+}
+
+int hvdl_process_set_add(int id, const int *ranks, int n) {
+    engine_t *e = set_engine();
+    if (!e) return err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    if (id < 0 || id >= HVDL_MAX_SETS)
+        return err(HVDL_ERR_INVALID, "process set id %d: at most %d process sets per job", id, HVDL_MAX_SETS);
+    if (n < 1 || n > e->size) return err(HVDL_ERR_INVALID, "a process set needs 1 to %d ranks, not %d", e->size, n);
+    for (int i = 0; i < n; i++)
+        if (ranks[i] < 0 || ranks[i] >= e->size || (i && ranks[i] <= ranks[i - 1]))
+            return err(HVDL_ERR_INVALID, "process set ranks must be sorted, unique and in [0, %d)", e->size);
+    group_t *g = calloc(1, sizeof *g);
+    if (!g || !(g->ranks = malloc(sizeof(int) * (size_t)n))) { free(g); return err(HVDL_ERR_SYSTEM, "out of memory"); }
+    memcpy(g->ranks, ranks, sizeof(int) * (size_t)n);
+    g->id = id;
+    g->n = n;
+    g->me = -1;
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == e->rank) g->me = i;
+    pthread_mutex_lock(&e->mu);
+    int taken = e->sets[id] != NULL;
+    if (!taken) e->sets[id] = g;
+    pthread_mutex_unlock(&e->mu);
+    if (taken) {
+        free(g->ranks);
+        free(g);
+        return err(HVDL_ERR_INVALID, "process set id %d is already in use", id);
+    }
+    /* Rank 0 may already hold requests for this set, waiting for it to be known. */
+    atomic_store(&e->sets_changed, 1);
+    if (e->wake_fd >= 0) wake(e);
+    return HVDL_OK;
+}
+
+int hvdl_process_set_remove(int id) {
+    engine_t *e = set_engine();
+    if (!e) return err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    if (id == 0) return err(HVDL_ERR_INVALID, "the global process set cannot be removed");
+    pthread_mutex_lock(&e->mu);
+    group_t *g = id > 0 && id < HVDL_MAX_SETS ? e->sets[id] : NULL;
+    int ok = g && !g->removed;
+    if (ok) g->removed = 1;     /* kept allocated: the loop may still read it */
+    pthread_mutex_unlock(&e->mu);
+    return ok ? HVDL_OK : err(HVDL_ERR_INVALID, "process set %d does not exist", id);
 }
 
 /* ---- handles ---- */
@@ -332,8 +435,13 @@ int hvdl_release(int64_t h, char *msg, hvdl_result *result) {
     pthread_mutex_unlock(&e->mu);
     int status = o->status;
     if (msg) snprintf(msg, HVDL_MSG_BYTES, "%s", o->msg ? o->msg : "");
-    if (result) *result = o->result;
-    else free(o->result.data);
+    if (result) {
+        *result = o->result;
+    } else {
+        free(o->result.data);
+        free(o->result.recv_splits);
+    }
+    free(o->splits);
     free(o->msg);
     free(o->name);
     free(o);

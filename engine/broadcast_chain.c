@@ -1,22 +1,23 @@
 /*
- * Broadcast as a pipelined chain: root -> root+1 -> ... -> root+P-1.
+ * Broadcast as a pipelined chain through the set: root -> root+1 -> ... -> root+n-1.
  *
- * The buffer travels in chunks; a rank in the middle of the chain forwards chunk k-1 to
+ * The buffer travels in chunks; a member in the middle of the chain forwards chunk k-1 to
  * its right while it receives chunk k from its left, so every link is busy at once.
- * The root and the last rank each do one plain send or receive of the whole buffer.
+ * The root and the last member each do one plain send or receive of the whole buffer.
  *
- * Cost for S bytes in chunks of C: S/B + (P-2) * C/B + (P-1) * alpha, i.e. close to one
- * transfer of S for large buffers, against (P-1) * S/B for a root that sends to all.
+ * Cost for S bytes in chunks of C: S/B + (n-2) * C/B + (n-1) * alpha, i.e. close to one
+ * transfer of S for large buffers, against (n-1) * S/B for a root that sends to all.
+ * `root` is the root's index in the set.
  */
 #include "internal.h"
 
-int hvdl__broadcast_chain(engine_t *e, void *buf, int64_t nbytes, int root) {
-    int P = e->size, r = e->rank;
-    if (P == 1 || nbytes == 0) return 0;
-    int v = (r - root + P) % P;        /* position in the chain */
-    int left = (r - 1 + P) % P, right = (r + 1) % P;
+int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbytes, int root) {
+    int n = g->n;
+    if (n == 1 || nbytes == 0) return 0;
+    int v = (g->me - root + n) % n;        /* position in the chain */
+    int left = g->ranks[(g->me - 1 + n) % n], right = g->ranks[(g->me + 1) % n];
     uint8_t *b = buf;
-    if (v == 0 || v == P - 1) {
+    if (v == 0 || v == n - 1) {
         xfer_t x = {v == 0 ? right : -1, b, v == 0 ? nbytes : 0,
                     v == 0 ? -1 : left, b, v == 0 ? 0 : nbytes, 0, NULL, NULL};
         return e->tcp->exchange(e->tcp, &x);

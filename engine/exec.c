@@ -1,125 +1,193 @@
 /*
  * Executing a response: find this rank's ops for the response's tensors, move the data
- * with the right algorithm, and complete the handles.
+ * with the right algorithm over the response's process set, and complete the handles.
  *
  * Fusion lives here on the data side: a response naming several allreduce tensors is
  * packed into the persistent fusion buffer (MEMCPY_IN), reduced as one buffer and
  * unpacked (MEMCPY_OUT), trading two local copies for one collective's latency per
  * tensor. A response with one tensor is reduced in the caller's output buffer directly,
  * with no staging copy at all when input and output are the same buffer.
+ *
+ * A rank that has called join() executes allreduces it never submitted, with zeros of
+ * the agreed size, so the others' sums are unchanged.
  */
 #include "internal.h"
 #include <stdlib.h>
 #include <string.h>
 
-static int64_t elems(const op_t *o) {
-    int esz = hvdl_dtype_size(o->meta.dtype);
-    return o->nbytes / esz;
+/* One tensor's buffers as the algorithms see them. */
+typedef struct slot {
+    op_t *op;                /* NULL when this rank joined and contributes zeros */
+    const void *in;
+    void *out;
+    int64_t nbytes;
+} slot_t;
+
+static int64_t meta_bytes(const meta_t *m) {
+    int64_t n = hvdl_dtype_size(m->dtype);
+    for (int d = 0; d < m->ndim; d++) n *= m->shape[d];
+    return n;
 }
 
-/* Average reduces as Sum and folds 1/size into the postscale. */
-static void reduce_params(engine_t *e, const meta_t *m, int *op, double *post) {
+/* Average reduces as Sum and folds 1/n into the postscale. */
+static void reduce_params(const group_t *g, const meta_t *m, int *op, double *post) {
     *op = m->reduce_op == HVDL_AVERAGE ? HVDL_SUM : m->reduce_op;
-    *post = m->postscale * (m->reduce_op == HVDL_AVERAGE ? 1.0 / e->size : 1.0);
+    *post = m->postscale * (m->reduce_op == HVDL_AVERAGE ? 1.0 / g->n : 1.0);
 }
 
-static int exec_allreduce(engine_t *e, const meta_t *m, op_t **ops, int n) {
-    int op;
+static int oom(engine_t *e, const char *what, int64_t n) {
+    hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte %s", (long long)n, what);
+    return -1;
+}
+
+static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t *s, int n) {
+    int op, esz = hvdl_dtype_size(m->dtype);
     double post;
-    reduce_params(e, m, &op, &post);
+    reduce_params(g, m, &op, &post);
     if (n == 1) {
-        op_t *o = ops[0];
-        if (o->output != o->input && o->nbytes) memcpy(o->output, o->input, (size_t)o->nbytes);
-        hvdl__scale(m->dtype, o->output, elems(o), m->prescale);
-        if (hvdl__allreduce_ring(e, o->output, elems(o), m->dtype, op)) return -1;
-        hvdl__scale(m->dtype, o->output, elems(o), post);
+        if (s->out != s->in && s->nbytes) memcpy(s->out, s->in, (size_t)s->nbytes);
+        hvdl__scale(m->dtype, s->out, s->nbytes / esz, m->prescale);
+        if (hvdl__allreduce_ring(e, g, s->out, s->nbytes / esz, m->dtype, op)) return -1;
+        hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
         return 0;
     }
     int64_t total = 0;
-    for (int i = 0; i < n; i++) total += ops[i]->nbytes;
-    if (buf_reserve(&e->fusion, total)) {
-        hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte fusion buffer",
-                   (long long)total);
-        return -1;
-    }
+    for (int i = 0; i < n; i++) total += s[i].nbytes;
+    if (buf_reserve(&e->fusion, total)) return oom(e, "fusion buffer", total);
     uint8_t *f = e->fusion.data;
-    int64_t at = 0;
-    for (int i = 0; i < n; i++) {
-        if (ops[i]->nbytes) memcpy(f + at, ops[i]->input, (size_t)ops[i]->nbytes);
-        at += ops[i]->nbytes;
-    }
-    int esz = hvdl_dtype_size(m->dtype);
+    for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)        /* MEMCPY_IN */
+        if (s[i].nbytes) memcpy(f + at, s[i].in, (size_t)s[i].nbytes);
     hvdl__scale(m->dtype, f, total / esz, m->prescale);
-    if (hvdl__allreduce_ring(e, f, total / esz, m->dtype, op)) return -1;
+    if (hvdl__allreduce_ring(e, g, f, total / esz, m->dtype, op)) return -1;
     hvdl__scale(m->dtype, f, total / esz, post);
-    at = 0;
-    for (int i = 0; i < n; i++) {
-        if (ops[i]->nbytes) memcpy(ops[i]->output, f + at, (size_t)ops[i]->nbytes);
-        at += ops[i]->nbytes;
-    }
+    for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)        /* MEMCPY_OUT */
+        if (s[i].nbytes) memcpy(s[i].out, f + at, (size_t)s[i].nbytes);
     return 0;
 }
 
-static int exec_allgather(engine_t *e, op_t *o, const int64_t *dim0) {
-    int64_t row = hvdl_dtype_size(o->meta.dtype);
-    for (int d = 1; d < o->meta.ndim; d++) row *= o->meta.shape[d];
-    int64_t *blocks = malloc(sizeof(int64_t) * (size_t)e->size);
-    if (!blocks) return -1;
-    int64_t total = 0, rows = 0;
-    for (int i = 0; i < e->size; i++) {
+static int64_t row_bytes(const meta_t *m) {
+    int64_t row = hvdl_dtype_size(m->dtype);
+    for (int d = 1; d < m->ndim; d++) row *= m->shape[d];
+    return row;
+}
+
+static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t *dim0) {
+    int64_t row = row_bytes(&o->meta), blocks[g->n], total = 0, rows = 0, mine = 0;
+    for (int i = 0; i < g->n; i++) {
         blocks[i] = dim0[i] * row;
+        if (i < g->me) mine += blocks[i];
         total += blocks[i];
         rows += dim0[i];
     }
     uint8_t *out = malloc((size_t)(total ? total : 1));
-    if (!out) {
-        free(blocks);
-        hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte allgather result",
-                   (long long)total);
-        return -1;
-    }
-    int64_t mine = 0;
-    for (int i = 0; i < e->rank; i++) mine += blocks[i];
+    if (!out) return oom(e, "allgather result", total);
     if (o->nbytes) memcpy(out + mine, o->input, (size_t)o->nbytes);
-    int rc = hvdl__allgather_ring(e, out, blocks);
-    free(blocks);
-    if (rc) { free(out); return -1; }
-    o->result = (hvdl_result){out, total, rows};
+    if (hvdl__allgather_ring(e, g, out, blocks)) { free(out); return -1; }
+    o->result = (hvdl_result){.data = out, .nbytes = total, .first_dim = rows};
     return 0;
 }
 
-static int exec_broadcast(engine_t *e, const meta_t *m, op_t *o) {
-    if (e->rank == m->root_rank && o->output != o->input && o->nbytes)
+static int exec_broadcast(engine_t *e, const group_t *g, const meta_t *m, op_t *o) {
+    if (g->me == m->root_rank && o->output != o->input && o->nbytes)
         memcpy(o->output, o->input, (size_t)o->nbytes);
-    return hvdl__broadcast_chain(e, o->output, o->nbytes, m->root_rank);
+    return hvdl__broadcast_chain(e, g, o->output, o->nbytes, m->root_rank);
+}
+
+/* Rows of the first dimension for member i: lower members take the remainder. */
+static int64_t share(int64_t rows, int n, int i) { return rows / n + (i < rows % n); }
+
+static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op_t *o) {
+    int op, esz = hvdl_dtype_size(m->dtype);
+    double post;
+    reduce_params(g, m, &op, &post);
+    int64_t row = row_bytes(m), seg[g->n], mine = 0;
+    for (int i = 0; i < g->n; i++) {
+        seg[i] = share(m->shape[0], g->n, i) * row;
+        if (i < g->me) mine += seg[i];
+    }
+    /* The ring reduces in place, and the caller's input must stay intact. */
+    if (buf_reserve(&e->fusion, o->nbytes)) return oom(e, "reducescatter buffer", o->nbytes);
+    uint8_t *f = e->fusion.data;
+    if (o->nbytes) memcpy(f, o->input, (size_t)o->nbytes);
+    hvdl__scale(m->dtype, f, o->nbytes / esz, m->prescale);
+    if (hvdl__reduce_scatter_ring(e, g, f, seg, m->dtype, op)) return -1;
+    if (seg[g->me]) memcpy(o->output, f + mine, (size_t)seg[g->me]);
+    hvdl__scale(m->dtype, o->output, seg[g->me] / esz, post);
+    return 0;
+}
+
+static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *matrix) {
+    int n = g->n, me = g->me;
+    int64_t row = row_bytes(&o->meta), send[n], recv[n], total = 0, rows = 0;
+    int64_t *splits = malloc(sizeof(int64_t) * (size_t)n);
+    if (!splits) return oom(e, "alltoall splits", 8 * n);
+    for (int j = 0; j < n; j++) {
+        send[j] = matrix[me * n + j] * row;
+        splits[j] = matrix[j * n + me];
+        recv[j] = splits[j] * row;
+        total += recv[j];
+        rows += splits[j];
+    }
+    uint8_t *out = malloc((size_t)(total ? total : 1));
+    if (!out) { free(splits); return oom(e, "alltoall result", total); }
+    if (hvdl__alltoall_pairwise(e, g, o->input, send, out, recv)) {
+        free(out);
+        free(splits);
+        return -1;
+    }
+    o->result = (hvdl_result){.data = out, .nbytes = total, .first_dim = rows,
+                              .recv_splits = splits, .nsplits = n};
+    return 0;
+}
+
+static int dispatch(engine_t *e, const group_t *g, response_t *r, slot_t *s) {
+    const meta_t *m = &r->meta;
+    switch (m->op) {
+    case HVDL_OP_ALLREDUCE: return exec_allreduce(e, g, m, s, r->ntensors);
+    case HVDL_OP_ALLGATHER: return exec_allgather(e, g, s->op, r->dim0);
+    case HVDL_OP_BROADCAST: return exec_broadcast(e, g, m, s->op);
+    case HVDL_OP_REDUCESCATTER: return exec_reducescatter(e, g, m, s->op);
+    case HVDL_OP_ALLTOALL: return exec_alltoall(e, g, s->op, r->matrix);
+    case HVDL_OP_JOIN:
+        s->op->result.value = m->root_rank;
+        e->joined = 0;
+        return 0;
+    default: return 0;   /* barrier: negotiation itself was the synchronisation */
+    }
 }
 
 int hvdl__execute(engine_t *e, response_t *r) {
-    op_t *stack[64], **ops = r->ntensors <= 64 ? stack : malloc(sizeof(op_t *) * (size_t)r->ntensors);
-    if (!ops) return -1;
-    for (int i = 0; i < r->ntensors; i++) {
-        ops[i] = strmap_del(&e->mine, r->names[i]);
-        if (!ops[i]) {
-            /* Every rank announced every name in a response; a miss is an engine bug. */
+    const group_t *g = e->sets[r->meta.process_set];
+    slot_t *s = calloc((size_t)r->ntensors + 1, sizeof *s);
+    if (!s) return oom(e, "response", r->ntensors);
+    int rc = 0;
+    for (int i = 0; i < r->ntensors && !rc; i++) {
+        op_t *o = strmap_del(&e->mine, r->names[i]);
+        if (o) {
+            s[i] = (slot_t){o, o->input, o->output, o->nbytes};
+        } else if (e->joined && r->meta.op == HVDL_OP_ALLREDUCE) {
+            int64_t nb = meta_bytes(&r->metas[i]);
+            void *zeros = calloc(1, (size_t)(nb ? nb : 1));
+            if (!zeros) rc = oom(e, "zero contribution", nb);
+            s[i] = (slot_t){NULL, zeros, zeros, nb};
+        } else if (!(e->joined && r->kind == RESP_ERROR)) {
+            /* Every member announced every name in a response; a miss is an engine bug. */
             hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: response for '%s', which this "
                        "rank never submitted", r->names[i]);
-            if (ops != stack) free(ops);
-            return -1;
+            rc = -1;
         }
     }
-    int rc = 0;
-    if (r->kind == RESP_ERROR) {
-        for (int i = 0; i < r->ntensors; i++) hvdl__complete(e, ops[i], HVDL_ERR_MISMATCH, r->error);
-    } else {
-        switch (r->meta.op) {
-        case HVDL_OP_ALLREDUCE: rc = exec_allreduce(e, &r->meta, ops, r->ntensors); break;
-        case HVDL_OP_ALLGATHER: rc = exec_allgather(e, ops[0], r->dim0); break;
-        case HVDL_OP_BROADCAST: rc = exec_broadcast(e, &r->meta, ops[0]); break;
-        default: break;   /* barrier: negotiation itself was the synchronisation */
-        }
+    if (!rc && r->kind == RESP_ERROR) {
+        for (int i = 0; i < r->ntensors; i++)
+            if (s[i].op) hvdl__complete(e, s[i].op, HVDL_ERR_MISMATCH, r->error);
+    } else if (!rc) {
+        rc = dispatch(e, g, r, s);
         /* On failure hvdl__fail has completed every op; touch none of them again. */
-        for (int i = 0; !rc && i < r->ntensors; i++) hvdl__complete(e, ops[i], HVDL_OK, NULL);
+        for (int i = 0; !rc && i < r->ntensors; i++)
+            if (s[i].op) hvdl__complete(e, s[i].op, HVDL_OK, NULL);
     }
-    if (ops != stack) free(ops);
+    for (int i = 0; i < r->ntensors; i++)
+        if (!s[i].op) free(s[i].out);
+    free(s);
     return rc;
 }

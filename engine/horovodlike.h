@@ -53,7 +53,7 @@ enum hvdl_reduce_op {
 
 enum hvdl_op_type {
     HVDL_OP_ALLREDUCE = 0, HVDL_OP_ALLGATHER = 1, HVDL_OP_BROADCAST = 2,
-    HVDL_OP_BARRIER = 3, HVDL_OP_ALLTOALL = 4, HVDL_OP_REDUCESCATTER = 5
+    HVDL_OP_BARRIER = 3, HVDL_OP_ALLTOALL = 4, HVDL_OP_REDUCESCATTER = 5, HVDL_OP_JOIN = 6
 };
 
 /* One collective request. The engine copies the struct and the name; the buffers are
@@ -70,15 +70,21 @@ typedef struct hvdl_request {
     double postscale;        /* allreduce: multiply the result by this */
     const void *input;       /* the caller's contiguous data (NULL only if empty) */
     void *output;            /* allreduce/broadcast: result buffer (may equal input);
-                                allgather: NULL, the engine allocates the result */
+                                reducescatter: this rank's rows of the result;
+                                allgather/alltoall: NULL, the engine allocates the result */
+    const int64_t *splits;   /* alltoall: rows for each member of the process set, in
+                                set order (NULL: even split); copied at enqueue */
     const char *name;        /* unique among in-flight requests; required */
 } hvdl_request;
 
 /* What a finished op produced (filled by hvdl_release). */
 typedef struct hvdl_result {
-    void *data;              /* allgather: engine-allocated output, free with hvdl_free */
+    void *data;              /* allgather/alltoall: engine-allocated output, hvdl_free it */
     int64_t nbytes;          /* bytes at data */
-    int64_t first_dim;       /* allgather: the concatenated first dimension */
+    int64_t first_dim;       /* allgather/alltoall: the first dimension of the output */
+    int64_t *recv_splits;    /* alltoall: rows received from each member; hvdl_free it */
+    int nsplits;
+    int64_t value;           /* join: the last rank to join */
 } hvdl_result;
 
 /* Start-up in two steps so that the caller can exchange the address blobs however it
@@ -106,6 +112,12 @@ int hvdl_wait(int64_t handle, double timeout_s);
 /* Free a finished handle: returns the op's status, copies its message (if any) into
  * msg (HVDL_MSG_BYTES), and fills *result. Releasing an unfinished handle is refused. */
 int hvdl_release(int64_t handle, char *msg, hvdl_result *result);
+
+/* Process sets: ids are chosen by the caller, identically on every rank (the Python
+ * layer agrees on them with a collective first). Set 0 is all ranks and always exists.
+ * Ranks are global ranks, sorted, unique. */
+int hvdl_process_set_add(int id, const int *ranks, int n);
+int hvdl_process_set_remove(int id);
 
 /* The message of the last failed call made on this thread. */
 const char *hvdl_last_error(void);

@@ -22,11 +22,23 @@ typedef struct meta {
     double prescale, postscale;
 } meta_t;
 
+/* A process set as the algorithms see it: members' global ranks, sorted, and this
+ * rank's index among them (-1 if not a member). Immutable once registered. */
+typedef struct group {
+    int id;
+    int n;
+    int me;
+    int *ranks;
+    int removed;
+} group_t;
+#define HVDL_MAX_SETS 256
+
 /* One enqueued request, from hvdl_enqueue until hvdl_release. */
 typedef struct op {
     int64_t handle;
     char *name;
     meta_t meta;
+    int64_t *splits;         /* alltoall: rows to each set member (copied), else NULL */
     const void *input;
     void *output;
     int64_t nbytes;          /* input bytes */
@@ -50,8 +62,9 @@ typedef struct response {
     meta_t meta;             /* shared op/dtype/reduce/root/scales (shape unused) */
     int ntensors;
     char **names;
-    int *cache_ids;          /* per tensor: the cache id every rank stores it under, or -1 */
-    int64_t *dim0;           /* allgather: ntensors x size first dimensions */
+    meta_t *metas;           /* per tensor: the agreed request (joined ranks size zeros by it) */
+    int64_t *dim0;           /* allgather: ntensors x n first dimensions (n = set size) */
+    int64_t *matrix;         /* alltoall: n x n rows, [i * n + j] = rows i sends to j */
     char *error;             /* RESP_ERROR: the message every rank reports */
 } response_t;
 enum { RESP_OK = 0, RESP_ERROR = 1, RESP_SHUTDOWN = 2 };
@@ -140,6 +153,12 @@ typedef struct engine {
     buf_t fusion;            /* persistent fusion buffer */
     buf_t scratch;           /* staging for receive-and-reduce */
     struct coordinator *coord;   /* rank 0 only */
+    int joined;              /* this rank has a join in flight: zeros for others' allreduces */
+
+    /* Process sets: registered under mu by the API, read by the loop. Entries are never
+     * freed or moved while the engine lives, so the loop may read them without mu. */
+    group_t *sets[HVDL_MAX_SETS];
+    atomic_int sets_changed;
 } engine_t;
 
 /* loop.c */
@@ -147,17 +166,32 @@ void *hvdl__loop(void *arg);
 void hvdl__fail(engine_t *e, int status, const char *fmt, ...);
 void hvdl__complete(engine_t *e, op_t *o, int status, const char *msg);
 
-/* negotiate.c */
-int hvdl__announce(engine_t *e);                    /* send unsent requests */
+/* wire.c: the negotiation messages */
+int hvdl__announce(engine_t *e);                    /* tell rank 0 about unsent requests */
+int hvdl__parse_requests(engine_t *e, int from, reader_t *r);
+int hvdl__write_response(engine_t *e, buf_t *b, const response_t *r);
+int hvdl__read_responses(engine_t *e, reader_t *r, response_t **out, int *count);
+int hvdl__response_alloc(response_t *r, int ntensors, int n, int op);
+
+/* negotiate.c: rank 0's coordinator and the frame dispatcher */
+int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
+                       const int64_t *splits, int nsplits);
 int hvdl__coordinator_new(engine_t *e);
 void hvdl__coordinator_free(engine_t *e);
+void hvdl__coordinator_rescan(engine_t *e);
 int hvdl__coordinator_step(engine_t *e);            /* rank 0: match, plan, broadcast */
 int hvdl__handle_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n);
-int hvdl__worker_take_responses(engine_t *e);       /* workers: execute what came */
 void hvdl__stall_check(engine_t *e, double now);
 int hvdl__say_bye(engine_t *e);                     /* this rank calls shutdown */
 int hvdl__coordinator_pending(engine_t *e);
+
+/* cache.c */
 int hvdl__cache_meta_equal(const meta_t *a, const meta_t *b);
+int hvdl__cacheable(const meta_t *m);
+int hvdl__cache_lookup(engine_t *e, const char *name);
+meta_t hvdl__cache_meta_for(engine_t *e, int id, int rank);
+int hvdl__cache_store(engine_t *e, int id, const char *name, const meta_t *m, const int64_t *dim0);
+void hvdl__cache_free(engine_t *e);
 
 /* exec.c */
 int hvdl__execute(engine_t *e, response_t *r);
@@ -188,8 +222,12 @@ void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);
 void hvdl__scale(int dtype, void *buf, int64_t count, double factor);
 
 /* collectives (one file each) */
-int hvdl__allreduce_ring(engine_t *e, void *buf, int64_t count, int dtype, int op);
-int hvdl__allgather_ring(engine_t *e, void *out, const int64_t *block_bytes);
-int hvdl__broadcast_chain(engine_t *e, void *buf, int64_t nbytes, int root);
+int hvdl__reduce_scatter_ring(engine_t *e, const group_t *g, void *buf, const int64_t *seg_bytes,
+                              int dtype, int op);
+int hvdl__allreduce_ring(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op);
+int hvdl__allgather_ring(engine_t *e, const group_t *g, void *out, const int64_t *block_bytes);
+int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbytes, int root);
+int hvdl__alltoall_pairwise(engine_t *e, const group_t *g, const void *in, const int64_t *send_bytes,
+                            void *out, const int64_t *recv_bytes);
 
 #endif

@@ -10,9 +10,12 @@
  *     ready. When all are, it checks that they agree (op, dtype, shape, reduce op, root,
  *     scale factors); a disagreement becomes an error response naming the field and the
  *     ranks, and the engine goes on with the next op.
+ *     Readiness is per process set (all its members), and a rank that called join()
+ *     counts as present for allreduce, contributing zeros.
  *  d. Ready tensors are planned into fused responses (compatible allreduces up to
  *     HOROVOD_FUSION_THRESHOLD bytes) in the order they became ready, sent to every rank
- *     in one MSG_RESPONSES frame, and executed by every rank in that order. A response for
+ *     in one MSG_RESPONSES frame (each rank gets the responses of the sets it belongs to), and
+ *     executed by every member in that order. A response for
  *     a cached tensor carries its 4-byte cache id instead of its name and metadata.
  *  e. The cache itself is updated from the responses, in order, on every rank, so all
  *     ranks always hold the same cache; rank 0 alone assigns ids.
@@ -28,31 +31,34 @@
 
 typedef struct pending {
     char *name;
-    meta_t *metas;           /* per rank */
-    uint8_t *have;           /* per rank */
+    meta_t *metas;           /* per global rank */
+    int64_t *splits;         /* alltoall: size x size rows, [rank * size + j] */
+    uint8_t *have;           /* per global rank: has submitted */
     int count;
-    double first_at;
-    double warned_at;
-    char *error;             /* set when all are ready and they disagree */
+    int ref;                 /* the first rank that submitted: its meta is the reference */
+    double first_at, warned_at;
+    char *error;             /* set when ready and the ranks disagree */
     struct pending *next;    /* link in the ready list */
 } pending_t;
 
 typedef struct coordinator {
-    strmap_t pending;        /* name -> pending_t*, until every rank is ready */
+    strmap_t pending;        /* name -> pending_t*, until every member is ready */
     pending_t *ready_head, *ready_tail;
+    uint8_t *joined;         /* per rank: called join() and waits for the others */
+    int last_joined;
     int shutdown_from;       /* rank that asked to shut down, or -1 */
     double last_stall_check;
 } coordinator_t;
 
 static const char *OP_NAMES[] = {"allreduce", "allgather", "broadcast", "barrier",
-                                 "alltoall", "reducescatter"};
+                                 "alltoall", "reducescatter", "join"};
 static const char *DTYPE_NAMES[] = {"uint8", "int8", "int16", "int32", "int64", "float16",
                                     "bfloat16", "float32", "float64", "bool"};
 static const char *REDUCE_NAMES[] = {"Sum", "Average", "Min", "Max", "Product", "Adasum"};
 
 int hvdl__coordinator_new(engine_t *e) {
     e->coord = calloc(1, sizeof *e->coord);
-    if (!e->coord) return -1;
+    if (!e->coord || !(e->coord->joined = calloc((size_t)e->size, 1))) return -1;
     e->coord->shutdown_from = -1;
     return 0;
 }
@@ -60,6 +66,7 @@ int hvdl__coordinator_new(engine_t *e) {
 static void pending_free(pending_t *p) {
     free(p->name);
     free(p->metas);
+    free(p->splits);
     free(p->have);
     free(p->error);
     free(p);
@@ -72,160 +79,13 @@ void hvdl__coordinator_free(engine_t *e) {
         if (c->pending.vals && c->pending.vals[i]) pending_free(c->pending.vals[i]);
     strmap_free(&c->pending);
     for (pending_t *p = c->ready_head, *n; p; p = n) { n = p->next; pending_free(p); }
+    free(c->joined);
     free(c);
     e->coord = NULL;
 }
 
-void hvdl__response_free(response_t *r) {
-    for (int i = 0; i < r->ntensors; i++) free(r->names[i]);
-    free(r->names);
-    free(r->cache_ids);
-    free(r->dim0);
-    free(r->error);
-}
+/* ---- agreement ---- */
 
-/* ---- the response cache ---- */
-
-int hvdl__cache_meta_equal(const meta_t *a, const meta_t *b) {
-    if (a->op != b->op || a->dtype != b->dtype || a->reduce_op != b->reduce_op ||
-        a->root_rank != b->root_rank || a->process_set != b->process_set ||
-        a->ndim != b->ndim || a->prescale != b->prescale || a->postscale != b->postscale)
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return 0;
-    return 1;
-}
-
-static int cache_lookup(engine_t *e, const char *name) {
-    intptr_t v = (intptr_t)strmap_get(&e->cache_by_name, name);
-    return (int)v - 1;
-}
-
-/* The cached request of rank `rank` (allgather's first dimension differs per rank). */
-static meta_t cache_meta_for(engine_t *e, int id, int rank) {
-    meta_t m = e->cache[id].meta;
-    if (e->cache[id].dim0s) m.shape[0] = e->cache[id].dim0s[rank];
-    return m;
-}
-
-static int cache_store(engine_t *e, int id, const char *name, const meta_t *m, const int64_t *dim0) {
-    if (id >= e->ncache) {
-        cache_entry_t *c = realloc(e->cache, sizeof *c * (size_t)(id + 1));
-        if (!c) return -1;
-        memset(c + e->ncache, 0, sizeof *c * (size_t)(id + 1 - e->ncache));
-        e->cache = c;
-        e->ncache = id + 1;
-    }
-    cache_entry_t *c = &e->cache[id];
-    if (!c->name) {
-        c->name = strdup(name);
-        strmap_put(&e->cache_by_name, name, (void *)(intptr_t)(id + 1));
-    }
-    c->meta = *m;
-    free(c->dim0s);
-    c->dim0s = NULL;
-    if (dim0) {
-        c->dim0s = malloc(sizeof(int64_t) * (size_t)e->size);
-        if (!c->dim0s) return -1;
-        memcpy(c->dim0s, dim0, sizeof(int64_t) * (size_t)e->size);
-    }
-    return 0;
-}
-
-/* ---- a. and b.: announcing requests ---- */
-
-static int record(engine_t *e, int from, const char *name, const meta_t *m);
-static char *check_agreement(engine_t *e, const pending_t *p);
-
-int hvdl__announce(engine_t *e) {
-    buf_t full = {0};
-    int nwords = (e->ncache + 63) / 64, nfull = 0;
-    uint64_t *bits = calloc((size_t)nwords + 1, 8);
-    if (!bits) return -1;
-    op_t *o;
-    while ((o = hvdl__queue_pop(&e->unsent))) {
-        strmap_put(&e->mine, o->name, o);
-        if (e->rank == 0) {
-            if (record(e, 0, o->name, &o->meta)) { free(bits); buf_free(&full); return -1; }
-            continue;
-        }
-        int id = cache_lookup(e, o->name);
-        meta_t cached;
-        if (id >= 0 && (cached = cache_meta_for(e, id, e->rank), hvdl__cache_meta_equal(&cached, &o->meta))) {
-            bits[id / 64] |= 1ull << (id % 64);
-        } else {
-            buf_put_str(&full, o->name);
-            buf_put(&full, &o->meta, sizeof o->meta);
-            nfull++;
-        }
-    }
-    int rc = 0;
-    if (e->rank != 0) {
-        buf_t msg = {0};
-        buf_put_u32(&msg, (uint32_t)nwords);
-        buf_put(&msg, bits, 8 * (int64_t)nwords);
-        buf_put_u32(&msg, (uint32_t)nfull);
-        buf_put(&msg, full.data, full.len);
-        rc = hvdl__send_frame(e, 0, MSG_REQUESTS, msg.data, msg.len);
-        buf_free(&msg);
-    }
-    free(bits);
-    buf_free(&full);
-    return rc;
-}
-
-/* ---- c.: rank 0 counts readiness ---- */
-
-static int record(engine_t *e, int from, const char *name, const meta_t *m) {
-    coordinator_t *c = e->coord;
-    pending_t *p = strmap_get(&c->pending, name);
-    if (!p) {
-        p = calloc(1, sizeof *p);
-        if (!p || !(p->name = strdup(name)) ||
-            !(p->metas = calloc((size_t)e->size, sizeof *p->metas)) ||
-            !(p->have = calloc((size_t)e->size, 1)) || strmap_put(&c->pending, name, p)) {
-            if (p) pending_free(p);
-            return -1;
-        }
-        p->first_at = hvdl_now();
-    }
-    if (p->have[from]) return 0;   /* refused at enqueue; never twice in flight */
-    p->have[from] = 1;
-    p->metas[from] = *m;
-    if (++p->count < e->size) return 0;
-    strmap_del(&c->pending, name);
-    p->error = check_agreement(e, p);
-    if (c->ready_tail) c->ready_tail->next = p;
-    else c->ready_head = p;
-    c->ready_tail = p;
-    return 0;
-}
-
-static int handle_requests(engine_t *e, int from, reader_t *r) {
-    uint32_t nwords = rd_u32(r);
-    for (uint32_t w = 0; w < nwords && !r->bad; w++) {
-        uint64_t word;
-        rd_get(r, &word, 8);
-        for (int b = 0; b < 64; b++) {
-            int id = (int)w * 64 + b;
-            if (!(word >> b & 1)) continue;
-            if (id >= e->ncache) return -1;
-            meta_t m = cache_meta_for(e, id, from);
-            if (record(e, from, e->cache[id].name, &m)) return -1;
-        }
-    }
-    uint32_t nfull = rd_u32(r);
-    for (uint32_t i = 0; i < nfull && !r->bad; i++) {
-        char *name = rd_str(r);
-        meta_t m;
-        rd_get(r, &m, sizeof m);
-        if (!r->bad && record(e, from, name, &m)) { free(name); return -1; }
-        free(name);
-    }
-    return r->bad ? -1 : 0;
-}
-
-/* Describe the first field on which ranks disagree, or return 0 if they all agree. */
 static void describe_value(const meta_t *m, int field, char *out, size_t cap) {
     switch (field) {
     case 0: snprintf(out, cap, "%s", OP_NAMES[m->op]); break;
@@ -253,29 +113,32 @@ static int field_differs(const meta_t *a, const meta_t *b, int field) {
     case 1: return a->dtype != b->dtype;
     case 2: {
         if (a->ndim != b->ndim) return 1;
-        /* allgather concatenates on the first dimension, which may differ per rank */
-        for (int d = a->op == HVDL_OP_ALLGATHER ? 1 : 0; d < a->ndim; d++)
+        /* allgather and alltoall concatenate on the first dimension: it may differ */
+        int from = a->op == HVDL_OP_ALLGATHER || a->op == HVDL_OP_ALLTOALL ? 1 : 0;
+        for (int d = from; d < a->ndim; d++)
             if (a->shape[d] != b->shape[d]) return 1;
         return 0;
     }
-    case 3: return a->op == HVDL_OP_ALLREDUCE && a->reduce_op != b->reduce_op;
-    case 4: return a->op == HVDL_OP_BROADCAST && a->root_rank != b->root_rank;
+    case 3: return a->reduce_op != b->reduce_op;
+    case 4: return a->root_rank != b->root_rank;
     case 5: return a->prescale != b->prescale || a->postscale != b->postscale;
     default: return a->process_set != b->process_set;
     }
 }
 
+/* The first field on which the submitting ranks disagree, as a message; NULL if none. */
 static char *check_agreement(engine_t *e, const pending_t *p) {
+    const meta_t *ref = &p->metas[p->ref];
     for (int f = 0; f < 7; f++) {
-        int n_bad = 0;
-        for (int r = 1; r < e->size; r++) n_bad += field_differs(&p->metas[0], &p->metas[r], f);
-        if (!n_bad) continue;
+        int bad = 0;
+        for (int r = 0; r < e->size; r++) bad |= p->have[r] && field_differs(ref, &p->metas[r], f);
+        if (!bad) continue;
         char msg[HVDL_MSG_BYTES], val[256];
-        describe_value(&p->metas[0], f, val, sizeof val);
-        int n = snprintf(msg, sizeof msg, "%s '%s': ranks disagree on %s: rank 0 has %s",
-                         OP_NAMES[p->metas[0].op], p->name, FIELD_NAMES[f], val);
-        for (int r = 1, shown = 0; r < e->size && n < (int)sizeof msg - 64; r++) {
-            if (!field_differs(&p->metas[0], &p->metas[r], f)) continue;
+        describe_value(ref, f, val, sizeof val);
+        int n = snprintf(msg, sizeof msg, "%s '%s': ranks disagree on %s: rank %d has %s",
+                         OP_NAMES[ref->op], p->name, FIELD_NAMES[f], p->ref, val);
+        for (int r = 0, shown = 0; r < e->size && n < (int)sizeof msg - 64; r++) {
+            if (!p->have[r] || !field_differs(ref, &p->metas[r], f)) continue;
             if (++shown > 6) { n += snprintf(msg + n, sizeof msg - (size_t)n, ", ..."); break; }
             describe_value(&p->metas[r], f, val, sizeof val);
             n += snprintf(msg + n, sizeof msg - (size_t)n, ", rank %d has %s", r, val);
@@ -285,7 +148,87 @@ static char *check_agreement(engine_t *e, const pending_t *p) {
     return NULL;
 }
 
-/* ---- d.: planning, sending and executing responses ---- */
+/* ---- readiness ---- */
+
+static void make_ready(coordinator_t *c, pending_t *p) {
+    strmap_del(&c->pending, p->name);
+    p->next = NULL;
+    if (c->ready_tail) c->ready_tail->next = p;
+    else c->ready_head = p;
+    c->ready_tail = p;
+}
+
+/* A name is ready when every member of its set has submitted it. A member that has
+ * joined counts as present for allreduce (it contributes zeros); for any other op it
+ * never will be, so the op fails rather than wait forever. */
+static void maybe_ready(engine_t *e, pending_t *p) {
+    coordinator_t *c = e->coord;
+    const meta_t *m = &p->metas[p->ref];
+    group_t *g = e->sets[m->process_set];
+    if (!g) return;                     /* rank 0 has not registered this set yet */
+    char joined_missing[256] = "";
+    int k = 0;
+    for (int i = 0; i < g->n; i++) {
+        int r = g->ranks[i];
+        if (p->have[r]) continue;
+        if (!c->joined[r] || m->op == HVDL_OP_JOIN) return;
+        if (m->op == HVDL_OP_ALLREDUCE) continue;
+        k += snprintf(joined_missing + k, sizeof joined_missing - (size_t)k, k ? ", %d" : "%d", r);
+        if (k >= (int)sizeof joined_missing - 16) break;
+    }
+    if (k) {
+        char msg[HVDL_MSG_BYTES];
+        snprintf(msg, sizeof msg, "%s '%s': ranks [%s] have called join(); only allreduce can "
+                 "run until every rank has joined", OP_NAMES[m->op], p->name, joined_missing);
+        p->error = strdup(msg);
+    } else {
+        p->error = check_agreement(e, p);
+    }
+    make_ready(c, p);
+}
+
+void hvdl__coordinator_rescan(engine_t *e) {
+    strmap_t *pm = &e->coord->pending;
+    /* strmap_del leaves tombstones in place, so walking the slots while deleting is safe */
+    for (int i = 0; i < pm->cap; i++)
+        if (pm->vals && pm->vals[i]) maybe_ready(e, pm->vals[i]);
+}
+
+int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
+                       const int64_t *splits, int nsplits) {
+    coordinator_t *c = e->coord;
+    pending_t *p = strmap_get(&c->pending, name);
+    if (!p) {
+        p = calloc(1, sizeof *p);
+        if (!p || !(p->name = strdup(name)) ||
+            !(p->metas = calloc((size_t)e->size, sizeof *p->metas)) ||
+            !(p->have = calloc((size_t)e->size, 1)) || strmap_put(&c->pending, name, p)) {
+            if (p) pending_free(p);
+            return -1;
+        }
+        p->ref = from;
+        p->first_at = hvdl_now();
+    }
+    if (p->have[from]) return 0;   /* refused at enqueue; never twice in flight */
+    p->have[from] = 1;
+    p->metas[from] = *m;
+    p->count++;
+    if (splits) {
+        if (!p->splits && !(p->splits = calloc((size_t)e->size * (size_t)e->size, 8))) return -1;
+        memcpy(p->splits + (int64_t)from * e->size, splits, 8 * (size_t)nsplits);
+    }
+    if (m->op == HVDL_OP_JOIN && m->process_set == 0) {
+        c->joined[from] = 1;
+        c->last_joined = from;
+        maybe_ready(e, p);
+        hvdl__coordinator_rescan(e);    /* a join may complete others' allreduces */
+        return 0;
+    }
+    maybe_ready(e, p);
+    return 0;
+}
+
+/* ---- planning ---- */
 
 static int fusable(const meta_t *a, const meta_t *b) {
     return a->op == HVDL_OP_ALLREDUCE && b->op == HVDL_OP_ALLREDUCE && a->dtype == b->dtype &&
@@ -299,67 +242,20 @@ static int64_t meta_bytes(const meta_t *m) {
     return n;
 }
 
-/* Append one tensor of a response to the wire form, updating rank 0's cache the same way
- * every worker will when it parses it. A cache hit travels as its id alone. */
-static int put_tensor(engine_t *e, buf_t *b, const pending_t *p, int is_error) {
-    const meta_t *m = &p->metas[0];
-    int gather = m->op == HVDL_OP_ALLGATHER;
-    int64_t dim0[e->size];
-    for (int r = 0; r < e->size; r++) dim0[r] = gather ? p->metas[r].shape[0] : 0;
-    int id = cache_lookup(e, p->name);
-    if (!is_error && id >= 0 && hvdl__cache_meta_equal(&e->cache[id].meta, m) &&
-        (!gather || !memcmp(e->cache[id].dim0s, dim0, sizeof dim0)))
-        return buf_put_u32(b, (uint32_t)id);
-    if (is_error) id = -1;
-    else if (id < 0 && e->ncache < e->cfg.cache_capacity) id = e->ncache;
-    if (id >= 0 && cache_store(e, id, p->name, m, gather ? dim0 : NULL)) return -1;
-    return buf_put_u32(b, 0xffffffffu) || buf_put_str(b, p->name) ||
-           buf_put_u32(b, (uint32_t)id) || buf_put(b, m, sizeof *m) ||
-           (gather && buf_put(b, dim0, sizeof dim0));
-}
-
-/* Read one tensor back (workers), mirroring put_tensor's cache update. */
-static char *get_tensor(engine_t *e, reader_t *r, int64_t *dim0) {
-    uint32_t tag = rd_u32(r);
-    if (tag != 0xffffffffu) {
-        if (r->bad || tag >= (uint32_t)e->ncache || !e->cache[tag].name) { r->bad = 1; return NULL; }
-        if (e->cache[tag].dim0s) memcpy(dim0, e->cache[tag].dim0s, 8 * (size_t)e->size);
-        return strdup(e->cache[tag].name);
-    }
-    char *name = rd_str(r);
-    int id = (int)rd_u32(r);
-    meta_t m;
-    rd_get(r, &m, sizeof m);
-    int gather = m.op == HVDL_OP_ALLGATHER;
-    if (gather) rd_get(r, dim0, 8 * (int64_t)e->size);
-    if (!r->bad && id >= 0 && (id > e->ncache || cache_store(e, id, name, &m, gather ? dim0 : NULL)))
-        r->bad = 1;
-    return name;
-}
-
-static int response_alloc(response_t *r, int n, int size, int gather) {
-    r->ntensors = 0;
-    r->names = calloc((size_t)n, sizeof(char *));
-    r->cache_ids = NULL;
-    r->dim0 = gather ? calloc((size_t)n * (size_t)size, 8) : NULL;
-    return !r->names || (gather && !r->dim0) ? -1 : 0;
-}
-
 /* Take the next group off the ready list: one tensor, or as many compatible allreduces
- * as fit under the fusion threshold (in ready order, skipping incompatible ones). */
+ * as fit under the fusion threshold, in ready order (incompatible ones keep their place). */
 static int take_group(engine_t *e, pending_t **group, int cap) {
     coordinator_t *c = e->coord;
     pending_t *first = c->ready_head;
     c->ready_head = first->next;
     group[0] = first;
     int n = 1;
-    if (first->error) goto done;
-    int64_t bytes = meta_bytes(&first->metas[0]);
-    for (pending_t **pp = &c->ready_head; *pp && n < cap;) {
+    const meta_t *fm = &first->metas[first->ref];
+    int64_t bytes = meta_bytes(fm);
+    for (pending_t **pp = &c->ready_head; !first->error && *pp && n < cap;) {
         pending_t *p = *pp;
-        int64_t nb = meta_bytes(&p->metas[0]);
-        if (fusable(&first->metas[0], &p->metas[0]) && bytes + nb <= e->cfg.fusion_threshold &&
-            !p->error) {
+        int64_t nb = meta_bytes(&p->metas[p->ref]);
+        if (!p->error && fusable(fm, &p->metas[p->ref]) && bytes + nb <= e->cfg.fusion_threshold) {
             *pp = p->next;
             group[n++] = p;
             bytes += nb;
@@ -367,94 +263,112 @@ static int take_group(engine_t *e, pending_t **group, int cap) {
             pp = &p->next;
         }
     }
-done:
     c->ready_tail = NULL;
     for (pending_t *p = c->ready_head; p; p = p->next) c->ready_tail = p;
     return n;
 }
 
-static int execute_all(engine_t *e, response_t *rs, int n) {
-    int rc = 0;
+static int build_response(engine_t *e, response_t *r, pending_t **group, int n) {
+    coordinator_t *c = e->coord;
+    pending_t *first = group[0];
+    const group_t *g = e->sets[first->metas[first->ref].process_set];
+    memset(r, 0, sizeof *r);
+    r->kind = first->error ? RESP_ERROR : RESP_OK;
+    r->meta = first->metas[first->ref];
+    r->error = first->error;
+    first->error = NULL;
+    if (hvdl__response_alloc(r, n, g->n, r->meta.op)) return -1;
     for (int i = 0; i < n; i++) {
-        if (!rc && hvdl__execute(e, &rs[i])) rc = -1;
+        pending_t *p = group[i];
+        r->metas[i] = p->metas[p->ref];
+        if (!(r->names[i] = strdup(p->name))) return -1;
+        r->ntensors++;
+        for (int k = 0; r->dim0 && k < g->n; k++)
+            r->dim0[(int64_t)i * g->n + k] = p->metas[g->ranks[k]].shape[0];
+    }
+    for (int a = 0; r->matrix && a < g->n; a++)
+        for (int b = 0; b < g->n; b++)
+            r->matrix[a * g->n + b] = first->splits[(int64_t)g->ranks[a] * e->size + b];
+    if (r->meta.op == HVDL_OP_JOIN && r->kind == RESP_OK) {
+        r->meta.root_rank = c->last_joined;      /* what join() returns */
+        memset(c->joined, 0, (size_t)e->size);
+    }
+    return 0;
+}
+
+static int is_member(const group_t *g, int rank) {
+    for (int i = 0; i < g->n; i++)
+        if (g->ranks[i] == rank) return 1;
+    return 0;
+}
+
+/* Plan everything ready into responses, send each worker the ones its sets involve (in
+ * one frame, in order), then execute this rank's share. */
+int hvdl__coordinator_step(engine_t *e) {
+    coordinator_t *c = e->coord;
+    if (atomic_exchange(&e->sets_changed, 0)) hvdl__coordinator_rescan(e);
+    if (!c->ready_head) return 0;
+    int nresp = 0, cap = 16, rc = 0;
+    response_t *rs = calloc((size_t)cap, sizeof *rs);
+    buf_t *wire = calloc((size_t)cap, sizeof *wire);
+    while (c->ready_head && rs && wire && !rc) {
+        if (nresp == cap) {
+            cap *= 2;
+            response_t *r2 = realloc(rs, sizeof *rs * (size_t)cap);
+            buf_t *w2 = realloc(wire, sizeof *wire * (size_t)cap);
+            if (r2) rs = r2;
+            if (w2) wire = w2;
+            if (!r2 || !w2) { rc = -1; break; }
+        }
+        pending_t *group[512];
+        int n = take_group(e, group, 512);
+        memset(&wire[nresp], 0, sizeof *wire);
+        rc = build_response(e, &rs[nresp], group, n) || hvdl__write_response(e, &wire[nresp], &rs[nresp]);
+        nresp++;
+        for (int i = 0; i < n; i++) pending_free(group[i]);
+    }
+    if (!rs || !wire) rc = -1;
+    for (int w = 1; w < e->size && !rc; w++) {
+        buf_t msg = {0};
+        uint32_t count = 0;
+        buf_put_u32(&msg, 0);
+        for (int i = 0; i < nresp; i++) {
+            if (!is_member(e->sets[rs[i].meta.process_set], w)) continue;
+            buf_put(&msg, wire[i].data, wire[i].len);
+            count++;
+        }
+        memcpy(msg.data, &count, 4);
+        if (count) rc = hvdl__send_frame(e, w, MSG_RESPONSES, msg.data, msg.len);
+        buf_free(&msg);
+    }
+    for (int i = 0; i < nresp; i++) {
+        if (!rc && is_member(e->sets[rs[i].meta.process_set], 0)) rc = hvdl__execute(e, &rs[i]);
+        hvdl__response_free(&rs[i]);
+        buf_free(&wire[i]);
+    }
+    free(rs);
+    free(wire);
+    if (rc && !e->failed) hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: out of memory while planning responses");
+    return rc;
+}
+
+static int handle_responses(engine_t *e, reader_t *r) {
+    response_t *rs;
+    int n, rc = 0;
+    if (hvdl__read_responses(e, r, &rs, &n)) {
+        hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: a corrupt response list from rank 0");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!rc) rc = hvdl__execute(e, &rs[i]);
         hvdl__response_free(&rs[i]);
     }
     free(rs);
     return rc;
 }
 
-int hvdl__coordinator_step(engine_t *e) {
-    coordinator_t *c = e->coord;
-    if (!c->ready_head) return 0;
-    buf_t msg = {0};
-    int nresp = 0, cap = 8;
-    response_t *rs = calloc((size_t)cap, sizeof *rs);
-    buf_put_u32(&msg, 0);     /* count, patched below */
-    while (c->ready_head && rs) {
-        pending_t *group[512];
-        int n = take_group(e, group, 512);
-        char *err = group[0]->error;
-        group[0]->error = NULL;
-        if (nresp == cap) rs = realloc(rs, sizeof *rs * (size_t)(cap *= 2));
-        response_t *r = &rs[nresp++];
-        memset(r, 0, sizeof *r);
-        int gather = group[0]->metas[0].op == HVDL_OP_ALLGATHER;
-        response_alloc(r, n, e->size, gather);
-        r->kind = err ? RESP_ERROR : RESP_OK;
-        r->meta = group[0]->metas[0];
-        r->error = err;
-        buf_put_u32(&msg, (uint32_t)r->kind);
-        buf_put(&msg, &r->meta, sizeof r->meta);
-        buf_put_u32(&msg, (uint32_t)n);
-        for (int i = 0; i < n; i++) {
-            put_tensor(e, &msg, group[i], err != NULL);
-            r->names[r->ntensors++] = strdup(group[i]->name);
-            for (int k = 0; gather && k < e->size; k++)
-                r->dim0[(int64_t)i * e->size + k] = group[i]->metas[k].shape[0];
-            pending_free(group[i]);
-        }
-        if (err) buf_put_str(&msg, err);
-    }
-    if (!rs) return -1;
-    memcpy(msg.data, &(uint32_t){(uint32_t)nresp}, 4);
-    for (int w = 1; w < e->size; w++) {
-        if (hvdl__send_frame(e, w, MSG_RESPONSES, msg.data, msg.len)) {
-            buf_free(&msg);
-            for (int i = 0; i < nresp; i++) hvdl__response_free(&rs[i]);
-            free(rs);
-            return -1;
-        }
-    }
-    buf_free(&msg);
-    return execute_all(e, rs, nresp);
-}
-
-static int handle_responses(engine_t *e, reader_t *r) {
-    uint32_t n = rd_u32(r);
-    if (r->bad || n > 1u << 24) return -1;
-    response_t *rs = calloc(n ? n : 1, sizeof *rs);
-    if (!rs) return -1;
-    uint32_t got = 0;
-    for (; got < n && !r->bad; got++) {
-        response_t *x = &rs[got];
-        x->kind = (int)rd_u32(r);
-        rd_get(r, &x->meta, sizeof x->meta);
-        uint32_t nt = rd_u32(r);
-        int gather = x->meta.op == HVDL_OP_ALLGATHER;
-        if (r->bad || nt > 1u << 24 || response_alloc(x, (int)nt, e->size, gather)) { r->bad = 1; break; }
-        for (uint32_t i = 0; i < nt && !r->bad; i++) {
-            char *name = get_tensor(e, r, gather ? x->dim0 + (int64_t)i * e->size : NULL);
-            if (name) x->names[x->ntensors++] = name;
-        }
-        if (x->kind == RESP_ERROR) x->error = rd_str(r);
-    }
-    if (r->bad) {
-        for (uint32_t i = 0; i < got; i++) hvdl__response_free(&rs[i]);
-        free(rs);
-        hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: a corrupt response list from rank 0");
-        return -1;
-    }
-    return execute_all(e, rs, (int)n);
+static int handle_requests(engine_t *e, int from, reader_t *r) {
+    return hvdl__parse_requests(e, from, r);
 }
 
 /* ---- shutdown, aborts and the frame dispatcher ---- */
@@ -511,10 +425,12 @@ void hvdl__stall_check(engine_t *e, double now) {
     for (int i = 0; i < c->pending.cap; i++) {
         pending_t *p = c->pending.vals ? c->pending.vals[i] : NULL;
         if (!p || now - p->first_at < e->cfg.stall_warning) continue;
-        char missing[512];
+        const group_t *g = e->sets[p->metas[p->ref].process_set];
+        char missing[512] = "";
         int k = 0;
-        for (int r = 0; r < e->size && k < (int)sizeof missing - 16; r++)
-            if (!p->have[r]) k += snprintf(missing + k, sizeof missing - (size_t)k, k ? ", %d" : "%d", r);
+        for (int i = 0; g && i < g->n && k < (int)sizeof missing - 16; i++)
+            if (!p->have[g->ranks[i]])
+                k += snprintf(missing + k, sizeof missing - (size_t)k, k ? ", %d" : "%d", g->ranks[i]);
         if (e->cfg.stall_shutdown > 0 && now - p->first_at > e->cfg.stall_shutdown) {
             hvdl__fail(e, HVDL_ERR_STALLED, "stalled: '%s' was submitted by some ranks %.0f s ago "
                        "but ranks [%s] never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",

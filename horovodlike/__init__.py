@@ -11,7 +11,10 @@ from .common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_b
                             size)
 from .common.exceptions import HorovodInternalError, TensorMismatchError
 from .common.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
-                         allreduce, allreduce_async, barrier, broadcast, broadcast_async, poll,
+                         allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
+                         broadcast_async, join, poll, reducescatter, reducescatter_async,
                          synchronize)
+from .common.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                  remove_process_set)
 
 __version__ = "0.1.0"

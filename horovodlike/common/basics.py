@@ -13,14 +13,13 @@ def init(comm=None, process_sets=None):
     """Start horovodlike on this process (idempotent).
 
     comm: an mpi4py communicator to run on (Horovod's argument); by default the launch
-    environment decides. process_sets: static process sets (not supported yet).
+    environment decides. process_sets: a list of ProcessSet (or rank lists) to register
+    on every rank, or "dynamic" to allow add_process_set() later.
     """
     global _topo, _atexit_registered
     with _lock:
         if _topo is not None and engine.is_running():
             return
-        if process_sets:
-            raise NotImplementedError("static process sets are not implemented in horovodlike yet")
         if comm is not None:
             launcher, rank, size = "mpi", comm.Get_rank(), comm.Get_size()
         else:
@@ -30,6 +29,13 @@ def init(comm=None, process_sets=None):
         hosts = [h for h, _ in peers]
         engine.start(rank, size, [b for _, b in peers])
         _topo = bootstrap.topology(launcher, rank, hosts)
+        from . import process_sets as _ps
+        try:
+            _ps.init_sets(process_sets)
+        except Exception:
+            engine.shutdown()
+            _topo = None
+            raise
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

@@ -14,7 +14,7 @@ BLOB_BYTES = lib.HVDL_BLOB_BYTES
 # Op codes, reduce ops and dtypes straight from the C header.
 ALLREDUCE, ALLGATHER, BROADCAST, BARRIER = (lib.HVDL_OP_ALLREDUCE, lib.HVDL_OP_ALLGATHER,
                                             lib.HVDL_OP_BROADCAST, lib.HVDL_OP_BARRIER)
-ALLTOALL, REDUCESCATTER = lib.HVDL_OP_ALLTOALL, lib.HVDL_OP_REDUCESCATTER
+ALLTOALL, REDUCESCATTER, JOIN = lib.HVDL_OP_ALLTOALL, lib.HVDL_OP_REDUCESCATTER, lib.HVDL_OP_JOIN
 SUM, AVERAGE, MIN, MAX, PRODUCT, ADASUM = (lib.HVDL_SUM, lib.HVDL_AVERAGE, lib.HVDL_MIN,
                                            lib.HVDL_MAX, lib.HVDL_PRODUCT, lib.HVDL_ADASUM)
 DTYPES = {
@@ -66,7 +66,7 @@ def is_running() -> bool:
 
 
 def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SUM,
-            root_rank=0, prescale=1.0, postscale=1.0, process_set=0) -> int:
+            root_rank=0, prescale=1.0, postscale=1.0, process_set=0, splits=None) -> int:
     """Queue one request; pointers are integer addresses of contiguous buffers that the
     caller keeps alive until the handle is released."""
     if len(shape) > MAX_DIMS:
@@ -81,6 +81,9 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
     req.output = ffi.cast("void *", output_ptr)
     c_name = ffi.new("char[]", name.encode())
     req.name = c_name
+    if splits is not None:
+        c_splits = ffi.new("int64_t[]", [int(v) for v in splits])
+        req.splits = c_splits
     handle = ffi.new("int64_t *")
     _check(lib.hvdl_enqueue(req, handle))
     return handle[0]
@@ -105,11 +108,11 @@ def wait(handle: int, timeout: float) -> bool:
 class Result:
     """What a finished op produced. data: engine-allocated output (allgather, alltoall)
     or None; buffer() views it without a copy and keeps it alive."""
-    __slots__ = ("data", "nbytes", "first_dim", "recv_splits")
+    __slots__ = ("data", "nbytes", "first_dim", "recv_splits", "value")
 
-    def __init__(self, data, nbytes, first_dim, recv_splits):
-        self.data, self.nbytes, self.first_dim, self.recv_splits = (data, nbytes, first_dim,
-                                                                    recv_splits)
+    def __init__(self, data, nbytes, first_dim, recv_splits, value):
+        self.data, self.nbytes, self.first_dim = data, nbytes, first_dim
+        self.recv_splits, self.value = recv_splits, value
 
     def buffer(self):
         return ffi.buffer(self.data, self.nbytes) if self.data is not None else b""
@@ -125,5 +128,18 @@ def release(handle: int) -> Result:
         text = ffi.string(msg).decode(errors="replace") or \
             ffi.string(lib.hvdl_last_error()).decode(errors="replace")
         raise _error(status, text)
-    return Result(data, res.nbytes, res.first_dim, None)
+    splits = None
+    if res.recv_splits != ffi.NULL:
+        splits = [res.recv_splits[i] for i in range(res.nsplits)]
+        lib.hvdl_free(res.recv_splits)
+    return Result(data, res.nbytes, res.first_dim, splits, res.value)
+
+
+def process_set_add(set_id: int, ranks) -> None:
+    c_ranks = ffi.new("int[]", list(ranks))
+    _check(lib.hvdl_process_set_add(set_id, c_ranks, len(ranks)))
+
+
+def process_set_remove(set_id: int) -> None:
+    _check(lib.hvdl_process_set_remove(set_id))
 

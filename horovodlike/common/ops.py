@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 
 from . import basics, engine
+from .process_sets import global_process_set, set_id
 
 Average, Sum, Adasum, Min, Max, Product = (engine.AVERAGE, engine.SUM, engine.ADASUM,
                                            engine.MIN, engine.MAX, engine.PRODUCT)
@@ -58,12 +59,6 @@ def _as_array(tensor, what):
     return tensor
 
 
-def check_process_set(process_set):
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise NotImplementedError("process sets other than the global one are not "
-                                  "implemented in horovodlike yet")
-
-
 def submit(keep, finish, **request):
     """Enqueue a request; remember what must stay alive and how to finish it."""
     basics._t()
@@ -96,13 +91,12 @@ def synchronize(handle):
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
     x = _as_array(tensor, "allreduce")
-    check_process_set(process_set)
     out = np.empty_like(x)
     return submit((x, out), lambda _: out, op=engine.ALLREDUCE, name=op_name("allreduce", name),
                   dtype=dtype_code(x.dtype, "allreduce"), shape=x.shape,
                   input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
                   reduce_op=resolve_op(op, average), prescale=float(prescale_factor),
-                  postscale=float(postscale_factor))
+                  postscale=float(postscale_factor), process_set=set_id(process_set))
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -113,7 +107,6 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 def allgather_async(tensor, name=None, process_set=None):
     x = _as_array(tensor, "allgather")
-    check_process_set(process_set)
     if x.ndim == 0:
         raise ValueError("allgather needs at least one dimension to concatenate on")
 
@@ -123,7 +116,7 @@ def allgather_async(tensor, name=None, process_set=None):
 
     return submit((x,), finish, op=engine.ALLGATHER, name=op_name("allgather", name),
                   dtype=dtype_code(x.dtype, "allgather"), shape=x.shape,
-                  input_ptr=x.ctypes.data)
+                  input_ptr=x.ctypes.data, process_set=set_id(process_set))
 
 
 def allgather(tensor, name=None, process_set=None):
@@ -132,13 +125,13 @@ def allgather(tensor, name=None, process_set=None):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     x = _as_array(tensor, "broadcast")
-    check_process_set(process_set)
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
         raise TypeError(f"broadcast: root_rank must be an int, got {root_rank!r}")
     out = np.empty_like(x)
     return submit((x, out), lambda _: out, op=engine.BROADCAST, name=op_name("broadcast", name),
                   dtype=dtype_code(x.dtype, "broadcast"), shape=x.shape,
-                  input_ptr=x.ctypes.data, output_ptr=out.ctypes.data, root_rank=int(root_rank))
+                  input_ptr=x.ctypes.data, output_ptr=out.ctypes.data, root_rank=int(root_rank),
+                  process_set=set_id(process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
@@ -146,5 +139,62 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 
 def barrier(process_set=None):
-    check_process_set(process_set)
-    synchronize(submit((), lambda _: None, op=engine.BARRIER, name=op_name("barrier", None)))
+    synchronize(submit((), lambda _: None, op=engine.BARRIER, name=op_name("barrier", None),
+                       process_set=set_id(process_set)))
+
+
+def reducescatter_rows(rows, process_set=None):
+    """Rows of a reducescatter result on this rank: lower ranks take the remainder."""
+    ps = process_set or global_process_set
+    n, i = ps.size(), ps.rank()
+    return rows // n + (1 if i < rows % n else 0)
+
+
+def reducescatter_async(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    x = _as_array(tensor, "reducescatter")
+    if x.ndim == 0:
+        raise ValueError("reducescatter needs at least one dimension to scatter on")
+    out = np.empty((reducescatter_rows(x.shape[0], process_set),) + x.shape[1:], x.dtype)
+    return submit((x, out), lambda _: out, op=engine.REDUCESCATTER,
+                  name=op_name("reducescatter", name), dtype=dtype_code(x.dtype, "reducescatter"),
+                  shape=x.shape, input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
+                  reduce_op=resolve_op(op, None, "reducescatter"), prescale=float(prescale_factor),
+                  postscale=float(postscale_factor), process_set=set_id(process_set))
+
+
+def reducescatter(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    return synchronize(reducescatter_async(tensor, op, name, process_set, prescale_factor,
+                                           postscale_factor))
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    x = _as_array(tensor, "alltoall")
+    if x.ndim == 0:
+        raise ValueError("alltoall needs at least one dimension to split on")
+    n = (process_set or global_process_set).size()
+    if splits is not None:
+        splits = [int(v) for v in np.asarray(splits).reshape(-1)]
+        if len(splits) != n:
+            raise ValueError(f"alltoall: {len(splits)} splits given for {n} ranks")
+
+    def finish(res):
+        out = np.frombuffer(res.buffer(), dtype=x.dtype).reshape((res.first_dim,) + x.shape[1:])
+        return out if splits is None else (out, np.array(res.recv_splits, np.int32))
+
+    return submit((x,), finish, op=engine.ALLTOALL, name=op_name("alltoall", name),
+                  dtype=dtype_code(x.dtype, "alltoall"), shape=x.shape, input_ptr=x.ctypes.data,
+                  splits=splits, process_set=set_id(process_set))
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Send splits[j] rows to rank j. Returns the output, and the received splits if
+    splits were given (Horovod's convention)."""
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def join(device=-1):
+    """Say this rank is out of data: it contributes zeros to others' allreduces until
+    every rank has joined. Returns the last rank to join."""
+    return synchronize(submit((), lambda res: int(res.value), op=engine.JOIN, name="join"))
