@@ -155,8 +155,13 @@ def tuning_env(args):
     return env
 
 
+def host_name(slot):
+    """The name a rank is known by (what the engine's errors say too)."""
+    return socket.gethostname() if slot.host in _LOCAL_NAMES else slot.host
+
+
 def rank_env(slot, size, job_env):
-    host = socket.gethostname() if slot.host in _LOCAL_NAMES else slot.host
+    host = host_name(slot)
     env = dict(job_env)
     env.update({
         "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(size),
@@ -210,7 +215,7 @@ def store_bind_and_advertise(plan):
 
 
 def describe_exit(slot, code):
-    where = f"rank {slot.rank} (host {slot.host})"
+    where = f"rank {slot.rank} (host {host_name(slot)})"
     if code < 0:
         try:
             name = signal.Signals(-code).name
