@@ -17,6 +17,7 @@
  * reducescatter is step 1 alone, with segments of the caller's row split.
  */
 #include "internal.h"
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct reduce_ctx {
@@ -58,6 +59,15 @@ int hvdl__allreduce_ring(engine_t *e, const group_t *g, void *buf, int64_t count
     int esz = hvdl_dtype_size(dtype);
     int64_t seg[n];
     for (int i = 0; i < n; i++) seg[i] = (count / n + (i < count % n)) * esz;   /* balanced */
+    double t0 = hvdl_now();
     if (hvdl__reduce_scatter_ring(e, g, buf, seg, dtype, op)) return -1;
-    return hvdl__allgather_ring(e, g, buf, seg);
+    double t1 = hvdl_now();
+    if (hvdl__allgather_ring(e, g, buf, seg)) return -1;
+    if (TL_ON(e)) {
+        char args[64];
+        snprintf(args, sizeof args, "\"bytes\": %lld", (long long)(count * esz));
+        hvdl__tl_span(e, TL_ALGORITHM, "TCP_RING_REDUCE_SCATTER", t0, t1, args);
+        hvdl__tl_span(e, TL_ALGORITHM, "TCP_RING_ALLGATHER", t1, hvdl_now(), args);
+    }
+    return 0;
 }

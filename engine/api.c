@@ -64,7 +64,10 @@ static void engine_free(engine_t *e) {
     free(e->slots);
     free(e->gens);
     free(e->free_next);
+    free(e->first_name);
+    strmap_free(&e->seen_names);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->tl_mu);
     pthread_cond_destroy(&e->done_cv);
     free(e);
 }
@@ -82,7 +85,12 @@ int hvdl_prepare(const char *hostname, const char *advertise_addr, char *blob_ou
     if (!e) { rc = err(HVDL_ERR_SYSTEM, "out of memory"); goto out; }
     e->listen_fd = e->wake_fd = -1;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->tl_mu, NULL);
     pthread_cond_init(&e->done_cv, NULL);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    e->t0 = hvdl_now();
+    e->t0_epoch_us = (double)wall.tv_sec * 1e6 + wall.tv_nsec / 1e3;
     hvdl__config_read(&e->cfg);
     snprintf(e->host, sizeof e->host, "%s", hostname && *hostname ? hostname : "localhost");
     if (getrandom(&e->nonce, sizeof e->nonce, 0) != sizeof e->nonce)
@@ -141,6 +149,12 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
         rc = err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
         goto out;
     }
+    if (hvdl__clock_sync(e)) {
+        rc = err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
+        goto out;
+    }
+    if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
+        hvdl__log(HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
     hvdl__config_log(&e->cfg, rank);
     if (pthread_create(&e->thread, NULL, hvdl__loop, e)) {
         rc = err(HVDL_ERR_SYSTEM, "cannot start the background thread");
@@ -170,6 +184,7 @@ int hvdl_shutdown(void) {
         pthread_mutex_unlock(&e->mu);
         wake(e);
         pthread_join(e->thread, NULL);
+        hvdl__timeline_close(e);
         e->thread_started = 0;
         e->stopped = 1;
         hvdl__close_all(e);
@@ -321,6 +336,23 @@ int hvdl_enqueue(const hvdl_request *q, int64_t *handle) {
     if (rc) { free(o->name); free(o->splits); free(o); return rc; }
     wake(e);
     *handle = o->handle;
+    return HVDL_OK;
+}
+
+/* ---- tracing ---- */
+
+int hvdl_timeline_start(const char *path, int mark_cycles) {
+    engine_t *e = g_engine;
+    if (!e || !e->thread_started) return err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    if (!path || !*path) return err(HVDL_ERR_INVALID, "start_timeline needs a file path");
+    if (hvdl__timeline_open(e, path, mark_cycles))
+        return err(HVDL_ERR_SYSTEM, "cannot write the timeline next to '%s': %s", path, strerror(errno));
+    return HVDL_OK;
+}
+
+int hvdl_timeline_stop(void) {
+    engine_t *e = g_engine;
+    if (e) hvdl__timeline_close(e);
     return HVDL_OK;
 }
 

@@ -2,6 +2,7 @@
 #include "log.h"
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <strings.h>
 
 static double env_num(const char *name, double dflt) {
@@ -40,6 +41,12 @@ void hvdl__config_read(config_t *c) {
     c->peer_timeout = env_num("HOROVODLIKE_PEER_TIMEOUT_SECONDS", 30);
     c->chunk_bytes = (int64_t)env_num("HOROVODLIKE_CHUNK_BYTES", 256 * 1024);
     c->socket_buffer = (int64_t)env_num("HOROVODLIKE_SOCKET_BUFFER_BYTES", 4 << 20);
+    const char *tl = getenv("HOROVOD_TIMELINE");
+    snprintf(c->timeline, sizeof c->timeline, "%s", tl && strcmp(tl, "DYNAMIC") ? tl : "");
+    c->timeline_mark_cycles = env_flag("HOROVOD_TIMELINE_MARK_CYCLES");
+    c->timeline_max_bytes = (int64_t)(env_num("HOROVOD_TIMELINE_MAX_MB", 1024) * 1024 * 1024);
+    c->timeline_start_step = (int64_t)env_num("HOROVOD_TIMELINE_START_STEP", 0);
+    c->timeline_stop_step = (int64_t)env_num("HOROVOD_TIMELINE_STOP_STEP", -1);
     if (c->fusion_threshold < 0) c->fusion_threshold = 0;
     if (c->cycle_time < 0) c->cycle_time = 0;
     if (c->cache_capacity < 0) c->cache_capacity = 0;

@@ -16,6 +16,11 @@ typedef struct config {
                                     transfer this long means the peer is lost */
     int64_t chunk_bytes;         /* HOROVODLIKE_CHUNK_BYTES: pipelining granularity */
     int64_t socket_buffer;       /* HOROVODLIKE_SOCKET_BUFFER_BYTES */
+    char timeline[4096];         /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
+    int timeline_mark_cycles;    /* HOROVOD_TIMELINE_MARK_CYCLES */
+    int64_t timeline_max_bytes;  /* HOROVOD_TIMELINE_MAX_MB, 0 = no cap */
+    int64_t timeline_start_step; /* HOROVOD_TIMELINE_START_STEP */
+    int64_t timeline_stop_step;  /* HOROVOD_TIMELINE_STOP_STEP, -1 = never */
 } config_t;
 
 void hvdl__config_read(config_t *c);

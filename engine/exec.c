@@ -12,8 +12,12 @@
  * the agreed size, so the others' sums are unchanged.
  */
 #include "internal.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static const char *UPPER[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "BARRIER", "ALLTOALL",
+                              "REDUCESCATTER", "JOIN"};
 
 /* One tensor's buffers as the algorithms see them. */
 typedef struct slot {
@@ -55,13 +59,22 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
     for (int i = 0; i < n; i++) total += s[i].nbytes;
     if (buf_reserve(&e->fusion, total)) return oom(e, "fusion buffer", total);
     uint8_t *f = e->fusion.data;
-    for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)        /* MEMCPY_IN */
+    double t0 = hvdl_now();
+    for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)
         if (s[i].nbytes) memcpy(f + at, s[i].in, (size_t)s[i].nbytes);
     hvdl__scale(m->dtype, f, total / esz, m->prescale);
+    double t1 = hvdl_now();
     if (hvdl__allreduce_ring(e, g, f, total / esz, m->dtype, op)) return -1;
+    double t2 = hvdl_now();
     hvdl__scale(m->dtype, f, total / esz, post);
-    for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)        /* MEMCPY_OUT */
+    for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)
         if (s[i].nbytes) memcpy(s[i].out, f + at, (size_t)s[i].nbytes);
+    if (TL_ON(e)) {
+        char args[64];
+        snprintf(args, sizeof args, "\"bytes\": %lld, \"fused\": %d", (long long)total, n);
+        hvdl__tl_span(e, TL_MEMCPY, "MEMCPY_IN_FUSION_BUFFER", t0, t1, args);
+        hvdl__tl_span(e, TL_MEMCPY, "MEMCPY_OUT_FUSION_BUFFER", t2, hvdl_now(), args);
+    }
     return 0;
 }
 
@@ -156,7 +169,68 @@ static int dispatch(engine_t *e, const group_t *g, response_t *r, slot_t *s) {
     }
 }
 
+static void put_tensor_arg(buf_t *a, const char *tensor) {
+    a->len = 0;
+    buf_put(a, "\"tensor\": ", 10);
+    hvdl__json_str(a, tensor);
+}
+
+static void put_fmt(buf_t *a, const char *fmt, long long v1, double v2) {
+    char tmp[96];
+    int n = snprintf(tmp, sizeof tmp, fmt, v1, v2);
+    buf_put(a, tmp, n);
+}
+
+/* The trace of one response on this rank: per tensor NEGOTIATE (enqueue -> response) and
+ * QUEUE (response -> execution), then the collective with every tensor it carried. */
+static void trace_response(engine_t *e, const response_t *r, const slot_t *s, double t_exec, double t_done) {
+    char name[64];
+    snprintf(name, sizeof name, "NEGOTIATE_%s", UPPER[r->meta.op]);
+    buf_t a = {0};
+    int64_t total = 0;
+    for (int i = 0; i < r->ntensors; i++) {
+        total += s[i].nbytes;
+        if (!s[i].op) continue;
+        put_tensor_arg(&a, r->names[i]);
+        put_fmt(&a, ", \"bytes\": %lld", (long long)s[i].nbytes, 0);
+        if (r->ready_at) {
+            buf_put(&a, ", \"ready_us\": {", 15);
+            for (int k = 0, first = 1; k < e->size; k++) {
+                double t = r->ready_at[(int64_t)i * e->size + k];
+                if (t <= 0) continue;
+                put_fmt(&a, first ? "\"%lld\": %.1f" : ", \"%lld\": %.1f", k, (t - e->t0) * 1e6);
+                first = 0;
+            }
+            buf_put(&a, "}", 1);
+        }
+        hvdl__tl_span(e, TL_NEGOTIATE, name, s[i].op->enqueued_at, r->received_at, buf_cstr(&a));
+        put_tensor_arg(&a, r->names[i]);
+        hvdl__tl_span(e, TL_QUEUE, "QUEUE", r->received_at, t_exec, buf_cstr(&a));
+        if (r->kind == RESP_ERROR) {
+            buf_put(&a, ", \"message\": ", 13);
+            hvdl__json_str(&a, r->error ? r->error : "");
+            hvdl__tl_instant(e, TL_COLLECTIVE, "ERROR", t_exec, buf_cstr(&a));
+        }
+    }
+    if (r->kind != RESP_ERROR) {
+        a.len = 0;
+        buf_put(&a, "\"tensors\": [", 12);
+        for (int i = 0; i < r->ntensors; i++) {
+            if (i) buf_put(&a, ", ", 2);
+            hvdl__json_str(&a, r->names[i]);
+        }
+        put_fmt(&a, "], \"bytes\": %lld", (long long)total, 0);
+        put_fmt(&a, ", \"fused\": %lld", r->ntensors, 0);
+        put_fmt(&a, ", \"fusion_threshold\": %lld", (long long)e->cfg.fusion_threshold, 0);
+        buf_put(&a, ", \"algorithm\": ", 15);
+        hvdl__json_str(&a, e->tcp->name);
+        hvdl__tl_span(e, TL_COLLECTIVE, UPPER[r->meta.op], t_exec, t_done, buf_cstr(&a));
+    }
+    buf_free(&a);
+}
+
 int hvdl__execute(engine_t *e, response_t *r) {
+    double t_exec = hvdl_now();
     const group_t *g = e->sets[r->meta.process_set];
     slot_t *s = calloc((size_t)r->ntensors + 1, sizeof *s);
     if (!s) return oom(e, "response", r->ntensors);
@@ -178,10 +252,12 @@ int hvdl__execute(engine_t *e, response_t *r) {
         }
     }
     if (!rc && r->kind == RESP_ERROR) {
+        if (TL_ON(e)) trace_response(e, r, s, t_exec, hvdl_now());
         for (int i = 0; i < r->ntensors; i++)
             if (s[i].op) hvdl__complete(e, s[i].op, HVDL_ERR_MISMATCH, r->error);
     } else if (!rc) {
         rc = dispatch(e, g, r, s);
+        if (!rc && TL_ON(e)) trace_response(e, r, s, t_exec, hvdl_now());
         /* On failure hvdl__fail has completed every op; touch none of them again. */
         for (int i = 0; !rc && i < r->ntensors; i++)
             if (s[i].op) hvdl__complete(e, s[i].op, HVDL_OK, NULL);

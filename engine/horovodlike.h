@@ -119,6 +119,11 @@ int hvdl_release(int64_t handle, char *msg, hvdl_result *result);
 int hvdl_process_set_add(int id, const int *ranks, int n);
 int hvdl_process_set_remove(int id);
 
+/* Tracing: every rank writes <stem>.rank<r><ext> next to path (HOROVOD_TIMELINE does the
+ * same at start-up). Starting again with a new path closes the previous file. */
+int hvdl_timeline_start(const char *path, int mark_cycles);
+int hvdl_timeline_stop(void);
+
 /* The message of the last failed call made on this thread. */
 const char *hvdl_last_error(void);
 const char *hvdl_status_name(int status);

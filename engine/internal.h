@@ -13,6 +13,7 @@
 #include "util.h"
 #include "config.h"
 #include "log.h"
+#include "timeline.h"
 
 /* What every rank must agree on for one named request. Also the unit the response
  * cache compresses: a request equal to its cached meta travels as one bit. */
@@ -66,6 +67,8 @@ typedef struct response {
     int64_t *dim0;           /* allgather: ntensors x n first dimensions (n = set size) */
     int64_t *matrix;         /* alltoall: n x n rows, [i * n + j] = rows i sends to j */
     char *error;             /* RESP_ERROR: the message every rank reports */
+    double received_at;      /* when this rank got the response (trace: end of NEGOTIATE) */
+    double *ready_at;        /* rank 0 only: ntensors x size, when each rank was ready */
 } response_t;
 enum { RESP_OK = 0, RESP_ERROR = 1, RESP_SHUTDOWN = 2 };
 void hvdl__response_free(response_t *r);
@@ -155,6 +158,18 @@ typedef struct engine {
     struct coordinator *coord;   /* rank 0 only */
     int joined;              /* this rank has a join in flight: zeros for others' allreduces */
 
+    /* Tracing (timeline.c). tl_on is the one branch every event site pays. */
+    atomic_int tl_on;
+    atomic_int tl_mark_cycles;
+    pthread_mutex_t tl_mu;
+    struct timeline *tl;
+    double t0;               /* hvdl_now() at start: trace ts are relative to it */
+    double t0_epoch_us;      /* the same moment on the wall clock */
+    double clock_offset_us;  /* rank 0's wall clock minus ours, measured at start */
+    int64_t step;            /* training steps seen (loop-owned) */
+    char *first_name;        /* the first name submitted twice: marks steps */
+    strmap_t seen_names;     /* names seen before first_name was found */
+
     /* Process sets: registered under mu by the API, read by the loop. Entries are never
      * freed or moved while the engine lives, so the loop may read them without mu. */
     group_t *sets[HVDL_MAX_SETS];
@@ -207,6 +222,7 @@ int hvdl__control_readable(engine_t *e, int peer);
 transport_t *hvdl__tcp_transport(engine_t *e);
 void hvdl__peer_lost(engine_t *e, int peer, const char *why);
 void hvdl__blob_write(engine_t *e, int port, const char *ip, char *out);
+int hvdl__clock_sync(engine_t *e);
 int hvdl__blob_read(const char *in, peer_t *p);
 
 /* Frame types on the control plane. */
@@ -214,7 +230,9 @@ enum {
     MSG_REQUESTS = 1,        /* worker -> rank 0: bits of cached requests + full ones */
     MSG_RESPONSES = 2,       /* rank 0 -> workers: the ordered list of responses */
     MSG_BYE = 3,             /* worker -> rank 0: this rank called shutdown */
-    MSG_ABORT = 4            /* any -> any: a rank was lost; payload is the message */
+    MSG_ABORT = 4,           /* any -> any: a rank was lost; payload is the message */
+    MSG_PING = 5,            /* start-up clock sync: worker -> rank 0 */
+    MSG_PONG = 6             /* rank 0 -> worker: rank 0's wall clock */
 };
 
 /* reduce.c */

@@ -123,6 +123,7 @@ void *hvdl__loop(void *arg) {
     while (!e->failed && !e->stopped) {
         int bye = take_incoming(e);
         double now = hvdl_now();
+        if (hvdl__tl_mark_cycles(e)) hvdl__tl_instant(e, TL_CYCLES, "CYCLE_START", now, NULL);
         if (e->unsent.head && (bye || now - e->first_unsent_at >= e->cfg.cycle_time) &&
             hvdl__announce(e))
             break;

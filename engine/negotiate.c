@@ -34,6 +34,7 @@ typedef struct pending {
     meta_t *metas;           /* per global rank */
     int64_t *splits;         /* alltoall: size x size rows, [rank * size + j] */
     uint8_t *have;           /* per global rank: has submitted */
+    double *have_at;         /* per global rank: when rank 0 learned it (for the trace) */
     int count;
     int ref;                 /* the first rank that submitted: its meta is the reference */
     double first_at, warned_at;
@@ -68,6 +69,7 @@ static void pending_free(pending_t *p) {
     free(p->metas);
     free(p->splits);
     free(p->have);
+    free(p->have_at);
     free(p->error);
     free(p);
 }
@@ -202,7 +204,8 @@ int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
         p = calloc(1, sizeof *p);
         if (!p || !(p->name = strdup(name)) ||
             !(p->metas = calloc((size_t)e->size, sizeof *p->metas)) ||
-            !(p->have = calloc((size_t)e->size, 1)) || strmap_put(&c->pending, name, p)) {
+            !(p->have = calloc((size_t)e->size, 1)) ||
+            !(p->have_at = calloc((size_t)e->size, sizeof(double))) || strmap_put(&c->pending, name, p)) {
             if (p) pending_free(p);
             return -1;
         }
@@ -211,6 +214,7 @@ int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
     }
     if (p->have[from]) return 0;   /* refused at enqueue; never twice in flight */
     p->have[from] = 1;
+    p->have_at[from] = hvdl_now();
     p->metas[from] = *m;
     p->count++;
     if (splits) {
@@ -278,9 +282,12 @@ static int build_response(engine_t *e, response_t *r, pending_t **group, int n) 
     r->error = first->error;
     first->error = NULL;
     if (hvdl__response_alloc(r, n, g->n, r->meta.op)) return -1;
+    r->received_at = hvdl_now();
+    if (TL_ON(e) && !(r->ready_at = calloc((size_t)n * (size_t)e->size, sizeof(double)))) return -1;
     for (int i = 0; i < n; i++) {
         pending_t *p = group[i];
         r->metas[i] = p->metas[p->ref];
+        if (r->ready_at) memcpy(r->ready_at + (int64_t)i * e->size, p->have_at, sizeof(double) * (size_t)e->size);
         if (!(r->names[i] = strdup(p->name))) return -1;
         r->ntensors++;
         for (int k = 0; r->dim0 && k < g->n; k++)
@@ -359,7 +366,9 @@ static int handle_responses(engine_t *e, reader_t *r) {
         hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: a corrupt response list from rank 0");
         return -1;
     }
+    double now = hvdl_now();
     for (int i = 0; i < n; i++) {
+        rs[i].received_at = now;
         if (!rc) rc = hvdl__execute(e, &rs[i]);
         hvdl__response_free(&rs[i]);
     }

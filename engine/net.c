@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define WIRE_MAGIC 0x4876444cu   /* "HvDL" */
@@ -199,6 +200,61 @@ void hvdl__close_all(engine_t *e) {
     }
     if (e->listen_fd >= 0) close(e->listen_fd);
     e->listen_fd = -1;
+}
+
+/* ---- start-up clock sync ---- */
+
+static double wall_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* Measure rank 0's wall clock minus ours (NTP's estimate: of a few ping-pongs, trust the
+ * one with the shortest round trip). Blocking, before the loop starts; costs a few ms. */
+int hvdl__clock_sync(engine_t *e) {
+    enum { ROUNDS = 5 };
+    double deadline = hvdl_now() + 30.0;
+    frame_hdr_t h;
+    if (e->rank == 0) {
+        for (int w = 1; w < e->size; w++) {
+            for (int k = 0; k < ROUNDS; k++) {
+                double now;
+                if (io_full(e->peers[w].ctrl.fd, &h, sizeof h, 0, deadline) || h.type != MSG_PING ||
+                    h.len != 0)
+                    goto lost;
+                now = wall_us();
+                frame_hdr_t pong = {WIRE_MAGIC, MSG_PONG, sizeof now};
+                uint8_t msg[sizeof pong + sizeof now];
+                memcpy(msg, &pong, sizeof pong);
+                memcpy(msg + sizeof pong, &now, sizeof now);
+                if (io_full(e->peers[w].ctrl.fd, msg, sizeof msg, 1, deadline)) goto lost;
+                continue;
+            lost:
+                hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) failed the start-up clock sync",
+                           w, e->peers[w].host);
+                return -1;
+            }
+        }
+        return 0;
+    }
+    double best_rtt = 1e18;
+    for (int k = 0; k < ROUNDS; k++) {
+        frame_hdr_t ping = {WIRE_MAGIC, MSG_PING, 0};
+        double t0 = wall_us(), remote;
+        if (io_full(e->peers[0].ctrl.fd, &ping, sizeof ping, 1, deadline) ||
+            io_full(e->peers[0].ctrl.fd, &h, sizeof h, 0, deadline) || h.type != MSG_PONG ||
+            h.len != sizeof remote || io_full(e->peers[0].ctrl.fd, &remote, sizeof remote, 0, deadline)) {
+            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank 0 (host %s) failed the start-up clock sync", e->peers[0].host);
+            return -1;
+        }
+        double t1 = wall_us();
+        if (t1 - t0 < best_rtt) {
+            best_rtt = t1 - t0;
+            e->clock_offset_us = remote - (t0 + t1) / 2;
+        }
+    }
+    return 0;
 }
 
 /* ---- control plane ---- */

@@ -35,6 +35,12 @@ void buf_consume(buf_t *b, int64_t n) {
     b->len -= n;
 }
 
+const char *buf_cstr(buf_t *b) {
+    if (buf_reserve(b, b->len + 1)) return "";
+    b->data[b->len] = 0;
+    return (const char *)b->data;
+}
+
 void buf_free(buf_t *b) {
     free(b->data);
     b->data = NULL;

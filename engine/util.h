@@ -15,6 +15,7 @@ int buf_put_u32(buf_t *b, uint32_t v);
 int buf_put_i64(buf_t *b, int64_t v);
 int buf_put_str(buf_t *b, const char *s);
 void buf_consume(buf_t *b, int64_t n);      /* drop n bytes from the front */
+const char *buf_cstr(buf_t *b);             /* NUL-terminated view (the NUL is not counted) */
 void buf_free(buf_t *b);
 
 /* Reads a wire message; any read past the end sets bad and yields zeros, so a parser

@@ -27,6 +27,7 @@ int hvdl__announce(engine_t *e) {
     op_t *o;
     while ((o = hvdl__queue_pop(&e->unsent))) {
         if (strmap_put(&e->mine, o->name, o)) { rc = -1; break; }
+        hvdl__tl_count_step(e, o->name);
         if (o->meta.op == HVDL_OP_JOIN) e->joined = 1;
         if (e->rank == 0) {
             int n = o->splits ? e->sets[o->meta.process_set]->n : 0;
@@ -193,5 +194,6 @@ void hvdl__response_free(response_t *r) {
     free(r->dim0);
     free(r->matrix);
     free(r->error);
+    free(r->ready_at);
     memset(r, 0, sizeof *r);
 }

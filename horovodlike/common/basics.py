@@ -49,6 +49,19 @@ def shutdown():
         _topo = None
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Start writing a trace; every rank writes <stem>.rank<r><ext> next to file_path.
+    Calling it again with a new path closes the previous file."""
+    _t()
+    engine.timeline_start(str(file_path), mark_cycles)
+
+
+def stop_timeline():
+    """Stop tracing and close the file (it stays valid JSON)."""
+    _t()
+    engine.timeline_stop()
+
+
 def is_initialized():
     return _topo is not None
 

@@ -143,3 +143,11 @@ def process_set_add(set_id: int, ranks) -> None:
 def process_set_remove(set_id: int) -> None:
     _check(lib.hvdl_process_set_remove(set_id))
 
+
+
+def timeline_start(path: str, mark_cycles: bool) -> None:
+    _check(lib.hvdl_timeline_start(path.encode(), int(bool(mark_cycles))))
+
+
+def timeline_stop() -> None:
+    _check(lib.hvdl_timeline_stop())
