@@ -99,6 +99,7 @@ struct engine;
 typedef struct conn {
     int fd;
     buf_t rx;                /* bytes read but not yet parsed into frames */
+    int eof;                 /* closed after a goodbye: frames in rx still count */
 } conn_t;
 
 typedef struct peer {

@@ -386,9 +386,10 @@ static int begin_shutdown(engine_t *e, int from) {
     coordinator_t *c = e->coord;
     if (c->shutdown_from >= 0) return 0;
     c->shutdown_from = from;
+    e->stopped = 1;          /* first: a peer that already left is no loss now */
     int32_t who = from;
-    for (int w = 1; w < e->size; w++) hvdl__send_frame(e, w, MSG_BYE, &who, sizeof who);
-    e->stopped = 1;
+    for (int w = 1; w < e->size; w++)
+        if (!e->peers[w].ctrl.eof) hvdl__send_frame(e, w, MSG_BYE, &who, sizeof who);
     return 0;
 }
 

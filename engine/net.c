@@ -283,34 +283,48 @@ static int64_t next_frame(conn_t *c, frame_hdr_t *h, int64_t at) {
 void hvdl__peer_lost(engine_t *e, int peer, const char *why);
 
 /* Looks at frames buffered from peer without consuming them: an ABORT fails the engine
- * now (the other frames wait for the loop). Returns -1 once the engine has failed. */
-static int watch_abort(engine_t *e, int peer) {
+ * now (the other frames wait for the loop). Returns -1 once the engine has failed, else
+ * whether a goodbye (MSG_BYE) is among them. */
+static int scan_frames(engine_t *e, int peer) {
     conn_t *c = &e->peers[peer].ctrl;
     frame_hdr_t h;
     int64_t at = 0, n;
+    int bye = 0;
     while ((n = next_frame(c, &h, at)) > 0) {
         if (h.type == MSG_ABORT) {
             hvdl__handle_frame(e, peer, MSG_ABORT, c->rx.data + at + sizeof h, h.len);
             return -1;
         }
+        bye |= h.type == MSG_BYE;
         at += n;
     }
     if (n < 0) { hvdl__peer_lost(e, peer, "sent a corrupt control frame"); return -1; }
-    return 0;
+    return bye;
 }
 
+/* Called during a transfer when a control socket is readable. A peer that said goodbye
+ * and then closed is not lost: it finished its share of every response before the
+ * goodbye, so the transfer goes on and the loop handles the goodbye afterwards. */
 int hvdl__control_readable(engine_t *e, int peer) {
-    if (ctrl_read(&e->peers[peer].ctrl)) {
+    conn_t *c = &e->peers[peer].ctrl;
+    int closed = ctrl_read(c);
+    int bye = scan_frames(e, peer);
+    if (bye < 0) return -1;
+    if (closed && bye) {
+        c->eof = 1;
+        return 0;
+    }
+    if (closed) {
         hvdl__peer_lost(e, peer, "its connection closed");
         return -1;
     }
-    return watch_abort(e, peer);
+    return 0;
 }
 
 int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap) {
     int n = 0;
     for (int i = 0; i < e->size && n < cap; i++) {
-        if (e->peers[i].ctrl.fd < 0) continue;
+        if (e->peers[i].ctrl.fd < 0 || e->peers[i].ctrl.eof) continue;
         fds[n] = e->peers[i].ctrl.fd;
         ranks[n++] = i;
     }
@@ -377,8 +391,14 @@ int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd) {
         int k = dispatch(e, i);
         if (k < 0) return -1;
         handled += k;
+        if (e->peers[i].ctrl.eof && !e->stopped) {
+            /* closed after its goodbye, and the goodbye did not stop us: it was a worker
+             * telling rank 0, which has now answered everyone */
+            hvdl__peer_lost(e, i, "its connection closed");
+            return -1;
+        }
     }
-    if (handled) timeout_ms = 0;
+    if (handled || e->stopped) return 0;
     struct pollfd pf[e->size + 1];
     int ranks[e->size + 1], fds[e->size + 1];
     int n = hvdl__control_fds(e, fds, ranks, e->size);

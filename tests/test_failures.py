@@ -1,0 +1,235 @@
+"""Failure paths, caused for real: a rank killed with SIGKILL in the middle of an
+allreduce (the coordinator too), stalls, a stall shutdown, and an MPI that disagrees with
+its launcher. Every run has a timeout and leaves no process behind.
+
+The kill tests start the ranks themselves (a rendezvous store and N plain processes with
+the launcher's environment) so the test, not a launcher, decides who dies and when, and
+can watch the survivors; the launcher's own reaction is tested separately.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from harness import MPIRUN_SKIP_REASON, RANK_PRELUDE, REPO, run_ranks
+from horovodlike.runner.store import StoreServer
+
+HOST = socket.gethostname()
+
+BIG_ALLREDUCE = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import horovodlike as hvd
+    hvd.init()
+    r = hvd.rank()
+    print(f"ready {r} {os.getpid()}", flush=True)
+    x = np.ones(8 << 20, np.float32)          # 32 MiB: each allreduce takes a while
+    t = None
+    try:
+        for i in range(100000):
+            h = hvd.allreduce_async(x, name=f"big.{i % 2}")
+            if i == 3:
+                print(f"midway {r}", flush=True)
+            t = time.monotonic()
+            hvd.synchronize(h)
+    except hvd.HorovodInternalError as e:
+        print(f"lost {r} after {time.monotonic() - t:.2f}s: {e}", flush=True)
+        try:
+            hvd.allreduce(np.ones(3), name="after")
+            print(f"later-op-succeeded {r}", flush=True)
+        except hvd.HorovodInternalError as e2:
+            print(f"later-op-failed {r}: {e2}", flush=True)
+        sys.exit(0)
+""")
+
+
+def _spawn_job(script, np_, tmp_path, extra_env=None):
+    """N real rank processes sharing a rendezvous store, as horovodlikerun would start them."""
+    path = tmp_path / "rank.py"
+    path.write_text(script)
+    store = StoreServer().start()
+    job = f"kill{time.time_ns()}"
+    procs = []
+    for r in range(np_):
+        env = dict(os.environ, HOROVOD_RANK=str(r), HOROVOD_SIZE=str(np_),
+                   HOROVOD_LOCAL_RANK=str(r), HOROVOD_LOCAL_SIZE=str(np_),
+                   HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1", HOROVOD_HOSTNAME=HOST,
+                   HOROVODLIKE_STORE_ADDR=store.address, HOROVODLIKE_JOB_ID=job,
+                   PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **(extra_env or {}))
+        for k in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_SIZE"):
+            env.pop(k, None)
+        procs.append(subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, env=env, text=True,
+                                      start_new_session=True))
+    return store, procs
+
+
+def _read_until(proc, needle, deadline):
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"never saw {needle!r}; got:\n{''.join(lines)}")
+
+
+def _cleanup(store, procs):
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    store.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
+def test_killed_rank_fails_survivors_promptly_naming_it(tmp_path, victim):
+    store, procs = _spawn_job(BIG_ALLREDUCE, 3, tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        for p in procs:
+            _read_until(p, "ready", deadline)
+        _read_until(procs[victim], "midway", deadline)
+        killed_at = time.monotonic()
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        for r, p in enumerate(procs):
+            if r == victim:
+                continue
+            out, _ = p.communicate(timeout=45)
+            took = time.monotonic() - killed_at
+            assert p.returncode == 0, out
+            assert f"lost {r}" in out, out
+            assert f"rank {victim} (host {HOST}) was lost" in out, out
+            assert took < 30, f"rank {r} needed {took:.1f}s to notice"
+            assert f"later-op-failed {r}" in out and f"rank {victim}" in out.split("later-op-failed")[1]
+    finally:
+        _cleanup(store, procs)
+
+
+KILL_SELF = RANK_PRELUDE + textwrap.dedent("""
+    import signal
+    hvd.init()
+    x = np.ones(4 << 20, np.float32)
+    for i in range(1000):
+        h = hvd.allreduce_async(x, name="big")
+        if hvd.rank() == 1 and i == 2:
+            os.kill(os.getpid(), signal.SIGKILL)    # dies with its allreduce in flight
+        try:
+            hvd.synchronize(h)
+        except hvd.HorovodInternalError as e:
+            print(f"rank {hvd.rank()} saw: {e}", flush=True)
+            time.sleep(30)       # the launcher must not wait for this
+            sys.exit(5)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_launcher_ends_the_job_and_names_the_killed_rank():
+    res = run_ranks(KILL_SELF, np=3, launcher="horovodlikerun", timeout=90)
+    assert res.returncode == 128 + signal.SIGKILL, res.describe()
+    assert f"rank 1 (host {HOST}) was killed by signal 9 (SIGKILL)" in res.stderr, res.describe()
+    assert res.elapsed < 30, res.describe()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(MPIRUN_SKIP_REASON is not None, reason=str(MPIRUN_SKIP_REASON))
+def test_mpirun_job_with_a_killed_rank_ends_promptly():
+    res = run_ranks(KILL_SELF, np=3, launcher="mpirun", timeout=90)
+    assert res.returncode != 0, res.describe()
+    assert res.elapsed < 40, res.describe()
+
+
+STALL = RANK_PRELUDE + textwrap.dedent("""
+    hvd.init()
+    if hvd.rank() == 1:
+        time.sleep(3)
+    out = hvd.allreduce(np.ones(4), op=hvd.Sum, name="late")
+    check_equal(out, np.full(4, float(hvd.size())), "late allreduce")
+    finish()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_stall_warning_names_tensor_and_missing_rank():
+    res = run_ranks(STALL, np=3, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+    res.assert_ok()
+    warn = [l for l in res.stderr.splitlines() if "stall" in l]
+    assert warn, res.describe()
+    assert "allreduce.late" in warn[0] and "ranks [1]" in warn[0], warn
+
+
+STALL_SHUTDOWN = RANK_PRELUDE + textwrap.dedent("""
+    hvd.init()
+    name = "only.rank0" if hvd.rank() == 0 else "only.others"
+    t = time.monotonic()
+    e = check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(np.ones(2), name=name),
+                     "stalled", what="stalled op")
+    check(time.monotonic() - t < 20, "stall shutdown came in time")
+    check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(np.ones(2), name="next"),
+                 "stalled", what="later op after a stall shutdown")
+    print("HVDTEST-OK", flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_stall_shutdown_fails_every_rank():
+    res = run_ranks(STALL_SHUTDOWN, np=2, timeout=90,
+                    env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    assert res.returncode == 0, res.describe()
+    assert res.stdout.count("HVDTEST-OK") == 2, res.describe()
+    assert "never submitted" in res.stderr and "only.rank0" in res.stderr, res.describe()
+
+
+MISMATCHES = RANK_PRELUDE + textwrap.dedent("""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    last = n - 1
+    check_raises(hvd.TensorMismatchError,
+                 lambda: hvd.allreduce(np.ones((17 + (r == last), 17), np.float32), name="shape"),
+                 "allreduce.shape", "shape", "[17, 17]", f"rank {last} has [18, 17]", what="shape")
+    check_raises(hvd.TensorMismatchError,
+                 lambda: hvd.allreduce(np.ones(4, np.float32 if r else np.float64), name="dt"),
+                 "dtype", "float64", "float32", what="dtype")
+    check_raises(hvd.TensorMismatchError,
+                 lambda: hvd.allreduce(np.ones(4), op=hvd.Sum if r else hvd.Max, name="op"),
+                 "reduce op", "Max", "Sum", what="reduce op")
+    check_raises(hvd.TensorMismatchError,
+                 lambda: hvd.broadcast(np.ones(4), root_rank=min(r, 1), name="root"),
+                 "root rank", what="root")
+    check_raises(hvd.TensorMismatchError,
+                 lambda: hvd.allgather(np.ones((2, 3 + (r == last)), np.float32), name="ag"),
+                 "allgather.ag", "shape", what="allgather trailing dims")
+    # and the engine goes on
+    out = hvd.allreduce(np.ones(5), op=hvd.Sum, name="after")
+    check_equal(out, np.full(5, float(n)), "op after mismatches")
+    finish()
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["horovodlikerun", "mpirun"])
+def test_mismatches_name_field_and_ranks_and_engine_goes_on(launcher):
+    if launcher == "mpirun" and MPIRUN_SKIP_REASON:
+        pytest.skip(MPIRUN_SKIP_REASON)
+    run_ranks(MISMATCHES, np=3, launcher=launcher, timeout=90).assert_ok()
+
+
+def test_mpi_world_size_disagreeing_with_launcher_fails_loudly():
+    if MPIRUN_SKIP_REASON:
+        pytest.skip(MPIRUN_SKIP_REASON)
+    script = "import horovodlike as hvd\nhvd.init()\n"
+    env = dict(os.environ, OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0",
+               PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode != 0
+    assert "rank 0 of 2, but MPI says rank 0 of 1" in res.stderr, res.stderr
