@@ -1,0 +1,198 @@
+"""The engine's traces, produced by real multi-rank runs: every rank's file parses with
+json.loads while the job runs and after a rank is killed; events nest and are ordered as
+documented; start/stop_timeline restart with a new path; the size cap and the step
+window hold."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import defaultdict
+
+import pytest
+
+from harness import HOROVODLIKERUN, RANK_PRELUDE, REPO, run_ranks
+
+LOOP = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import horovodlike as hvd
+    hvd.init()
+    seconds = float(sys.argv[1])
+    end = time.monotonic() + seconds
+    step = 0
+    while time.monotonic() < end:
+        hs = [hvd.allreduce_async(np.ones(1000 * (i + 1), np.float32), name=f"g{i}") for i in range(6)]
+        for h in hs:
+            hvd.synchronize(h)
+        hvd.allgather(np.ones((hvd.rank() + 1, 3)), name="ag")
+        hvd.broadcast(np.ones(10), root_rank=0, name="bc")
+        step += 1
+    print("steps", step, flush=True)
+""")
+
+
+def rank_files(base, n):
+    stem, ext = os.path.splitext(str(base))
+    return [f"{stem}.rank{r}{ext}" for r in range(n)]
+
+
+def load(path):
+    with open(path) as f:
+        return json.loads(f.read())
+
+
+@pytest.mark.timeout(120)
+def test_traces_parse_while_the_job_runs_and_after_a_kill(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    base = tmp_path / "timeline.json"
+    env = dict(os.environ, HOROVOD_TIMELINE=str(base), PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([HOROVODLIKERUN, "-np", "3", sys.executable, str(script), "6"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    parsed, killed = 0, False
+    try:
+        t0 = time.monotonic()
+        while proc.poll() is None and time.monotonic() - t0 < 60:
+            for path in rank_files(base, 3):
+                if os.path.exists(path):
+                    doc = load(path)            # must never fail, at any moment
+                    assert "traceEvents" in doc and doc["otherData"]["size"] == 3
+                    parsed += 1
+            if not killed and time.monotonic() - t0 > 3 and parsed > 30:
+                # kill -9 rank 2's process; its file must still parse
+                out = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+                pids = sorted(int(p) for p in out.stdout.split())
+                victim = [p for p in pids if f"HOROVOD_RANK=2\0" in
+                          open(f"/proc/{p}/environ").read()]
+                if victim:
+                    os.kill(victim[0], signal.SIGKILL)
+                    killed = True
+            time.sleep(0.05)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert killed and parsed > 30
+    for path in rank_files(base, 3):
+        doc = load(path)
+        assert any(e["name"] == "ALLREDUCE" for e in doc["traceEvents"]), path
+
+
+NESTED = RANK_PRELUDE + textwrap.dedent("""
+    hvd.init()
+    for step in range(5):
+        hs = [hvd.allreduce_async(np.ones(5000 + i, np.float32), name=f"w{i}") for i in range(8)]
+        for h in hs:
+            hvd.synchronize(h)
+        hvd.allgather(np.ones((hvd.rank() + 1, 2)), name="ag")
+        hvd.broadcast(np.ones(7), root_rank=hvd.size() - 1, name="bc")
+    check_raises(hvd.TensorMismatchError,
+                 lambda: hvd.allreduce(np.ones(3 + hvd.rank()), name="bad"), what="mismatch")
+    finish()
+""")
+
+
+def spans(doc):
+    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+
+
+@pytest.mark.timeout(120)
+def test_events_nest_and_are_ordered(tmp_path):
+    base = tmp_path / "t.json"
+    run_ranks(NESTED, np=3, env={"HOROVOD_TIMELINE": str(base),
+                                 "HOROVOD_TIMELINE_MARK_CYCLES": "1"}).assert_ok()
+    for r, path in enumerate(rank_files(base, 3)):
+        doc = load(path)
+        ev = doc["traceEvents"]
+        meta = {e["tid"]: e["args"]["name"] for e in ev if e["name"] == "thread_name"}
+        assert meta == {1: "negotiate", 2: "queue", 3: "memcpy", 4: "collective",
+                        5: "algorithm", 6: "cycles"}
+        assert all(e["pid"] == r for e in ev)
+        assert any(e["name"] == "CYCLE_START" for e in ev)
+        assert any(e["name"] == "STEP" for e in ev)
+        assert any(e["name"] == "ERROR" and e["args"]["tensor"] == "allreduce.bad" for e in ev)
+        xs = spans(doc)
+        neg = {e["args"]["tensor"]: e for e in xs if e["name"] == "NEGOTIATE_ALLREDUCE"}
+        queue = defaultdict(list)
+        for e in xs:
+            if e["name"] == "QUEUE":
+                queue[e["args"]["tensor"]].append(e)
+        colls = [e for e in xs if e["tid"] == 4]
+        assert {e["name"] for e in colls} >= {"ALLREDUCE", "ALLGATHER", "BROADCAST"}
+        # the collective lane never overlaps itself
+        colls.sort(key=lambda e: e["ts"])
+        for a, b in zip(colls, colls[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 0.2, (a, b)
+        # NEGOTIATE ends where QUEUE starts; QUEUE ends where the collective starts
+        for c in colls:
+            for t in c["args"]["tensors"]:
+                q = [e for e in queue[t] if abs(e["ts"] + e["dur"] - c["ts"]) < 1.0]
+                assert q, (t, c)
+        for t, n in neg.items():
+            assert any(abs(n["ts"] + n["dur"] - q["ts"]) < 1.0 for q in queue[t]), t
+        # fused allreduces carry their tensors; memcpy and ring steps sit inside them
+        fused = [c for c in colls if c["name"] == "ALLREDUCE" and c["args"]["fused"] > 1]
+        assert fused, "8 async allreduces per step should fuse"
+        inner = [e for e in xs if e["tid"] in (3, 5)]
+        for e in inner:
+            assert any(c["ts"] - 0.2 <= e["ts"] and e["ts"] + e["dur"] <= c["ts"] + c["dur"] + 0.2
+                       for c in colls), e
+        if r == 0:
+            assert all(len(n["args"]["ready_us"]) == 3 for n in neg.values())
+
+
+RESTART = RANK_PRELUDE + textwrap.dedent("""
+    hvd.init()
+    a, b = sys.argv[1], sys.argv[2]
+    hvd.start_timeline(a)
+    hvd.allreduce(np.ones(4), name="first")
+    hvd.stop_timeline()
+    hvd.allreduce(np.ones(4), name="untraced")
+    hvd.start_timeline(b, mark_cycles=True)
+    hvd.allreduce(np.ones(4), name="second")
+    hvd.stop_timeline()
+    finish()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_start_stop_timeline_restarts_with_a_new_path(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    run_ranks(RESTART, np=2, args=(str(a), str(b))).assert_ok()
+    for path_a, path_b in zip(rank_files(a, 2), rank_files(b, 2)):
+        ta = json.dumps(load(path_a))
+        tb = json.dumps(load(path_b))
+        assert "allreduce.first" in ta and "allreduce.second" not in ta
+        assert "allreduce.second" in tb and "allreduce.first" not in tb
+        assert "untraced" not in ta + tb
+        assert "CYCLE_START" in tb and "CYCLE_START" not in ta
+
+
+@pytest.mark.timeout(120)
+def test_size_cap_and_step_window(tmp_path):
+    capped, window = tmp_path / "cap.json", tmp_path / "win.json"
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    run_ranks(str(script), np=2, args=("2",), env={"HOROVOD_TIMELINE": str(capped),
+                                                   "HOROVOD_TIMELINE_MAX_MB": "0.02"})
+    for path in rank_files(capped, 2):
+        doc = load(path)
+        assert doc["traceEvents"][-1]["name"] == "TIMELINE_TRUNCATED"
+        assert os.path.getsize(path) < 0.02 * 1024 * 1024 + 4096
+    run_ranks(str(script), np=2, args=("2",), env={"HOROVOD_TIMELINE": str(window),
+                                                   "HOROVOD_TIMELINE_START_STEP": "3",
+                                                   "HOROVOD_TIMELINE_STOP_STEP": "5"})
+    for path in rank_files(window, 2):
+        steps = [e["args"]["step"] for e in load(path)["traceEvents"] if e["name"] == "STEP"]
+        assert steps == [3, 4], steps
+
+
+def test_no_trace_without_the_variable(tmp_path):
+    run_ranks(RANK_PRELUDE + "hvd.init()\nhvd.allreduce(np.ones(3), name='x')\nfinish()\n",
+              np=2, cwd=str(tmp_path)).assert_ok()
+    assert not list(tmp_path.glob("*.json"))
