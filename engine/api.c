@@ -47,6 +47,7 @@ int hvdl_dtype_size(int dtype) {
 static void engine_free(engine_t *e) {
     if (!e) return;
     hvdl__close_all(e);
+    hvdl__shm_close(e);
     if (e->wake_fd >= 0) close(e->wake_fd);
     hvdl__coordinator_free(e);
     hvdl__cache_free(e);
@@ -146,6 +147,10 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
         goto out;
     }
     if (hvdl__connect_all(e)) {
+        rc = err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
+        goto out;
+    }
+    if (hvdl__shm_open(e)) {
         rc = err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
         goto out;
     }

@@ -41,6 +41,9 @@ void hvdl__config_read(config_t *c) {
     c->peer_timeout = env_num("HOROVODLIKE_PEER_TIMEOUT_SECONDS", 30);
     c->chunk_bytes = (int64_t)env_num("HOROVODLIKE_CHUNK_BYTES", 256 * 1024);
     c->socket_buffer = (int64_t)env_num("HOROVODLIKE_SOCKET_BUFFER_BYTES", 4 << 20);
+    c->shm = (int)env_num("HOROVODLIKE_SHM", 1) != 0;
+    c->shm_chunk_bytes = (int64_t)env_num("HOROVODLIKE_SHM_CHUNK_BYTES", 256 * 1024);
+    c->shm_chunk_bytes = c->shm_chunk_bytes < 4096 ? 4096 : c->shm_chunk_bytes & ~(int64_t)63;
     const char *tl = getenv("HOROVOD_TIMELINE");
     snprintf(c->timeline, sizeof c->timeline, "%s", tl && strcmp(tl, "DYNAMIC") ? tl : "");
     c->timeline_mark_cycles = env_flag("HOROVOD_TIMELINE_MARK_CYCLES");
@@ -58,8 +61,8 @@ void hvdl__config_log(const config_t *c, int rank) {
     hvdl__log(HVDL_LOG_INFO,
               "rank %d config: fusion_threshold=%lld cycle_time_ms=%.3f cache_capacity=%d "
               "stall_check=%d stall_warning_s=%.0f stall_shutdown_s=%.0f peer_timeout_s=%.0f "
-              "chunk_bytes=%lld",
+              "chunk_bytes=%lld shm=%d shm_chunk_bytes=%lld",
               rank, (long long)c->fusion_threshold, c->cycle_time * 1e3, c->cache_capacity,
               c->stall_check, c->stall_warning, c->stall_shutdown, c->peer_timeout,
-              (long long)c->chunk_bytes);
+              (long long)c->chunk_bytes, c->shm, (long long)c->shm_chunk_bytes);
 }

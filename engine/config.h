@@ -16,6 +16,8 @@ typedef struct config {
                                     transfer this long means the peer is lost */
     int64_t chunk_bytes;         /* HOROVODLIKE_CHUNK_BYTES: pipelining granularity */
     int64_t socket_buffer;       /* HOROVODLIKE_SOCKET_BUFFER_BYTES */
+    int shm;                     /* HOROVODLIKE_SHM: shared memory between local ranks */
+    int64_t shm_chunk_bytes;     /* HOROVODLIKE_SHM_CHUNK_BYTES: per-rank piece size */
     char timeline[4096];         /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
     int timeline_mark_cycles;    /* HOROVOD_TIMELINE_MARK_CYCLES */
     int64_t timeline_max_bytes;  /* HOROVOD_TIMELINE_MAX_MB, 0 = no cap */

@@ -39,6 +39,24 @@ static void reduce_params(const group_t *g, const meta_t *m, int *op, double *po
     *post = m->postscale * (m->reduce_op == HVDL_AVERAGE ? 1.0 / g->n : 1.0);
 }
 
+/* The shm path serves a set made of exactly this node's ranks (the usual single-node
+ * job); anything else goes over TCP. */
+static int on_shm(engine_t *e, const group_t *g) {
+    if (!e->shm || g->n != e->shm->nlocal) return 0;
+    for (int i = 0; i < g->n; i++)
+        if (strcmp(e->peers[g->ranks[i]].host, e->host)) return 0;
+    return 1;
+}
+
+static int allreduce_any(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op) {
+    return on_shm(e, g) ? hvdl__allreduce_shm(e, buf, count, dtype, op)
+                        : hvdl__allreduce_ring(e, g, buf, count, dtype, op);
+}
+
+static const char *algorithm(engine_t *e, const group_t *g) {
+    return on_shm(e, g) ? "shm" : e->tcp->name;
+}
+
 static int oom(engine_t *e, const char *what, int64_t n) {
     hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte %s", (long long)n, what);
     return -1;
@@ -51,7 +69,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
     if (n == 1) {
         if (s->out != s->in && s->nbytes) memcpy(s->out, s->in, (size_t)s->nbytes);
         hvdl__scale(m->dtype, s->out, s->nbytes / esz, m->prescale);
-        if (hvdl__allreduce_ring(e, g, s->out, s->nbytes / esz, m->dtype, op)) return -1;
+        if (allreduce_any(e, g, s->out, s->nbytes / esz, m->dtype, op)) return -1;
         hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
         return 0;
     }
@@ -64,7 +82,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         if (s[i].nbytes) memcpy(f + at, s[i].in, (size_t)s[i].nbytes);
     hvdl__scale(m->dtype, f, total / esz, m->prescale);
     double t1 = hvdl_now();
-    if (hvdl__allreduce_ring(e, g, f, total / esz, m->dtype, op)) return -1;
+    if (allreduce_any(e, g, f, total / esz, m->dtype, op)) return -1;
     double t2 = hvdl_now();
     hvdl__scale(m->dtype, f, total / esz, post);
     for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)
@@ -95,7 +113,10 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
     uint8_t *out = malloc((size_t)(total ? total : 1));
     if (!out) return oom(e, "allgather result", total);
     if (o->nbytes) memcpy(out + mine, o->input, (size_t)o->nbytes);
-    if (hvdl__allgather_ring(e, g, out, blocks)) { free(out); return -1; }
+    if (on_shm(e, g) ? hvdl__allgather_shm(e, out, blocks) : hvdl__allgather_ring(e, g, out, blocks)) {
+        free(out);
+        return -1;
+    }
     o->result = (hvdl_result){.data = out, .nbytes = total, .first_dim = rows};
     return 0;
 }
@@ -103,7 +124,8 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
 static int exec_broadcast(engine_t *e, const group_t *g, const meta_t *m, op_t *o) {
     if (g->me == m->root_rank && o->output != o->input && o->nbytes)
         memcpy(o->output, o->input, (size_t)o->nbytes);
-    return hvdl__broadcast_chain(e, g, o->output, o->nbytes, m->root_rank);
+    return on_shm(e, g) ? hvdl__broadcast_shm(e, o->output, o->nbytes, m->root_rank)
+                        : hvdl__broadcast_chain(e, g, o->output, o->nbytes, m->root_rank);
 }
 
 /* Rows of the first dimension for member i: lower members take the remainder. */
@@ -183,7 +205,8 @@ static void put_fmt(buf_t *a, const char *fmt, long long v1, double v2) {
 
 /* The trace of one response on this rank: per tensor NEGOTIATE (enqueue -> response) and
  * QUEUE (response -> execution), then the collective with every tensor it carried. */
-static void trace_response(engine_t *e, const response_t *r, const slot_t *s, double t_exec, double t_done) {
+static void trace_response(engine_t *e, const group_t *g, const response_t *r, const slot_t *s,
+                           double t_exec, double t_done) {
     char name[64];
     snprintf(name, sizeof name, "NEGOTIATE_%s", UPPER[r->meta.op]);
     buf_t a = {0};
@@ -223,7 +246,7 @@ static void trace_response(engine_t *e, const response_t *r, const slot_t *s, do
         put_fmt(&a, ", \"fused\": %lld", r->ntensors, 0);
         put_fmt(&a, ", \"fusion_threshold\": %lld", (long long)e->cfg.fusion_threshold, 0);
         buf_put(&a, ", \"algorithm\": ", 15);
-        hvdl__json_str(&a, e->tcp->name);
+        hvdl__json_str(&a, algorithm(e, g));
         hvdl__tl_span(e, TL_COLLECTIVE, UPPER[r->meta.op], t_exec, t_done, buf_cstr(&a));
     }
     buf_free(&a);
@@ -252,12 +275,12 @@ int hvdl__execute(engine_t *e, response_t *r) {
         }
     }
     if (!rc && r->kind == RESP_ERROR) {
-        if (TL_ON(e)) trace_response(e, r, s, t_exec, hvdl_now());
+        if (TL_ON(e)) trace_response(e, g, r, s, t_exec, hvdl_now());
         for (int i = 0; i < r->ntensors; i++)
             if (s[i].op) hvdl__complete(e, s[i].op, HVDL_ERR_MISMATCH, r->error);
     } else if (!rc) {
         rc = dispatch(e, g, r, s);
-        if (!rc && TL_ON(e)) trace_response(e, r, s, t_exec, hvdl_now());
+        if (!rc && TL_ON(e)) trace_response(e, g, r, s, t_exec, hvdl_now());
         /* On failure hvdl__fail has completed every op; touch none of them again. */
         for (int i = 0; !rc && i < r->ntensors; i++)
             if (s[i].op) hvdl__complete(e, s[i].op, HVDL_OK, NULL);

@@ -95,6 +95,19 @@ typedef struct transport {
 
 struct engine;
 
+/* This node's shared-memory segment (shm.c). */
+typedef struct hvdl_shm {
+    uint8_t *base;
+    size_t bytes;
+    int nlocal;              /* ranks on this node */
+    int me;                  /* this rank's index among them */
+    int oversubscribed;      /* more local ranks than cores: spin less, use larger pieces */
+    int64_t chunk;           /* bytes each rank reduces per piece */
+    int64_t slot_bytes;
+    uint32_t phase;          /* phases posted; identical on every local rank */
+    uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
+} hvdl_shm_t;
+
 /* Per-peer connection state (net.c). Control frames arrive on ctrl; data on data. */
 typedef struct conn {
     int fd;
@@ -125,6 +138,7 @@ typedef struct engine {
     int listen_fd;
     peer_t *peers;
     transport_t *tcp;
+    hvdl_shm_t *shm;         /* NULL when this rank is alone on its node */
 
     pthread_t thread;
     int thread_started;
@@ -220,6 +234,7 @@ int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n);
 int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd);
 int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap);
 int hvdl__control_readable(engine_t *e, int peer);
+int hvdl__watch_control(engine_t *e, int timeout_ms);
 transport_t *hvdl__tcp_transport(engine_t *e);
 void hvdl__peer_lost(engine_t *e, int peer, const char *why);
 void hvdl__blob_write(engine_t *e, int port, const char *ip, char *out);
@@ -246,6 +261,17 @@ int hvdl__reduce_scatter_ring(engine_t *e, const group_t *g, void *buf, const in
 int hvdl__allreduce_ring(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op);
 int hvdl__allgather_ring(engine_t *e, const group_t *g, void *out, const int64_t *block_bytes);
 int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbytes, int root);
+int hvdl__allreduce_shm(engine_t *e, void *buf, int64_t count, int dtype, int op);
+int hvdl__broadcast_shm(engine_t *e, void *buf, int64_t bytes, int root);
+int hvdl__allgather_shm(engine_t *e, void *out, const int64_t *block_bytes);
+
+/* shm.c */
+int hvdl__shm_open(engine_t *e);
+void hvdl__shm_close(engine_t *e);
+uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which);
+void hvdl__shm_post(engine_t *e);
+int hvdl__shm_wait_all(engine_t *e);
+
 int hvdl__alltoall_pairwise(engine_t *e, const group_t *g, const void *in, const int64_t *send_bytes,
                             void *out, const int64_t *recv_bytes);
 

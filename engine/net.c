@@ -321,6 +321,19 @@ int hvdl__control_readable(engine_t *e, int peer) {
     return 0;
 }
 
+/* Wait up to timeout_ms for control traffic during a collective; -1 once the engine has
+ * failed (an ABORT arrived or a peer's control connection died). */
+int hvdl__watch_control(engine_t *e, int timeout_ms) {
+    int fds[e->size], ranks[e->size];
+    int n = hvdl__control_fds(e, fds, ranks, e->size);
+    struct pollfd pf[n + 1];
+    for (int i = 0; i < n; i++) pf[i] = (struct pollfd){fds[i], POLLIN, 0};
+    if (n == 0 || poll(pf, (nfds_t)n, timeout_ms) <= 0) return e->failed ? -1 : 0;
+    for (int i = 0; i < n; i++)
+        if (pf[i].revents && hvdl__control_readable(e, ranks[i])) return -1;
+    return 0;
+}
+
 int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap) {
     int n = 0;
     for (int i = 0; i < e->size && n < cap; i++) {

@@ -2,7 +2,9 @@
  * The timeline writer. Events are formatted by the engine thread into a pending buffer
  * (under a mutex, no I/O); a writer thread appends each batch to the file together with
  * the closing "\n]}" in one pwrite at the end of the previous batch, so the file is valid
- * JSON after every write and a crash leaves at most the last batch to lose.
+ * JSON after every write and a crash leaves at most the last batch to lose. The write
+ * holds an exclusive flock: a reader that takes a shared flock (the viewer does) can
+ * never copy half of a write, even while the job runs.
  *
  * File: {"otherData": {...}, "traceEvents": [ metadata, events ... ]}. ts are microseconds
  * since this engine started; otherData carries start_time_since_epoch_in_micros and
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 struct timeline {
@@ -70,8 +73,11 @@ static void *writer_main(void *arg) {
         }
         if (batch.len) {
             buf_put(&batch, CLOSE, sizeof CLOSE - 1);
+            /* A reader that holds a shared flock never sees a half-written batch. */
+            flock(t->fd, LOCK_EX);
             if (pwrite(t->fd, batch.data, (size_t)batch.len, t->tail_at) == batch.len)
                 t->tail_at += batch.len - (int64_t)(sizeof CLOSE - 1);
+            flock(t->fd, LOCK_UN);
         }
         batch.len = 0;
         pthread_mutex_lock(&t->mu);

@@ -2,6 +2,7 @@
 json.loads while the job runs and after a rank is killed; events nest and are ordered as
 documented; start/stop_timeline restart with a new path; the size cap and the step
 window hold."""
+import fcntl
 import json
 import os
 import signal
@@ -40,7 +41,10 @@ def rank_files(base, n):
 
 
 def load(path):
+    """Read as the docs tell a live reader to: under a shared flock, so no write is
+    half-seen."""
     with open(path) as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
         return json.loads(f.read())
 
 
