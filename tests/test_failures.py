@@ -6,6 +6,7 @@ The kill tests start the ranks themselves (a rendezvous store and N plain proces
 the launcher's environment) so the test, not a launcher, decides who dies and when, and
 can watch the survivors; the launcher's own reaction is tested separately.
 """
+import glob
 import os
 import signal
 import socket
@@ -112,6 +113,8 @@ def test_killed_rank_fails_survivors_promptly_naming_it(tmp_path, victim):
             assert f"later-op-failed {r}" in out and f"rank {victim}" in out.split("later-op-failed")[1]
     finally:
         _cleanup(store, procs)
+    # the shared-memory segment the ranks used was nameless since start-up
+    assert not glob.glob("/dev/shm/hvdl-*")
 
 
 KILL_SELF = RANK_PRELUDE + textwrap.dedent("""

@@ -62,6 +62,9 @@ def _as_array(tensor, what):
 def submit(keep, finish, **request):
     """Enqueue a request; remember what must stay alive and how to finish it."""
     basics._t()
+    if request.get("process_set"):
+        # Names are scoped per process set, as in Horovod (each set negotiates apart).
+        request["name"] = f"{request['name']}@set{request['process_set']}"
     handle = engine.enqueue(**request)
     _pending[handle] = (keep, finish)
     return handle
