@@ -2,9 +2,10 @@
  * The background loop: one thread per engine, and the only thread that does I/O.
  *
  * It sleeps in poll() until an enqueue (the wake eventfd) or a control frame arrives, so
- * an idle engine costs nothing. When requests arrive it waits out HOROVOD_CYCLE_TIME
+ * an idle engine costs nothing. A request that finds nothing else in flight is announced
+ * at once; requests that arrive while others are in flight wait out HOROVOD_CYCLE_TIME
  * from the oldest one, so that requests made close together (a backward pass) are
- * announced, negotiated and fused together, then announces them; rank 0 also turns
+ * announced, negotiated and fused together; rank 0 also turns
  * whatever has become ready on every rank into responses and executes them. Workers
  * execute responses as their frames arrive (negotiate.c).
  *
@@ -111,6 +112,7 @@ static int take_incoming(engine_t *e) {
 /* How long poll() may sleep: until the cycle ends if requests wait to be announced,
  * a second if rank 0 has something to watch for stalls, else until woken. */
 static int sleep_ms(engine_t *e, double now) {
+    if (e->unsent.head && e->mine.count == 0) return 0;
     if (e->unsent.head) {
         double left = e->first_unsent_at + e->cfg.cycle_time - now;
         return left <= 0 ? 0 : (int)(left * 1000) + 1;
@@ -124,7 +126,11 @@ void *hvdl__loop(void *arg) {
         int bye = take_incoming(e);
         double now = hvdl_now();
         if (hvdl__tl_mark_cycles(e)) hvdl__tl_instant(e, TL_CYCLES, "CYCLE_START", now, NULL);
-        if (e->unsent.head && (bye || now - e->first_unsent_at >= e->cfg.cycle_time) &&
+        /* An engine with nothing awaiting a response announces at once: there is nothing
+         * to fuse with, and waiting would only add latency. Requests that arrive while
+         * others are in flight wait out the cycle and travel (and fuse) together. */
+        int idle = e->mine.count == 0;
+        if (e->unsent.head && (bye || idle || now - e->first_unsent_at >= e->cfg.cycle_time) &&
             hvdl__announce(e))
             break;
         if (bye && !e->bye_sent) {

@@ -1,0 +1,155 @@
+"""The benchmark: our engine and its peers on the same cases, in ONE invocation.
+
+    python bench/run.py                 # everything (about 10 minutes here)
+    python bench/run.py --quick         # fewer sizes and rounds
+    python bench/run.py --cases sizes --np 2 --rounds 3
+
+Each implementation runs in its own processes, never two in one process (a busy
+thread of one would slow the other), and the jobs alternate: ours, peer, ours, peer...
+so slow drift of this noisy machine hits everyone alike. Peers: mpi4py's Allreduce on
+OpenMPI, torch.distributed with gloo, and Horovod when it is importable (skipped with a
+note otherwise). Prints a table of medians and of our time divided by each peer's, and
+writes the raw samples as JSON.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "worker.py")
+SIZES = [4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+QUICK_SIZES = [4096, 1 << 20, 64 << 20]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def available_peers():
+    peers, notes = ["mpi", "gloo"], []
+    if shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None:
+        peers.remove("mpi")
+        notes.append("mpi4py/OpenMPI skipped: mpirun or mpi4py is not installed")
+    if importlib.util.find_spec("torch") is None:
+        peers.remove("gloo")
+        notes.append("gloo skipped: torch is not installed")
+    if importlib.util.find_spec("horovod") is None:
+        notes.append("Horovod skipped: not importable (horovod 0.28.1 does not build against "
+                     "torch 2.13); see docs/benchmarks.md for figures measured elsewhere")
+    else:
+        notes.append("Horovod is importable but not wired into this benchmark yet")
+    return peers, notes
+
+
+def command(impl, np_, worker_args):
+    py = [sys.executable, WORKER, "--impl", impl] + worker_args
+    if impl == "mpi":
+        return ["mpirun", "-np", str(np_), "--oversubscribe"] + py
+    return [shutil.which("horovodlikerun") or "horovodlikerun", "-np", str(np_)] + py
+
+
+def run_job(impl, np_, worker_args, timeout):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONPATH=ROOT,
+               OMP_NUM_THREADS="1")
+    res = subprocess.run(command(impl, np_, worker_args), capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    for line in res.stdout.splitlines():
+        if "BENCH " in line:
+            return json.loads(line.split("BENCH ", 1)[1])
+    raise RuntimeError(f"{impl} at {np_} ranks failed ({res.returncode}):\n"
+                       f"{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+
+
+def collect(cases, impls, rounds, budget, timeout):
+    samples = {}          # (case, np, label, impl) -> [seconds]
+    for case, np_, worker_args in cases:
+        for rnd in range(rounds):
+            order = impls if rnd % 2 == 0 else impls[::-1]
+            for impl in order:
+                t = time.time()
+                out = run_job(impl, np_, ["--case", case, "--budget", str(budget)] + worker_args,
+                              timeout)
+                for label, vals in out["results"].items():
+                    samples.setdefault((case, np_, label, impl), []).extend(vals)
+                print(f"  {case} np={np_} round {rnd + 1}/{rounds} {impl}: {time.time() - t:.1f} s",
+                      file=sys.stderr, flush=True)
+    return samples
+
+
+def human(nbytes):
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= div:
+            return f"{nbytes / div:g} {unit}"
+    return f"{nbytes} B"
+
+
+def table(samples, impls):
+    peers = [i for i in impls if i != "ours"]
+    head = (["case", "ranks"] + [f"{i} (ms)" for i in impls] + [f"ours/{p}" for p in peers])
+    rows = []
+    keys = sorted({k[:3] for k in samples}, key=lambda k: (k[0], k[1], int(k[2]) if k[2].isdigit() else 0))
+    for case, np_, label in keys:
+        med = {i: statistics.median(samples[(case, np_, label, i)])
+               for i in impls if (case, np_, label, i) in samples}
+        name = human(int(label)) if label.isdigit() else label
+        if case == "idle":
+            cells = [f"{med[i] * 100:.2f}% of a core" if i in med else "-" for i in impls]
+            rows.append([name, str(np_)] + cells + ["" for _ in peers])
+            continue
+        cells = [f"{med[i] * 1e3:.3f}" if i in med else "-" for i in impls]
+        ratios = [f"{med['ours'] / med[p]:.2f}" if "ours" in med and p in med else "-" for p in peers]
+        rows.append([name, str(np_)] + cells + ratios)
+    widths = [max(len(r[c]) for r in rows + [head]) for c in range(len(head))]
+    fmt = lambda r: "| " + " | ".join(v.rjust(w) for v, w in zip(r, widths)) + " |"
+    lines = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(r) for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cases", default="sizes,resnet50,idle")
+    ap.add_argument("--np", default="2,4,8", help="rank counts for the size sweep")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "latest.json"))
+    args = ap.parse_args(argv)
+    impls, notes = available_peers()
+    impls = ["ours"] + impls
+    rounds = args.rounds or (2 if args.quick else 3)
+    budget = 0.3 if args.quick else 1.0
+    sizes = QUICK_SIZES if args.quick else SIZES
+    wanted = args.cases.split(",")
+    cases = []
+    if "sizes" in wanted:
+        for np_ in [int(n) for n in args.np.split(",")]:
+            cases.append(("sizes", np_, ["--sizes", ",".join(map(str, sizes))]))
+    if "resnet50" in wanted:
+        cases.append(("resnet50", 2, []))
+    if "idle" in wanted:
+        cases.append(("idle", 2, []))
+    print(f"benchmarking {', '.join(impls)}; {rounds} alternating rounds", file=sys.stderr)
+    samples = collect(cases, impls, rounds, budget, timeout=900)
+    print(table(samples, impls))
+    for n in notes:
+        print(f"note: {n}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join([sys.executable] + sys.argv), "notes": notes,
+                   "samples": [{"case": k[0], "np": k[1], "label": k[2], "impl": k[3], "seconds": v}
+                               for k, v in samples.items()]}, f, indent=1)
+    print(f"raw samples: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

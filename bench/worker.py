@@ -1,0 +1,138 @@
+"""One benchmark job: ONE implementation, in its own processes, over all sizes.
+
+    python bench/worker.py --impl ours|mpi|gloo|horovod --case sizes|resnet50|idle
+
+Launched by bench/run.py under the implementation's own launcher. Rank 0 prints one JSON
+line: {"impl": ..., "case": ..., "np": N, "results": {label: [seconds, ...]}}.
+Only the implementation under test is imported, so no other library's threads run here.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shapes import resnet50_gradient_shapes  # noqa: E402
+
+
+class Ours:
+    def __init__(self):
+        import horovodlike as hvd
+        from horovodlike.common import engine, ops
+        self.hvd, self.engine, self.ops = hvd, engine, ops
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+
+    def _submit(self, x, name):
+        # In place, as MPI_IN_PLACE: the engine reads and writes the caller's buffer.
+        return self.ops.submit((x,), lambda _: x, op=self.engine.ALLREDUCE, name=name,
+                               dtype=self.engine.DTYPES["float32"], shape=x.shape,
+                               input_ptr=x.ctypes.data, output_ptr=x.ctypes.data,
+                               reduce_op=self.engine.SUM)
+
+    def allreduce(self, x):
+        self.ops.synchronize(self._submit(x, "bench"))
+
+    def step(self, grads):
+        handles = [self._submit(g, f"grad.{i}") for i, g in enumerate(grads)]
+        for h in handles:
+            self.ops.synchronize(h)
+
+    def barrier(self):
+        self.hvd.barrier()
+
+
+class Mpi:
+    def __init__(self):
+        from mpi4py import MPI
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def allreduce(self, x):
+        self.comm.Allreduce(self.MPI.IN_PLACE, x, op=self.MPI.SUM)
+
+    def step(self, grads):        # what a framework without fusion does: one call per tensor
+        for g in grads:
+            self.allreduce(g)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+
+class Gloo:
+    def __init__(self):
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist = torch, dist
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=int(os.environ["HOROVOD_RANK"]),
+                                world_size=int(os.environ["HOROVOD_SIZE"]))
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def allreduce(self, x):
+        self.dist.all_reduce(self.torch.from_numpy(x))
+
+    def step(self, grads):
+        for g in grads:
+            self.allreduce(g)
+
+    def barrier(self):
+        self.dist.barrier()
+
+
+class Horovod(Ours):
+    def __init__(self):
+        import horovod.torch as hvd  # noqa: F401  (only when installed)
+        raise SystemExit("horovod benchmarking is not wired up")
+
+
+IMPLS = {"ours": Ours, "mpi": Mpi, "gloo": Gloo, "horovod": Horovod}
+
+
+def timed(impl, fn, min_iters=5, max_iters=50, budget=1.0):
+    for _ in range(3):
+        fn()
+    samples, start = [], time.perf_counter()
+    while len(samples) < max_iters and (len(samples) < min_iters or time.perf_counter() - start < budget):
+        impl.barrier()
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return samples
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impl", required=True, choices=IMPLS)
+    ap.add_argument("--case", required=True, choices=["sizes", "resnet50", "idle"])
+    ap.add_argument("--sizes", default="4096,65536,1048576,16777216,67108864,268435456")
+    ap.add_argument("--budget", type=float, default=1.0)
+    args = ap.parse_args()
+    impl = IMPLS[args.impl]()
+    results = {}
+    if args.case == "sizes":
+        for nbytes in [int(s) for s in args.sizes.split(",")]:
+            x = np.ones(nbytes // 4, np.float32)
+            results[str(nbytes)] = timed(impl, lambda: impl.allreduce(x), budget=args.budget)
+    elif args.case == "resnet50":
+        grads = [np.ones(s, np.float32) for s in resnet50_gradient_shapes()]
+        results["resnet50"] = timed(impl, lambda: impl.step(grads), budget=args.budget * 3)
+    else:
+        import resource
+        t0 = resource.getrusage(resource.RUSAGE_SELF)
+        w0 = time.perf_counter()
+        time.sleep(args.budget * 3)
+        t1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (t1.ru_utime + t1.ru_stime) - (t0.ru_utime + t0.ru_stime)
+        results["idle_cpu_fraction"] = [cpu / (time.perf_counter() - w0)]
+        impl.barrier()
+    if impl.rank == 0:
+        print("BENCH " + json.dumps({"impl": args.impl, "case": args.case, "np": impl.size,
+                                     "results": results}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
