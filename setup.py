@@ -12,5 +12,6 @@ setup(
     cffi_modules=["horovodlike/_build_engine.py:ffibuilder"],
     entry_points={"console_scripts": [
         "horovodlikerun = horovodlike.runner.launch:main",
+        "horovodlike-timeline = timeline_viewer.__main__:main",
     ]},
 )

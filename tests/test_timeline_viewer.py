@@ -1,0 +1,308 @@
+"""timeline_viewer on traces written by real multi-rank runs.
+
+One 3-rank job (module fixture) in which rank 2 sleeps before every allreduce; the
+viewer must name rank 2 as the slow rank, recover cut-off files, and produce a PNG, a
+merged trace that json.loads, and an HTML page that renders in headless Chromium with
+no console error and no network request.
+"""
+import json
+import re
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from harness import run_ranks
+
+import timeline_viewer
+from timeline_viewer import analyze_paths
+from timeline_viewer.load import Strings, discover, load_file, parse_text
+
+NP = 3
+SLOW_RANK = 2
+SLEEP_S = 0.03
+STEPS = 8
+
+DELAYED = textwrap.dedent(f"""
+    import time
+    import numpy as np
+    import horovodlike as hvd
+    hvd.init()
+    x = np.ones(4096, np.float32)
+    for step in range({STEPS}):
+        for name in ("grad.a", "grad.b"):
+            if hvd.rank() == {SLOW_RANK}:
+                time.sleep({SLEEP_S})          # the straggler: late before every allreduce
+            hvd.allreduce(x, name=name)
+    hvd.allgather(np.ones((hvd.rank() + 1, 2)), name="rows")
+    print("HVDTEST-OK", flush=True)
+""")
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    """Base path of the delayed job's timeline (timeline.json -> timeline.rank<r>.json)."""
+    d = tmp_path_factory.mktemp("tl")
+    base = d / "timeline.json"
+    res = run_ranks(DELAYED, np=NP, launcher="horovodlikerun",
+                    env={"HOROVOD_TIMELINE": str(base)}, timeout=120)
+    res.assert_ok()
+    files = [d / f"timeline.rank{r}.json" for r in range(NP)]
+    missing = [str(f) for f in files if not f.exists()]
+    assert not missing, f"the engine wrote no timeline file(s) {missing}\n{res.describe()}"
+    return base
+
+
+def run_cli(capsys, *argv):
+    rc = timeline_viewer.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ------------------------------------------------------------------------- loading
+
+def _event_ends(text):
+    """Offsets just past each complete non-metadata event of a trace file."""
+    dec = json.JSONDecoder()
+    i = re.search(r'"traceEvents"\s*:\s*\[', text).end()
+    ends = []
+    while True:
+        while text[i] in " \t\r\n,":
+            i += 1
+        if text[i] == "]":
+            return ends
+        ev, i = dec.raw_decode(text, i)
+        if ev["ph"] != "M":
+            ends.append(i)
+
+
+def test_loader_recovers_every_complete_event_of_a_cut_off_file(trace, tmp_path):
+    src = trace.parent / "timeline.rank0.json"
+    text = src.read_text()
+    full = json.loads(text)
+    ends = _event_ends(text)
+    n_events = sum(1 for e in full["traceEvents"] if e["ph"] != "M")
+    assert len(ends) == n_events > 20
+    # Cuts: inside an event's nested ready_us, just after an event's brace, mid-line.
+    nested = text.index('"ready_us": {') + len('"ready_us": {') + 3
+    cuts = [nested, ends[len(ends) // 2], ends[len(ends) // 3] + 7, len(text) - 5]
+    for cut in cuts:
+        f = tmp_path / f"cut{cut}.rank0.json"
+        f.write_text(text[:cut])
+        with pytest.raises(ValueError):
+            json.loads(text[:cut])
+        lr = load_file(f, Strings())
+        expect = sum(1 for e in ends if e <= cut)
+        assert lr.recovered and len(lr.ts) == expect, (cut, len(lr.ts), expect)
+        assert lr.rank == 0 and lr.meta["size"] == NP
+        assert lr.lane_names[1] == "negotiate"
+    # A file cut inside its header, and an empty one, load as empty ranks.
+    for i, body in enumerate([text[:40], ""]):
+        f = tmp_path / f"tiny{i}.rank1.json"
+        f.write_text(body)
+        lr = load_file(f, Strings())
+        assert lr.recovered and len(lr.ts) == 0 and lr.rank == 1
+
+
+def test_viewer_runs_on_a_cut_off_rank_file(trace, tmp_path, capsys):
+    for r in range(NP):
+        text = (trace.parent / f"timeline.rank{r}.json").read_text()
+        cut = len(text) * 3 // 4 if r == 1 else len(text)
+        (tmp_path / f"timeline.rank{r}.json").write_text(text[:cut])
+    rc, out, _ = run_cli(capsys, tmp_path / "timeline.json", "--top", "3")
+    assert rc == 0
+    assert "rank 1" in out and "cut off" in out
+
+
+def test_parse_text_handles_horovod_style_arrays():
+    # Horovod's own timeline: a bare array, B/E pairs, never closed.
+    doc, recovered = parse_text('[\n{"name": "a", "ph": "B", "ts": 1, "pid": 0, "tid": 1},\n'
+                                '{"name": "a", "ph": "E", "ts": 5, "pid": 0, "tid": 1},\n')
+    assert recovered and len(doc) == 2
+
+
+def test_paths_base_directory_files_and_errors(trace, capsys):
+    d = trace.parent
+    want = [d / f"timeline.rank{r}.json" for r in range(NP)]
+    assert discover([trace]) == want
+    assert discover([d]) == want
+    assert discover([d / "timeline"]) == want            # HOROVOD_TIMELINE without suffix
+    assert discover([want[2], want[0]]) == [want[0], want[2]]
+    rc, _, err = run_cli(capsys, d / "nothing.json")
+    assert rc == 2 and "no timeline" in err
+
+
+# ------------------------------------------------------------------------ analyses
+
+def test_summary_names_the_delayed_rank(trace, capsys):
+    rc, out, _ = run_cli(capsys, trace, "--top", "5")
+    assert rc == 0
+    lines = [l for l in out.splitlines() if l.strip()]
+    # Title, then the answer.
+    assert lines[1].startswith(f"rank {SLOW_RANK} was last to submit on "), out
+    assert "it is the slow rank" in lines[1]
+    rep = analyze_paths([trace])
+    st = rep.stragglers
+    assert st.verdict.slow_rank == SLOW_RANK
+    slow = st.per_rank[SLOW_RANK]
+    assert slow.share >= 0.9, out
+    assert slow.mean_late_us >= 0.5 * SLEEP_S * 1e6, out
+    assert {p.tensor for p in st.per_tensor} >= {"allreduce.grad.a", "allreduce.grad.b"}
+    assert all(s.rank == SLOW_RANK for s in rep.top_rounds[:5])
+    # Steps come from the engine's STEP marks; rank 2 is the worst in nearly all.
+    assert rep.steps.source == "STEP marks" and len(rep.steps.steps) >= STEPS - 1
+    assert rep.steps.worst_counts.get(SLOW_RANK, 0) >= len(rep.steps.steps) - 2
+    # Where the time goes: the others wait, the slow rank idles.
+    ph = rep.phases
+    assert ph[0].waiting_us > ph[SLOW_RANK].waiting_us
+    assert ph[SLOW_RANK].idle_us > ph[0].idle_us
+    # Fusion and bytes are reported for the allreduces.
+    ops = {b.op: b for b in rep.bytes}
+    assert ops["ALLREDUCE"].bytes >= 2 * STEPS * 4096 * 4
+    assert rep.fusion.ops and rep.fusion.ops[0].threshold > 0
+
+
+def test_rank0_ready_us_stands_in_for_missing_files(trace):
+    rep = analyze_paths([trace.parent / "timeline.rank0.json"])
+    st = rep.stragglers
+    assert rep.timeline.missing_ranks == [1, 2]
+    assert st.n >= 2 * STEPS and (st.source[st.complete] == 1).all()
+    assert st.verdict.slow_rank == SLOW_RANK
+
+
+# ----------------------------------------------------------------------- renderers
+
+def test_png_is_written(trace, tmp_path, capsys):
+    out = tmp_path / "lanes.png"
+    rc, _, _ = run_cli(capsys, trace, "--png", out, "-q")
+    assert rc == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    import matplotlib.image
+    h, w = matplotlib.image.imread(str(out)).shape[:2]
+    assert w > 800 and h > 300
+
+
+def test_merged_trace_loads_with_one_pid_per_rank(trace, tmp_path, capsys):
+    out = tmp_path / "merged.json"
+    text_out = tmp_path / "summary.txt"
+    rc, stdout, _ = run_cli(capsys, trace, "--merged", out, "--text", text_out)
+    assert rc == 0 and stdout == ""
+    assert text_out.read_text().splitlines()[2].startswith(f"rank {SLOW_RANK} was last")
+    doc = json.loads(out.read_text())
+    evs = doc["traceEvents"]
+    assert {e["pid"] for e in evs} == set(range(NP))
+    names = {e["pid"]: e["args"]["name"] for e in evs if e["name"] == "process_name"}
+    assert all(names[r].startswith(f"rank {r}") for r in range(NP))
+    n_in = sum(sum(1 for e in json.loads((trace.parent / f"timeline.rank{r}.json")
+                                         .read_text())["traceEvents"] if e["ph"] != "M")
+               for r in range(NP))
+    assert sum(1 for e in evs if e["ph"] != "M") == n_in
+    # One axis: the same round's responses reach every rank at about the same time.
+    ends = {}
+    for e in evs:
+        if e["name"] == "NEGOTIATE_ALLREDUCE" and e["args"]["tensor"] == "allreduce.grad.a":
+            ends.setdefault(e["pid"], []).append(e["ts"] + e["dur"])
+    for r in range(1, NP):
+        assert len(ends[r]) == len(ends[0]) == STEPS
+        assert max(abs(a - b) for a, b in zip(sorted(ends[0]), sorted(ends[r]))) < 20_000
+
+
+# -------------------------------------------------------------------- HTML / browser
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+# Appended to a copy of the page: drives zoom, pan and the tooltip like a user would,
+# and writes what happened into the DOM for --dump-dom.
+PROBE = r"""<script>
+(function () {
+  var out = [];
+  try {
+    var c = document.getElementById("tv-canvas"), r = c.getBoundingClientRect();
+    var v0 = c.getAttribute("data-view");
+    c.dispatchEvent(new WheelEvent("wheel", {deltaY: -400, clientX: r.left + r.width / 2,
+      clientY: r.top + 8, bubbles: true, cancelable: true}));
+    var v1 = c.getAttribute("data-view");
+    out.push("zoom=" + (v0 !== v1));
+    c.dispatchEvent(new MouseEvent("mousedown", {clientX: r.left + 100, clientY: r.top + 8, bubbles: true}));
+    window.dispatchEvent(new MouseEvent("mousemove", {clientX: r.left + 260, clientY: r.top + 8, bubbles: true}));
+    window.dispatchEvent(new MouseEvent("mouseup", {bubbles: true}));
+    out.push("pan=" + (c.getAttribute("data-view") !== v1));
+    c.dispatchEvent(new MouseEvent("dblclick", {bubbles: true}));
+    out.push("reset=" + (c.getAttribute("data-view") === v0));
+    var tip = document.getElementById("tv-tip"), text = "";
+    for (var x = 1; x < r.width && !text; x += 2) {
+      c.dispatchEvent(new MouseEvent("mousemove", {clientX: r.left + x, clientY: r.top + 8, bubbles: true}));
+      if (tip.style.display === "block") { text = tip.textContent; }
+    }
+    out.push("tip=" + text.replace(/\s+/g, " "));
+  } catch (e) { out.push("probe-error=" + e); }
+  document.body.setAttribute("data-probe", out.join(";;"));
+}());
+</script>"""
+
+CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1400,900"]
+
+
+def _chrome(exe, tmp_path, url, *extra):
+    prof = tmp_path / f"profile{len(list(tmp_path.glob('profile*')))}"
+    return subprocess.run([exe, *CHROME_FLAGS, f"--user-data-dir={prof}", *extra, url],
+                          capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_html_is_self_contained_and_renders_in_headless_chromium(trace, tmp_path, capsys):
+    page = tmp_path / "timeline.html"
+    rc, _, _ = run_cli(capsys, trace, "--html", page, "-q")
+    assert rc == 0
+    html = page.read_text()
+    urls = [u for u in re.findall(r"https?://[^\s\"'<>)]*", html)
+            if u != "http://www.w3.org/2000/svg"]
+    assert not urls, urls
+    assert not re.search(r"<(script|img|iframe)[^>]*\ssrc=|<link\b|@import|url\(", html)
+    for r in range(NP):
+        assert f"rank {r}" in html
+
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no chromium on PATH: install it (Debian: apt-get install -y chromium) "
+                    "to check the page in a browser")
+
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("</body>", PROBE + "</body>"))
+    res = _chrome(exe, tmp_path, probe.as_uri(), "--enable-logging=stderr", "--v=0",
+                  "--dump-dom")
+    dom, log = res.stdout, res.stderr
+    assert 'data-rendered="yes"' in dom, log[-3000:]
+    console = [l for l in log.splitlines() if "CONSOLE" in l or "Uncaught" in l]
+    assert not [l for l in console if "Uncaught" in l or "Content Security Policy" in l
+                or "rror" in l], console
+    for r in range(NP):
+        labels = re.findall(rf'<div class="lane-label[^"]*"[^>]*data-rank="{r}"[^>]*>'
+                            rf'(rank {r} [^<]*)</div>', dom)
+        assert any("negotiate" in l for l in labels), (r, labels)
+        assert any("collective" in l for l in labels), (r, labels)
+    m = re.search(r'data-probe="([^"]*)"', dom)
+    assert m, dom[-2000:]
+    probe_out = dict(p.split("=", 1) for p in m.group(1).split(";;"))
+    assert probe_out == {**probe_out, "zoom": "true", "pan": "true", "reset": "true"}, probe_out
+    assert "NEGOTIATE_" in probe_out["tip"] and "rank 0" in probe_out["tip"], probe_out
+
+    shot = tmp_path / "shot.png"
+    res = _chrome(exe, tmp_path, page.as_uri(), f"--screenshot={shot}")
+    assert shot.exists(), res.stderr[-3000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    import matplotlib.image
+    img = matplotlib.image.imread(str(shot))
+    assert img.shape[1] >= 1000 and img.shape[0] >= 600
+    assert img[..., :3].std() > 0.05          # not a blank page
