@@ -8,6 +8,18 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 VENV="${HOROVODLIKE_VENV:-$ROOT/.venv}"
 
+# Debian's Chromium renders the timeline viewer's HTML in the browser test.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing chromium (for the timeline viewer's browser test)"
+        apt-get update -qq >/dev/null && \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+            || echo "setup: chromium could not be installed; its test will be skipped"
+    else
+        echo "setup: no chromium and not root; the browser test will be skipped"
+    fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: creating $VENV"
     "$PYTHON" -m venv "$VENV"
