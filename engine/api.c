@@ -150,6 +150,9 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
         rc = err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
         goto out;
     }
+    int nlocal = 0;
+    for (int i = 0; i < size; i++) nlocal += !strcmp(e->peers[i].host, e->host);
+    e->spin_us = nlocal > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : e->cfg.spin_us;
     if (hvdl__shm_open(e)) {
         rc = err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
         goto out;

@@ -42,6 +42,7 @@ void hvdl__config_read(config_t *c) {
     c->chunk_bytes = (int64_t)env_num("HOROVODLIKE_CHUNK_BYTES", 256 * 1024);
     c->socket_buffer = (int64_t)env_num("HOROVODLIKE_SOCKET_BUFFER_BYTES", 4 << 20);
     c->shm = (int)env_num("HOROVODLIKE_SHM", 1) != 0;
+    c->spin_us = (int)env_num("HOROVODLIKE_SPIN_US", 50);
     c->shm_chunk_bytes = (int64_t)env_num("HOROVODLIKE_SHM_CHUNK_BYTES", 256 * 1024);
     c->shm_chunk_bytes = c->shm_chunk_bytes < 4096 ? 4096 : c->shm_chunk_bytes & ~(int64_t)63;
     const char *tl = getenv("HOROVOD_TIMELINE");

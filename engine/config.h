@@ -17,6 +17,7 @@ typedef struct config {
     int64_t chunk_bytes;         /* HOROVODLIKE_CHUNK_BYTES: pipelining granularity */
     int64_t socket_buffer;       /* HOROVODLIKE_SOCKET_BUFFER_BYTES */
     int shm;                     /* HOROVODLIKE_SHM: shared memory between local ranks */
+    int spin_us;                 /* HOROVODLIKE_SPIN_US: poll before sleeping, per wait */
     int64_t shm_chunk_bytes;     /* HOROVODLIKE_SHM_CHUNK_BYTES: per-rank piece size */
     char timeline[4096];         /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
     int timeline_mark_cycles;    /* HOROVOD_TIMELINE_MARK_CYCLES */

@@ -139,6 +139,7 @@ typedef struct engine {
     peer_t *peers;
     transport_t *tcp;
     hvdl_shm_t *shm;         /* NULL when this rank is alone on its node */
+    int spin_us;             /* look before sleeping (0 when ranks outnumber cores) */
 
     pthread_t thread;
     int thread_started;

@@ -417,7 +417,16 @@ int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd) {
     int n = hvdl__control_fds(e, fds, ranks, e->size);
     for (int i = 0; i < n; i++) pf[i] = (struct pollfd){fds[i], POLLIN, 0};
     pf[n] = (struct pollfd){wake_fd, POLLIN, 0};
-    if (poll(pf, (nfds_t)n + 1, timeout_ms) <= 0) return 0;
+    /* A blocking wake-up costs tens of microseconds; the next request or response often
+     * arrives sooner than that, so look without sleeping for a moment first (never when
+     * ranks outnumber cores: there a spinning thread steals its peer's core). */
+    int ready = 0;
+    if (e->spin_us > 0 && timeout_ms != 0) {
+        double until = hvdl_now() + e->spin_us * 1e-6;
+        while (!(ready = poll(pf, (nfds_t)n + 1, 0)) && hvdl_now() < until)
+            for (int k = 0; k < 32; k++) __builtin_ia32_pause();
+    }
+    if (!ready && poll(pf, (nfds_t)n + 1, timeout_ms) <= 0) return 0;
     for (int i = 0; i < n; i++) {
         if (!pf[i].revents) continue;
         if (ctrl_read(&e->peers[ranks[i]].ctrl)) {

@@ -148,10 +148,11 @@ int hvdl__shm_wait_all(engine_t *e) {
     hvdl_shm_t *s = e->shm;
     shm_header_t *h = (shm_header_t *)s->base;
     uint32_t v = s->phase;
-    int spins = s->oversubscribed ? 64 : 20000;
+    double spin_until = hvdl_now() + e->spin_us * 1e-6;
     for (int q = 0; q < s->nlocal; q++) {
         _Atomic uint32_t *seq = seq_of(s, q);
-        for (int i = 0; i < spins && !reached(seq, v); i++) __builtin_ia32_pause();
+        while (!reached(seq, v) && hvdl_now() < spin_until)
+            for (int i = 0; i < 16; i++) __builtin_ia32_pause();
         double since = hvdl_now();
         while (!reached(seq, v)) {
             uint32_t cur = atomic_load(seq);
