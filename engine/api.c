@@ -48,6 +48,8 @@ static void engine_free(engine_t *e) {
     if (!e) return;
     hvdl__close_all(e);
     hvdl__shm_close(e);
+    if (e->cross) { free(e->cross->ranks); free(e->cross); }
+    buf_free(&e->hier);
     if (e->wake_fd >= 0) close(e->wake_fd);
     hvdl__coordinator_free(e);
     hvdl__cache_free(e);
@@ -109,6 +111,35 @@ out:
     return rc;
 }
 
+/* The ranks with this rank's local index on every node, for hierarchical allreduce.
+ * Left NULL unless there are several nodes with the same number of ranks each. */
+static int build_cross_group(engine_t *e) {
+    int local[e->size], nodes = 0, per_node = 0;
+    for (int r = 0; r < e->size; r++) {
+        local[r] = 0;                      /* index among the ranks of r's node */
+        for (int q = 0; q < r; q++) local[r] += !strcmp(e->peers[q].host, e->peers[r].host);
+        nodes += local[r] == 0;
+        per_node += !strcmp(e->peers[r].host, e->peers[0].host);
+    }
+    e->nnodes = nodes;
+    for (int r = 0; r < e->size; r++) {
+        int here = 0;
+        for (int q = 0; q < e->size; q++) here += !strcmp(e->peers[q].host, e->peers[r].host);
+        if (here != per_node) return 0;    /* not homogeneous: no hierarchical path */
+    }
+    if (nodes < 2 || per_node < 2) return 0;
+    group_t *g = calloc(1, sizeof *g);
+    if (!g || !(g->ranks = malloc(sizeof(int) * (size_t)nodes))) { free(g); return -1; }
+    g->id = -1;
+    for (int r = 0; r < e->size; r++) {
+        if (local[r] != local[e->rank]) continue;
+        if (r == e->rank) g->me = g->n;
+        g->ranks[g->n++] = r;
+    }
+    e->cross = g;
+    return 0;
+}
+
 int hvdl_start(int rank, int size, const char *all_blobs) {
     pthread_mutex_lock(&g_lifecycle);
     engine_t *e = g_engine;
@@ -153,6 +184,10 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
     int nlocal = 0;
     for (int i = 0; i < size; i++) nlocal += !strcmp(e->peers[i].host, e->host);
     e->spin_us = nlocal > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : e->cfg.spin_us;
+    if (build_cross_group(e)) {
+        rc = err(HVDL_ERR_SYSTEM, "out of memory");
+        goto out;
+    }
     if (hvdl__shm_open(e)) {
         rc = err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
         goto out;

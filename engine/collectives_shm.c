@@ -53,27 +53,75 @@ static void share_of(int64_t len, int esz, int L, int j, int64_t *off, int64_t *
     *n = (elems / L + (j < elems % L)) * esz;
 }
 
-static int two_shot(engine_t *e, hvdl_shm_t *s, uint8_t *buf, int64_t bytes, int dtype, int op) {
+/* Two-shot steps 1 and 2 for one piece: copy-in, barrier, reduce this rank's share into
+ * its result chunk, barrier. Returns the share's offset and size in the piece. */
+static int piece_reduce(engine_t *e, hvdl_shm_t *s, const uint8_t *src, int64_t len, int dtype,
+                        int op, int which, int64_t *off, int64_t *n) {
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
-    int64_t piece = s->chunk * L;
+    uint8_t *mine = hvdl__shm_slot(s, s->me, which), *res = mine + L * s->chunk;
+    memcpy(mine, src, (size_t)len);
+    hvdl__shm_post(e);
+    if (hvdl__shm_wait_all(e)) return -1;
+    share_of(len, esz, L, s->me, off, n);
+    memcpy(res, hvdl__shm_slot(s, 0, which) + *off, (size_t)*n);
+    for (int q = 1; q < L; q++)
+        hvdl__reduce(dtype, op, res, hvdl__shm_slot(s, q, which) + *off, *n / esz);
+    hvdl__shm_post(e);
+    return hvdl__shm_wait_all(e);
+}
+
+/* Step 3 for one piece: every rank's result chunk into place. */
+static void piece_copy_out(hvdl_shm_t *s, uint8_t *dst, int64_t len, int esz, int which) {
+    for (int q = 0; q < s->nlocal; q++) {
+        int64_t off, n;
+        share_of(len, esz, s->nlocal, q, &off, &n);
+        memcpy(dst + off, hvdl__shm_slot(s, q, which) + s->nlocal * s->chunk, (size_t)n);
+    }
+}
+
+static int two_shot(engine_t *e, hvdl_shm_t *s, uint8_t *buf, int64_t bytes, int dtype, int op) {
+    int64_t piece = s->chunk * s->nlocal, off, n;
     for (int64_t lo = 0; lo < bytes; lo += piece) {
         int which = s->epoch++ & 1;
-        int64_t len = min64(piece, bytes - lo), off, n;
-        uint8_t *mine = hvdl__shm_slot(s, s->me, which);
-        memcpy(mine, buf + lo, (size_t)len);                       /* 1. copy-in */
+        int64_t len = min64(piece, bytes - lo);
+        if (piece_reduce(e, s, buf + lo, len, dtype, op, which, &off, &n)) return -1;
+        piece_copy_out(s, buf + lo, len, hvdl_dtype_size(dtype), which);
+    }
+    return 0;
+}
+
+/* The first half of hierarchical allreduce: this rank's reduced shares of every piece,
+ * gathered contiguously into out (*share_bytes in all). */
+int hvdl__shm_reduce_scatter(engine_t *e, const void *buf, int64_t bytes, int dtype, int op,
+                             buf_t *out, int64_t *share_bytes) {
+    hvdl_shm_t *s = e->shm;
+    int64_t piece = s->chunk * s->nlocal, off, n;
+    out->len = 0;
+    for (int64_t lo = 0; lo < bytes; lo += piece) {
+        int which = s->epoch++ & 1;
+        int64_t len = min64(piece, bytes - lo);
+        if (piece_reduce(e, s, (const uint8_t *)buf + lo, len, dtype, op, which, &off, &n)) return -1;
+        if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n)) return -1;
+    }
+    *share_bytes = out->len;
+    return 0;
+}
+
+/* The second half: put every rank's (now globally reduced) shares back into buf. */
+int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype, const void *shares) {
+    hvdl_shm_t *s = e->shm;
+    int esz = hvdl_dtype_size(dtype);
+    int64_t piece = s->chunk * s->nlocal, off, n;
+    const uint8_t *mine = shares;
+    for (int64_t lo = 0; lo < bytes; lo += piece) {
+        int which = s->epoch++ & 1;
+        int64_t len = min64(piece, bytes - lo);
+        share_of(len, esz, s->nlocal, s->me, &off, &n);
+        memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, mine, (size_t)n);
+        mine += n;
         hvdl__shm_post(e);
         if (hvdl__shm_wait_all(e)) return -1;
-        share_of(len, esz, L, s->me, &off, &n);                    /* 2. reduce my share */
-        uint8_t *res = mine + L * s->chunk;
-        memcpy(res, hvdl__shm_slot(s, 0, which) + off, (size_t)n);
-        for (int q = 1; q < L; q++)
-            hvdl__reduce(dtype, op, res, hvdl__shm_slot(s, q, which) + off, n / esz);
-        hvdl__shm_post(e);
-        if (hvdl__shm_wait_all(e)) return -1;
-        for (int q = 0; q < L; q++) {                              /* 3. copy-out */
-            share_of(len, esz, L, q, &off, &n);
-            memcpy(buf + lo + off, hvdl__shm_slot(s, q, which) + L * s->chunk, (size_t)n);
-        }
+        piece_copy_out(s, (uint8_t *)buf + lo, len, esz, which);
     }
     return 0;
 }

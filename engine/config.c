@@ -43,6 +43,12 @@ void hvdl__config_read(config_t *c) {
     c->socket_buffer = (int64_t)env_num("HOROVODLIKE_SOCKET_BUFFER_BYTES", 4 << 20);
     c->shm = (int)env_num("HOROVODLIKE_SHM", 1) != 0;
     c->spin_us = (int)env_num("HOROVODLIKE_SPIN_US", 50);
+    c->small_bytes = (int64_t)env_num("HOROVODLIKE_SMALL_BYTES", 64 * 1024);
+    static const char *ALGS[] = {"auto", "shm", "ring", "rd", "hier"};
+    const char *alg = getenv("HOROVODLIKE_ALLREDUCE_ALGORITHM");
+    c->algorithm = env_flag("HOROVOD_HIERARCHICAL_ALLREDUCE") ? ALG_HIER : ALG_AUTO;
+    for (int i = 0; alg && *alg && i < 5; i++)
+        if (!strcasecmp(alg, ALGS[i])) c->algorithm = i;
     c->shm_chunk_bytes = (int64_t)env_num("HOROVODLIKE_SHM_CHUNK_BYTES", 256 * 1024);
     c->shm_chunk_bytes = c->shm_chunk_bytes < 4096 ? 4096 : c->shm_chunk_bytes & ~(int64_t)63;
     const char *tl = getenv("HOROVOD_TIMELINE");

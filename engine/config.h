@@ -18,6 +18,8 @@ typedef struct config {
     int64_t socket_buffer;       /* HOROVODLIKE_SOCKET_BUFFER_BYTES */
     int shm;                     /* HOROVODLIKE_SHM: shared memory between local ranks */
     int spin_us;                 /* HOROVODLIKE_SPIN_US: poll before sleeping, per wait */
+    int algorithm;               /* HOROVODLIKE_ALLREDUCE_ALGORITHM (ALG_*); HOROVOD_HIERARCHICAL_ALLREDUCE=1 means hier */
+    int64_t small_bytes;         /* HOROVODLIKE_SMALL_BYTES: recursive doubling up to here */
     int64_t shm_chunk_bytes;     /* HOROVODLIKE_SHM_CHUNK_BYTES: per-rank piece size */
     char timeline[4096];         /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
     int timeline_mark_cycles;    /* HOROVOD_TIMELINE_MARK_CYCLES */
@@ -25,6 +27,8 @@ typedef struct config {
     int64_t timeline_start_step; /* HOROVOD_TIMELINE_START_STEP */
     int64_t timeline_stop_step;  /* HOROVOD_TIMELINE_STOP_STEP, -1 = never */
 } config_t;
+
+enum { ALG_AUTO, ALG_SHM, ALG_RING, ALG_RD, ALG_HIER };
 
 void hvdl__config_read(config_t *c);
 void hvdl__config_log(const config_t *c, int rank);

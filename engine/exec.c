@@ -48,13 +48,33 @@ static int on_shm(engine_t *e, const group_t *g) {
     return 1;
 }
 
-static int allreduce_any(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op) {
-    return on_shm(e, g) ? hvdl__allreduce_shm(e, buf, count, dtype, op)
-                        : hvdl__allreduce_ring(e, g, buf, count, dtype, op);
+/* Which allreduce runs: from the set, the topology and the size, unless
+ * HOROVODLIKE_ALLREDUCE_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLREDUCE) says otherwise.
+ * Every member computes the same answer from the same inputs. */
+static int pick_allreduce(engine_t *e, const group_t *g, int64_t bytes) {
+    int forced = e->cfg.algorithm;
+    int hier_ok = g->id == 0 && e->cross && e->shm;
+    if (forced == ALG_HIER && hier_ok) return ALG_HIER;
+    if (forced == ALG_RING || forced == ALG_RD) return forced;
+    if (on_shm(e, g)) return ALG_SHM;
+    if (hier_ok) return ALG_HIER;                     /* several nodes of several ranks */
+    return bytes <= e->cfg.small_bytes ? ALG_RD : ALG_RING;
 }
 
-static const char *algorithm(engine_t *e, const group_t *g) {
-    return on_shm(e, g) ? "shm" : e->tcp->name;
+static int allreduce_any(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op) {
+    switch (pick_allreduce(e, g, count * hvdl_dtype_size(dtype))) {
+    case ALG_SHM: return hvdl__allreduce_shm(e, buf, count, dtype, op);
+    case ALG_HIER: return hvdl__allreduce_hier(e, buf, count, dtype, op);
+    case ALG_RD: return hvdl__allreduce_rd(e, g, buf, count, dtype, op);
+    default: return hvdl__allreduce_ring(e, g, buf, count, dtype, op);
+    }
+}
+
+static const char *algorithm(engine_t *e, const group_t *g, const response_t *r, int64_t bytes) {
+    static const char *NAMES[] = {"", "shm", "tcp_ring", "tcp_recursive_doubling", "hierarchical"};
+    if (r->meta.op == HVDL_OP_ALLREDUCE) return NAMES[pick_allreduce(e, g, bytes)];
+    if (on_shm(e, g) && (r->meta.op == HVDL_OP_ALLGATHER || r->meta.op == HVDL_OP_BROADCAST)) return "shm";
+    return e->tcp->name;
 }
 
 static int oom(engine_t *e, const char *what, int64_t n) {
@@ -246,7 +266,7 @@ static void trace_response(engine_t *e, const group_t *g, const response_t *r, c
         put_fmt(&a, ", \"fused\": %lld", r->ntensors, 0);
         put_fmt(&a, ", \"fusion_threshold\": %lld", (long long)e->cfg.fusion_threshold, 0);
         buf_put(&a, ", \"algorithm\": ", 15);
-        hvdl__json_str(&a, algorithm(e, g));
+        hvdl__json_str(&a, algorithm(e, g, r, total));
         hvdl__tl_span(e, TL_COLLECTIVE, UPPER[r->meta.op], t_exec, t_done, buf_cstr(&a));
     }
     buf_free(&a);

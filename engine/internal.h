@@ -140,6 +140,9 @@ typedef struct engine {
     transport_t *tcp;
     hvdl_shm_t *shm;         /* NULL when this rank is alone on its node */
     int spin_us;             /* look before sleeping (0 when ranks outnumber cores) */
+    group_t *cross;          /* ranks with my local index on every node (hierarchical) */
+    int nnodes;
+    buf_t hier;              /* hierarchical allreduce: this rank's shares */
 
     pthread_t thread;
     int thread_started;
@@ -263,6 +266,11 @@ int hvdl__allreduce_ring(engine_t *e, const group_t *g, void *buf, int64_t count
 int hvdl__allgather_ring(engine_t *e, const group_t *g, void *out, const int64_t *block_bytes);
 int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbytes, int root);
 int hvdl__allreduce_shm(engine_t *e, void *buf, int64_t count, int dtype, int op);
+int hvdl__allreduce_rd(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op);
+int hvdl__allreduce_hier(engine_t *e, void *buf, int64_t count, int dtype, int op);
+int hvdl__shm_reduce_scatter(engine_t *e, const void *buf, int64_t bytes, int dtype, int op,
+                             buf_t *out, int64_t *share_bytes);
+int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype, const void *shares);
 int hvdl__broadcast_shm(engine_t *e, void *buf, int64_t bytes, int root);
 int hvdl__allgather_shm(engine_t *e, void *out, const int64_t *block_bytes);
 

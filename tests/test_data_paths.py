@@ -86,3 +86,21 @@ def test_no_shared_memory_segment_is_left_behind():
     run_ranks(RANK_PRELUDE + "hvd.init()\nhvd.allreduce(np.ones(10), name='x')\nfinish()\n",
               np=3).assert_ok()
     assert not glob.glob("/dev/shm/hvdl-*")
+
+
+FAKE_NODES = ["--ssh-command", "sh -c {command}"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algorithm,np_,hosts", [
+    ("auto", 4, "a:2,b:2"),          # several nodes of several ranks: hierarchical
+    ("hier", 6, "a:3,b:3"),
+    ("ring", 4, "a:2,b:2"),
+    ("rd", 4, "a:2,b:2"),            # recursive doubling, power of two
+    ("rd", 3, "a:1,b:1,c:1"),        # ... and not
+    ("auto", 3, "a:2,b:1"),          # uneven nodes: no hierarchical path, flat TCP
+], ids=lambda v: str(v))
+def test_allreduce_algorithms_across_fake_nodes(algorithm, np_, hosts):
+    run_ranks(PATHS, np=np_, launcher_args=["-H", hosts] + FAKE_NODES, timeout=280,
+              env={"HOROVODLIKE_ALLREDUCE_ALGORITHM": algorithm,
+                   "HOROVODLIKE_SHM_CHUNK_BYTES": "4096"}).assert_ok()
