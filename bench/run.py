@@ -51,19 +51,20 @@ def available_peers():
     return peers, notes
 
 
-def command(impl, np_, worker_args):
+def command(impl, np_, worker_args, launcher_args=()):
     py = [sys.executable, WORKER, "--impl", impl] + worker_args
     if impl == "mpi":
         return ["mpirun", "-np", str(np_), "--oversubscribe"] + py
-    return [shutil.which("horovodlikerun") or "horovodlikerun", "-np", str(np_)] + py
+    return [shutil.which("horovodlikerun") or "horovodlikerun", "-np", str(np_),
+            *launcher_args] + py
 
 
-def run_job(impl, np_, worker_args, timeout):
+def run_job(impl, np_, worker_args, timeout, launcher_args=(), extra_env=None):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONPATH=ROOT,
-               OMP_NUM_THREADS="1")
-    res = subprocess.run(command(impl, np_, worker_args), capture_output=True, text=True,
-                         timeout=timeout, env=env)
+               OMP_NUM_THREADS="1", **(extra_env or {}))
+    res = subprocess.run(command(impl, np_, worker_args, launcher_args), capture_output=True,
+                         text=True, timeout=timeout, env=env)
     for line in res.stdout.splitlines():
         if "BENCH " in line:
             return json.loads(line.split("BENCH ", 1)[1])
@@ -85,6 +86,29 @@ def collect(cases, impls, rounds, budget, timeout):
                 print(f"  {case} np={np_} round {rnd + 1}/{rounds} {impl}: {time.time() - t:.1f} s",
                       file=sys.stderr, flush=True)
     return samples
+
+
+def collect_netns(rounds, budget, timeout, nbytes=16 << 20):
+    """Flat ring vs hierarchical over two fake nodes of 2 ranks and a 1 Gbit/s link."""
+    import netns
+    why = netns.available()
+    if why:
+        return {}, [f"hierarchical-vs-flat skipped: {why}"]
+    samples = {}
+    with netns.TwoNodes(rate="1gbit") as net:
+        for rnd in range(rounds):
+            for alg in (("ring", "hier") if rnd % 2 == 0 else ("hier", "ring")):
+                out = run_job("ours", 4, ["--case", "sizes", "--sizes", str(nbytes),
+                                          "--budget", str(budget)], timeout,
+                              launcher_args=net.launcher_args(per_node=2),
+                              extra_env={**net.env(), "HOROVODLIKE_ALLREDUCE_ALGORITHM": alg})
+                samples.setdefault(alg, []).extend(out["results"][str(nbytes)])
+                print(f"  netns round {rnd + 1}/{rounds} {alg}", file=sys.stderr, flush=True)
+    flat, hier = statistics.median(samples["ring"]), statistics.median(samples["hier"])
+    line = (f"hierarchical vs flat, {human(nbytes)} allreduce, 2 nodes x 2 ranks, 1 Gbit/s "
+            f"link: flat ring {flat * 1e3:.1f} ms, hierarchical {hier * 1e3:.1f} ms, "
+            f"hierarchical/flat {hier / flat:.2f}")
+    return samples, [line]
 
 
 def human(nbytes):
@@ -119,7 +143,7 @@ def table(samples, impls):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--cases", default="sizes,resnet50,idle")
+    ap.add_argument("--cases", default="sizes,resnet50,idle,netns")
     ap.add_argument("--np", default="2,4,8", help="rank counts for the size sweep")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "latest.json"))
@@ -140,14 +164,20 @@ def main(argv=None):
         cases.append(("idle", 2, []))
     print(f"benchmarking {', '.join(impls)}; {rounds} alternating rounds", file=sys.stderr)
     samples = collect(cases, impls, rounds, budget, timeout=900)
+    net_samples, net_lines = ({}, [])
+    if "netns" in wanted:
+        net_samples, net_lines = collect_netns(rounds, budget, timeout=900)
     print(table(samples, impls))
+    for line in net_lines:
+        print(line)
     for n in notes:
         print(f"note: {n}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join([sys.executable] + sys.argv), "notes": notes,
                    "samples": [{"case": k[0], "np": k[1], "label": k[2], "impl": k[3], "seconds": v}
-                               for k, v in samples.items()]}, f, indent=1)
+                               for k, v in samples.items()],
+                   "netns": net_samples, "summary": net_lines}, f, indent=1)
     print(f"raw samples: {args.out}")
 
 

@@ -44,6 +44,16 @@ def advertise_address() -> str:
     addr = os.environ.get("HOROVODLIKE_IFACE_ADDR")
     if addr:
         return addr
+    store = os.environ.get("HOROVODLIKE_STORE_ADDR")
+    if store:
+        # The interface this host uses to reach the launcher's store is one the other
+        # hosts can reach too (a UDP "connect" sends nothing; it only picks the route).
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((store.rsplit(":", 1)[0], 1))
+                return s.getsockname()[0]
+        except OSError:
+            pass
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
