@@ -34,14 +34,15 @@
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static int one_shot(engine_t *e, hvdl_shm_t *s, uint8_t *buf, int64_t bytes, int dtype, int op) {
+static int one_shot(engine_t *e, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
+                    int dtype, int op) {
     int esz = hvdl_dtype_size(dtype), which = s->epoch++ & 1;
-    memcpy(hvdl__shm_slot(s, s->me, which), buf, (size_t)bytes);
+    memcpy(hvdl__shm_slot(s, s->me, which), in, (size_t)bytes);
     hvdl__shm_post(e);
     if (hvdl__shm_wait_all(e)) return -1;
-    memcpy(buf, hvdl__shm_slot(s, 0, which), (size_t)bytes);
+    memcpy(out, hvdl__shm_slot(s, 0, which), (size_t)bytes);
     for (int q = 1; q < s->nlocal; q++)
-        hvdl__reduce(dtype, op, buf, hvdl__shm_slot(s, q, which), bytes / esz);
+        hvdl__reduce(dtype, op, out, hvdl__shm_slot(s, q, which), bytes / esz);
     return 0;
 }
 
@@ -79,13 +80,14 @@ static void piece_copy_out(hvdl_shm_t *s, uint8_t *dst, int64_t len, int esz, in
     }
 }
 
-static int two_shot(engine_t *e, hvdl_shm_t *s, uint8_t *buf, int64_t bytes, int dtype, int op) {
+static int two_shot(engine_t *e, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
+                    int dtype, int op) {
     int64_t piece = s->chunk * s->nlocal, off, n;
     for (int64_t lo = 0; lo < bytes; lo += piece) {
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
-        if (piece_reduce(e, s, buf + lo, len, dtype, op, which, &off, &n)) return -1;
-        piece_copy_out(s, buf + lo, len, hvdl_dtype_size(dtype), which);
+        if (piece_reduce(e, s, in + lo, len, dtype, op, which, &off, &n)) return -1;
+        piece_copy_out(s, out + lo, len, hvdl_dtype_size(dtype), which);
     }
     return 0;
 }
@@ -126,13 +128,15 @@ int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype,
     return 0;
 }
 
-int hvdl__allreduce_shm(engine_t *e, void *buf, int64_t count, int dtype, int op) {
+/* in may equal out; when it does not, the caller's input is read straight into the
+ * segment and the result written straight to the output: no staging copy. */
+int hvdl__allreduce_shm(engine_t *e, const void *in, void *out, int64_t count, int dtype, int op) {
     hvdl_shm_t *s = e->shm;
     int64_t bytes = count * hvdl_dtype_size(dtype);
     if (!bytes) return 0;
     double t0 = hvdl_now();
     int one = bytes <= s->chunk;
-    int rc = one ? one_shot(e, s, buf, bytes, dtype, op) : two_shot(e, s, buf, bytes, dtype, op);
+    int rc = one ? one_shot(e, s, in, out, bytes, dtype, op) : two_shot(e, s, in, out, bytes, dtype, op);
     if (!rc && TL_ON(e)) {
         char args[64];
         snprintf(args, sizeof args, "\"bytes\": %lld", (long long)bytes);

@@ -63,7 +63,7 @@ static int pick_allreduce(engine_t *e, const group_t *g, int64_t bytes) {
 
 static int allreduce_any(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op) {
     switch (pick_allreduce(e, g, count * hvdl_dtype_size(dtype))) {
-    case ALG_SHM: return hvdl__allreduce_shm(e, buf, count, dtype, op);
+    case ALG_SHM: return hvdl__allreduce_shm(e, buf, buf, count, dtype, op);
     case ALG_HIER: return hvdl__allreduce_hier(e, buf, count, dtype, op);
     case ALG_RD: return hvdl__allreduce_rd(e, g, buf, count, dtype, op);
     default: return hvdl__allreduce_ring(e, g, buf, count, dtype, op);
@@ -87,6 +87,12 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
     double post;
     reduce_params(g, m, &op, &post);
     if (n == 1) {
+        if (m->prescale == 1.0 && pick_allreduce(e, g, s->nbytes) == ALG_SHM) {
+            /* straight from the caller's input into shared memory and back out */
+            if (hvdl__allreduce_shm(e, s->in, s->out, s->nbytes / esz, m->dtype, op)) return -1;
+            hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
+            return 0;
+        }
         if (s->out != s->in && s->nbytes) memcpy(s->out, s->in, (size_t)s->nbytes);
         hvdl__scale(m->dtype, s->out, s->nbytes / esz, m->prescale);
         if (allreduce_any(e, g, s->out, s->nbytes / esz, m->dtype, op)) return -1;
