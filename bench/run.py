@@ -25,6 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "worker.py")
+TRAIN_WORKER = os.path.join(HERE, "train_worker.py")
 SIZES = [4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 QUICK_SIZES = [4096, 1 << 20, 64 << 20]
 
@@ -52,7 +53,8 @@ def available_peers():
 
 
 def command(impl, np_, worker_args, launcher_args=()):
-    py = [sys.executable, WORKER, "--impl", impl] + worker_args
+    worker = TRAIN_WORKER if impl in ("ours-train", "ddp") else WORKER
+    py = [sys.executable, worker, "--impl", impl.replace("-train", "")] + worker_args
     if impl == "mpi":
         return ["mpirun", "-np", str(np_), "--oversubscribe"] + py
     return [shutil.which("horovodlikerun") or "horovodlikerun", "-np", str(np_),
@@ -111,6 +113,23 @@ def collect_netns(rounds, budget, timeout, nbytes=16 << 20):
     return samples, [line]
 
 
+def collect_train(rounds, timeout):
+    """Training throughput at 1 and 2 ranks, ours against torch DDP, alternated."""
+    samples, lines = {}, []
+    for rnd in range(rounds):
+        for np_ in (1, 2):
+            for impl in (("ours-train", "ddp") if rnd % 2 == 0 else ("ddp", "ours-train")):
+                out = run_job(impl, np_, [], timeout)
+                samples.setdefault((impl, np_), []).extend(next(iter(out["results"].values())))
+                print(f"  train round {rnd + 1}/{rounds} {impl} np={np_}", file=sys.stderr, flush=True)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    for impl, name in (("ours-train", "horovodlike"), ("ddp", "torch DDP (gloo)")):
+        eff = med[(impl, 2)] / (2 * med[(impl, 1)])
+        lines.append(f"training (SmallResNet, batch 32 per rank): {name}: 1 rank {med[(impl, 1)]:.0f} "
+                     f"img/s, 2 ranks {med[(impl, 2)]:.0f} img/s, scaling efficiency {eff:.2f}")
+    return {f"{k[0]}@{k[1]}": v for k, v in samples.items()}, lines
+
+
 def human(nbytes):
     for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= div:
@@ -143,7 +162,7 @@ def table(samples, impls):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--cases", default="sizes,resnet50,idle,netns")
+    ap.add_argument("--cases", default="sizes,resnet50,idle,train,netns")
     ap.add_argument("--np", default="2,4,8", help="rank counts for the size sweep")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "latest.json"))
@@ -164,11 +183,14 @@ def main(argv=None):
         cases.append(("idle", 2, []))
     print(f"benchmarking {', '.join(impls)}; {rounds} alternating rounds", file=sys.stderr)
     samples = collect(cases, impls, rounds, budget, timeout=900)
+    train_samples, train_lines = ({}, [])
+    if "train" in wanted and "gloo" in impls:
+        train_samples, train_lines = collect_train(rounds, timeout=900)
     net_samples, net_lines = ({}, [])
     if "netns" in wanted:
         net_samples, net_lines = collect_netns(rounds, budget, timeout=900)
     print(table(samples, impls))
-    for line in net_lines:
+    for line in train_lines + net_lines:
         print(line)
     for n in notes:
         print(f"note: {n}")
@@ -177,7 +199,8 @@ def main(argv=None):
         json.dump({"command": " ".join([sys.executable] + sys.argv), "notes": notes,
                    "samples": [{"case": k[0], "np": k[1], "label": k[2], "impl": k[3], "seconds": v}
                                for k, v in samples.items()],
-                   "netns": net_samples, "summary": net_lines}, f, indent=1)
+                   "train": train_samples, "netns": net_samples,
+                   "summary": train_lines + net_lines}, f, indent=1)
     print(f"raw samples: {args.out}")
 
 

@@ -94,11 +94,13 @@ def synchronize(handle):
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
     x = _as_array(tensor, "allreduce")
+    # Validate before naming: a refused call must not use up an unnamed op's number.
+    code, reduce_op = dtype_code(x.dtype, "allreduce"), resolve_op(op, average)
     out = np.empty_like(x)
     return submit((x, out), lambda _: out, op=engine.ALLREDUCE, name=op_name("allreduce", name),
-                  dtype=dtype_code(x.dtype, "allreduce"), shape=x.shape,
+                  dtype=code, shape=x.shape,
                   input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
-                  reduce_op=resolve_op(op, average), prescale=float(prescale_factor),
+                  reduce_op=reduce_op, prescale=float(prescale_factor),
                   postscale=float(postscale_factor), process_set=set_id(process_set))
 
 
@@ -117,8 +119,9 @@ def allgather_async(tensor, name=None, process_set=None):
         flat = np.frombuffer(res.buffer(), dtype=x.dtype)
         return flat.reshape((res.first_dim,) + x.shape[1:])
 
+    code = dtype_code(x.dtype, "allgather")
     return submit((x,), finish, op=engine.ALLGATHER, name=op_name("allgather", name),
-                  dtype=dtype_code(x.dtype, "allgather"), shape=x.shape,
+                  dtype=code, shape=x.shape,
                   input_ptr=x.ctypes.data, process_set=set_id(process_set))
 
 
@@ -130,9 +133,10 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     x = _as_array(tensor, "broadcast")
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
         raise TypeError(f"broadcast: root_rank must be an int, got {root_rank!r}")
+    code = dtype_code(x.dtype, "broadcast")
     out = np.empty_like(x)
     return submit((x, out), lambda _: out, op=engine.BROADCAST, name=op_name("broadcast", name),
-                  dtype=dtype_code(x.dtype, "broadcast"), shape=x.shape,
+                  dtype=code, shape=x.shape,
                   input_ptr=x.ctypes.data, output_ptr=out.ctypes.data, root_rank=int(root_rank),
                   process_set=set_id(process_set))
 
