@@ -195,6 +195,11 @@ typedef struct engine {
     atomic_int sets_changed;
 } engine_t;
 
+/* api.c: the one engine pointer behind the public API, and its error funnel */
+extern engine_t *hvdl__g_engine;
+int hvdl__err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void hvdl__wake(engine_t *e);
+
 /* loop.c */
 void *hvdl__loop(void *arg);
 void hvdl__fail(engine_t *e, int status, const char *fmt, ...);

@@ -1,0 +1,230 @@
+/*
+ * The per-op half of the public API: local checks at enqueue, the handle table, and
+ * waiting.
+ *
+ * Handles are generation << 32 | slot, so a stale handle after release is rejected
+ * instead of aliasing a newer op. Waiters spin briefly on the op's atomic flag (a
+ * small allreduce finishes within microseconds) and then block on a condition variable:
+ * with 8 ranks on 2 cores, a waiter that spins steals the core its peers need.
+ */
+#include "internal.h"
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <errno.h>
+
+/* ---- enqueue ---- */
+
+/* Everything that can be checked without the other ranks. Called with mu held (it reads
+ * the process-set table). */
+static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
+    if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every request needs a name");
+    if (strlen(q->name) > 4096) return hvdl__err(HVDL_ERR_INVALID, "name longer than 4096 bytes: '%.64s...'", q->name);
+    if (q->op < 0 || q->op > HVDL_OP_JOIN) return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown op %d", q->name, q->op);
+    group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set] : NULL;
+    if (!g || g->removed)
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': process set %d does not exist (was it added on every "
+                   "rank, or removed?)", q->name, q->process_set);
+    if (g->me < 0)
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': rank %d is not a member of process set %d",
+                   q->name, e->rank, q->process_set);
+    if (q->op == HVDL_OP_JOIN && q->process_set != 0)
+        return hvdl__err(HVDL_ERR_NOT_IMPLEMENTED, "'%s': join() on a process set other than the "
+                   "global one is not implemented", q->name);
+    if (q->op == HVDL_OP_BARRIER || q->op == HVDL_OP_JOIN) { *nbytes = 0; return HVDL_OK; }
+    if (!hvdl_dtype_size(q->dtype)) return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown dtype %d", q->name, q->dtype);
+    if (q->ndim < 0 || q->ndim > HVDL_MAX_DIMS)
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': %d dimensions; at most %d are supported", q->name, q->ndim, HVDL_MAX_DIMS);
+    int64_t n = hvdl_dtype_size(q->dtype);
+    for (int d = 0; d < q->ndim; d++) {
+        if (q->shape[d] < 0) return hvdl__err(HVDL_ERR_INVALID, "'%s': negative dimension %lld", q->name, (long long)q->shape[d]);
+        if (q->shape[d] && n > INT64_MAX / q->shape[d]) return hvdl__err(HVDL_ERR_INVALID, "'%s': size overflows 64 bits", q->name);
+        n *= q->shape[d];
+    }
+    *nbytes = n;
+    if (n && !q->input) return hvdl__err(HVDL_ERR_INVALID, "'%s': input buffer is NULL", q->name);
+    if (q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_REDUCESCATTER) {
+        if (q->reduce_op == HVDL_ADASUM)
+            return hvdl__err(HVDL_ERR_NOT_IMPLEMENTED, "'%s': Adasum is not implemented in horovodlike yet", q->name);
+        if (q->reduce_op < 0 || q->reduce_op > HVDL_PRODUCT) return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown reduce op %d", q->name, q->reduce_op);
+        if (q->dtype == HVDL_BOOL && (q->reduce_op == HVDL_AVERAGE || q->prescale != 1.0 || q->postscale != 1.0))
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': bool tensors support Sum/Min/Max/Product without scaling, not Average", q->name);
+    }
+    if (q->op == HVDL_OP_REDUCESCATTER && q->reduce_op != HVDL_SUM && q->reduce_op != HVDL_AVERAGE)
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': reducescatter supports only Sum and Average", q->name);
+    if ((q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_BROADCAST || q->op == HVDL_OP_REDUCESCATTER) &&
+        n && !q->output)
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': output buffer is NULL", q->name);
+    if (q->op == HVDL_OP_BROADCAST && (q->root_rank < 0 || q->root_rank >= g->n))
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': root rank %d is not in [0, %d)", q->name, q->root_rank, g->n);
+    if ((q->op == HVDL_OP_ALLGATHER || q->op == HVDL_OP_ALLTOALL || q->op == HVDL_OP_REDUCESCATTER) && q->ndim < 1)
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': %s needs at least one dimension", q->name,
+                   q->op == HVDL_OP_ALLGATHER ? "allgather" : q->op == HVDL_OP_ALLTOALL ? "alltoall" : "reducescatter");
+    if (q->op == HVDL_OP_ALLTOALL) {
+        int64_t sum = 0;
+        for (int i = 0; q->splits && i < g->n; i++) {
+            if (q->splits[i] < 0) return hvdl__err(HVDL_ERR_INVALID, "'%s': negative split %lld", q->name, (long long)q->splits[i]);
+            sum += q->splits[i];
+        }
+        if (q->splits && sum != q->shape[0])
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': splits add up to %lld rows but the tensor has %lld",
+                       q->name, (long long)sum, (long long)q->shape[0]);
+        if (!q->splits && q->shape[0] % g->n)
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': %lld rows cannot be split evenly over %d ranks; pass splits",
+                       q->name, (long long)q->shape[0], g->n);
+    }
+    return HVDL_OK;
+}
+
+/* The alltoall splits this request sends, one per member (even when not given). */
+static int64_t *copy_splits(const hvdl_request *q, int n) {
+    int64_t *s = malloc(sizeof(int64_t) * (size_t)n);
+    for (int i = 0; s && i < n; i++) s[i] = q->splits ? q->splits[i] : q->shape[0] / n;
+    return s;
+}
+
+static int alloc_slot(engine_t *e) {
+    if (e->free_head <= 0) {
+        int n = e->nslots ? e->nslots * 2 : 256;
+        op_t **s = realloc(e->slots, sizeof *s * (size_t)n);
+        if (s) e->slots = s;
+        uint32_t *g = realloc(e->gens, sizeof *g * (size_t)n);
+        if (g) e->gens = g;
+        int *f = realloc(e->free_next, sizeof *f * (size_t)n);
+        if (f) e->free_next = f;
+        if (!s || !g || !f) return -1;
+        for (int i = e->nslots; i < n; i++) {
+            e->slots[i] = NULL;
+            e->gens[i] = 1;
+            e->free_next[i] = i + 1 < n ? i + 2 : 0;   /* stored +1; 0 ends the list */
+        }
+        e->free_head = e->nslots + 1;
+        e->nslots = n;
+    }
+    int slot = e->free_head - 1;
+    e->free_head = e->free_next[slot];
+    return slot;
+}
+
+int hvdl_enqueue(const hvdl_request *q, int64_t *handle) {
+    engine_t *e = hvdl__g_engine;
+    if (!q || !handle) return hvdl__err(HVDL_ERR_INVALID, "NULL request or handle pointer");
+    if (!e || !e->thread_started) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    int64_t nbytes = 0;
+    pthread_mutex_lock(&e->mu);
+    int rc = check_request(e, q, &nbytes);
+    int set_size = rc ? 0 : e->sets[q->process_set]->n;
+    pthread_mutex_unlock(&e->mu);
+    if (rc) return rc;
+    op_t *o = calloc(1, sizeof *o);
+    if (!o || !(o->name = strdup(q->name)) ||
+        (q->op == HVDL_OP_ALLTOALL && !(o->splits = copy_splits(q, set_size)))) {
+        if (o) { free(o->name); free(o); }
+        return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+    }
+    o->meta = (meta_t){q->op, q->dtype, q->reduce_op, q->op == HVDL_OP_BROADCAST ? q->root_rank : 0,
+                       q->process_set, q->ndim, {0}, q->prescale, q->postscale};
+    /* Fields an op does not use are zeroed so they never cause a false mismatch. */
+    int reduces = q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_REDUCESCATTER;
+    if (!reduces) o->meta.prescale = o->meta.postscale = 1.0;
+    if (!reduces) o->meta.reduce_op = 0;
+    memcpy(o->meta.shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
+    o->input = q->input;
+    o->output = q->output;
+    o->nbytes = nbytes;
+    o->enqueued_at = hvdl_now();
+
+    pthread_mutex_lock(&e->mu);
+    if (e->failed) rc = hvdl__err(e->fail_status, "%s", e->fail_msg);
+    else if (e->shutdown_requested || e->stopped) rc = hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
+    else if (strmap_get(&e->inflight, o->name))
+        rc = hvdl__err(HVDL_ERR_DUPLICATE_NAME, "a request named '%s' is already in flight; names must be "
+                 "unique until their op completes", o->name);
+    int slot = rc ? -1 : alloc_slot(e);
+    if (!rc && (slot < 0 || strmap_put(&e->inflight, o->name, o))) rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+    if (!rc) {
+        o->handle = (int64_t)e->gens[slot] << 32 | slot;
+        e->slots[slot] = o;
+        hvdl__queue_push(&e->incoming, o);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (rc) { free(o->name); free(o->splits); free(o); return rc; }
+    hvdl__wake(e);
+    *handle = o->handle;
+    return HVDL_OK;
+}
+
+/* ---- handles ---- */
+
+static op_t *lookup(engine_t *e, int64_t h) {
+    uint32_t slot = (uint32_t)h, gen = (uint32_t)(h >> 32);
+    if (!e || h < 0 || slot >= (uint32_t)e->nslots || e->gens[slot] != gen) return NULL;
+    return e->slots[slot];
+}
+
+int hvdl_poll(int64_t h) {
+    engine_t *e = hvdl__g_engine;
+    if (!e) return -1;
+    pthread_mutex_lock(&e->mu);
+    op_t *o = lookup(e, h);
+    int done = o ? atomic_load(&o->done) : -1;
+    pthread_mutex_unlock(&e->mu);
+    return done;
+}
+
+int hvdl_wait(int64_t h, double timeout_s) {
+    engine_t *e = hvdl__g_engine;
+    if (!e) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized");
+    pthread_mutex_lock(&e->mu);
+    op_t *o = lookup(e, h);
+    pthread_mutex_unlock(&e->mu);
+    if (!o) return hvdl__err(HVDL_ERR_INVALID, "unknown or released handle %lld", (long long)h);
+    for (int i = 0; i < 2000 && !atomic_load(&o->done); i++) {
+        if (i & 63) __builtin_ia32_pause();
+        else sched_yield();
+    }
+    if (atomic_load(&o->done)) return HVDL_OK;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double end = ts.tv_sec + ts.tv_nsec * 1e-9 + (timeout_s < 0 ? 1e9 : timeout_s);
+    ts.tv_sec = (time_t)end;
+    ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+    int rc = 0;
+    pthread_mutex_lock(&e->mu);
+    while (!atomic_load(&o->done) && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&e->done_cv, &e->mu, &ts);
+    int done = atomic_load(&o->done);
+    pthread_mutex_unlock(&e->mu);
+    return done ? HVDL_OK : hvdl__err(HVDL_ERR_TIMEOUT, "op '%s' not finished after %.1f s", o->name, timeout_s);
+}
+
+int hvdl_release(int64_t h, char *msg, hvdl_result *result) {
+    engine_t *e = hvdl__g_engine;
+    if (!e) return hvdl__err(HVDL_ERR_INVALID, "unknown handle %lld", (long long)h);
+    pthread_mutex_lock(&e->mu);
+    op_t *o = lookup(e, h);
+    if (!o || !atomic_load(&o->done)) {
+        pthread_mutex_unlock(&e->mu);
+        return hvdl__err(HVDL_ERR_INVALID, o ? "handle %lld is still in flight" : "unknown or released handle %lld", (long long)h);
+    }
+    uint32_t slot = (uint32_t)h;
+    e->slots[slot] = NULL;
+    e->gens[slot]++;
+    e->free_next[slot] = e->free_head;
+    e->free_head = (int)slot + 1;
+    pthread_mutex_unlock(&e->mu);
+    int status = o->status;
+    if (msg) snprintf(msg, HVDL_MSG_BYTES, "%s", o->msg ? o->msg : "");
+    if (result) {
+        *result = o->result;
+    } else {
+        free(o->result.data);
+        free(o->result.recv_splits);
+    }
+    free(o->splits);
+    free(o->msg);
+    free(o->name);
+    free(o);
+    return status;
+}
