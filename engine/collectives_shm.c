@@ -24,6 +24,7 @@
  * barrier and L*S reads: the choice for latency-bound sizes.
  *
  * Broadcast: the root copies a piece in, one barrier, the others copy it out.
+ * Reducescatter and alltoall: a slot holds one chunk per member; see each function.
  * Allgather: every rank copies a piece of its block in, one barrier, every rank copies
  * every block's piece out.
  * The reduction arithmetic runs only here, in the engine thread, never in the caller's.
@@ -178,6 +179,70 @@ int hvdl__allgather_shm(engine_t *e, void *out, const int64_t *block_bytes) {
         for (int q = 0; q < L; q++) {
             int64_t n = min64(piece, block_bytes[q] - lo);
             if (q != s->me && n > 0) memcpy(o + off[q] + lo, hvdl__shm_slot(s, q, which), (size_t)n);
+        }
+    }
+    return 0;
+}
+
+/* Reducescatter by slices: in round t every rank copies the t-th chunk of every member's
+ * segment into its slot (chunk j at position j), one barrier, and member j reduces
+ * position j of every slot straight into its output. Segments may differ in size. */
+int hvdl__reducescatter_shm(engine_t *e, const void *in, const int64_t *seg_bytes, void *out,
+                            int dtype, int op) {
+    hvdl_shm_t *s = e->shm;
+    int L = s->nlocal, esz = hvdl_dtype_size(dtype);
+    int64_t off[L + 1], longest = 0, C = s->chunk;
+    off[0] = 0;
+    for (int q = 0; q < L; q++) {
+        off[q + 1] = off[q] + seg_bytes[q];
+        if (seg_bytes[q] > longest) longest = seg_bytes[q];
+    }
+    for (int64_t lo = 0; lo < longest; lo += C) {
+        int which = s->epoch++ & 1;
+        uint8_t *mine = hvdl__shm_slot(s, s->me, which);
+        for (int j = 0; j < L; j++) {
+            int64_t n = min64(C, seg_bytes[j] - lo);
+            if (n > 0) memcpy(mine + j * C, (const uint8_t *)in + off[j] + lo, (size_t)n);
+        }
+        hvdl__shm_post(e);
+        if (hvdl__shm_wait_all(e)) return -1;
+        int64_t n = min64(C, seg_bytes[s->me] - lo);
+        if (n <= 0) continue;
+        uint8_t *dst = (uint8_t *)out + lo;
+        memcpy(dst, hvdl__shm_slot(s, 0, which) + s->me * C, (size_t)n);
+        for (int q = 1; q < L; q++)
+            hvdl__reduce(dtype, op, dst, hvdl__shm_slot(s, q, which) + s->me * C, n / esz);
+    }
+    return 0;
+}
+
+/* Alltoall through the slots: in round t every rank copies the t-th chunk of its block
+ * for member j to position j of its slot, one barrier, and every rank copies position
+ * `me` of every slot into place. */
+int hvdl__alltoall_shm(engine_t *e, const void *in, const int64_t *send_bytes, void *out,
+                       const int64_t *recv_bytes, int64_t longest) {
+    hvdl_shm_t *s = e->shm;
+    int L = s->nlocal;
+    int64_t soff[L + 1], roff[L + 1], C = s->chunk;
+    soff[0] = roff[0] = 0;
+    for (int q = 0; q < L; q++) {
+        soff[q + 1] = soff[q] + send_bytes[q];
+        roff[q + 1] = roff[q] + recv_bytes[q];
+    }
+    /* `longest` is the largest block of the whole exchange, so every rank runs the same
+     * number of rounds */
+    for (int64_t lo = 0; lo < longest; lo += C) {
+        int which = s->epoch++ & 1;
+        uint8_t *mine = hvdl__shm_slot(s, s->me, which);
+        for (int j = 0; j < L; j++) {
+            int64_t n = min64(C, send_bytes[j] - lo);
+            if (n > 0) memcpy(mine + j * C, (const uint8_t *)in + soff[j] + lo, (size_t)n);
+        }
+        hvdl__shm_post(e);
+        if (hvdl__shm_wait_all(e)) return -1;
+        for (int q = 0; q < L; q++) {
+            int64_t n = min64(C, recv_bytes[q] - lo);
+            if (n > 0) memcpy((uint8_t *)out + roff[q] + lo, hvdl__shm_slot(s, q, which) + s->me * C, (size_t)n);
         }
     }
     return 0;

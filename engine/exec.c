@@ -73,7 +73,7 @@ static int allreduce_any(engine_t *e, const group_t *g, void *buf, int64_t count
 static const char *algorithm(engine_t *e, const group_t *g, const response_t *r, int64_t bytes) {
     static const char *NAMES[] = {"", "shm", "tcp_ring", "tcp_recursive_doubling", "hierarchical"};
     if (r->meta.op == HVDL_OP_ALLREDUCE) return NAMES[pick_allreduce(e, g, bytes)];
-    if (on_shm(e, g) && (r->meta.op == HVDL_OP_ALLGATHER || r->meta.op == HVDL_OP_BROADCAST)) return "shm";
+    if (on_shm(e, g) && r->meta.op != HVDL_OP_BARRIER && r->meta.op != HVDL_OP_JOIN) return "shm";
     return e->tcp->name;
 }
 
@@ -166,6 +166,12 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
         seg[i] = share(m->shape[0], g->n, i) * row;
         if (i < g->me) mine += seg[i];
     }
+    if (on_shm(e, g) && m->prescale == 1.0) {
+        /* each rank reduces its own segment straight from every rank's input */
+        if (hvdl__reducescatter_shm(e, o->input, seg, o->output, m->dtype, op)) return -1;
+        hvdl__scale(m->dtype, o->output, seg[g->me] / esz, post);
+        return 0;
+    }
     /* The ring reduces in place, and the caller's input must stay intact. */
     if (buf_reserve(&e->fusion, o->nbytes)) return oom(e, "reducescatter buffer", o->nbytes);
     uint8_t *f = e->fusion.data;
@@ -191,7 +197,11 @@ static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *
     }
     uint8_t *out = malloc((size_t)(total ? total : 1));
     if (!out) { free(splits); return oom(e, "alltoall result", total); }
-    if (hvdl__alltoall_pairwise(e, g, o->input, send, out, recv)) {
+    int64_t longest = 0;
+    for (int k = 0; k < n * n; k++)
+        if (matrix[k] * row > longest) longest = matrix[k] * row;
+    if (on_shm(e, g) ? hvdl__alltoall_shm(e, o->input, send, out, recv, longest)
+                     : hvdl__alltoall_pairwise(e, g, o->input, send, out, recv)) {
         free(out);
         free(splits);
         return -1;

@@ -277,6 +277,10 @@ int hvdl__shm_reduce_scatter(engine_t *e, const void *buf, int64_t bytes, int dt
                              buf_t *out, int64_t *share_bytes);
 int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype, const void *shares);
 int hvdl__broadcast_shm(engine_t *e, void *buf, int64_t bytes, int root);
+int hvdl__reducescatter_shm(engine_t *e, const void *in, const int64_t *seg_bytes, void *out,
+                            int dtype, int op);
+int hvdl__alltoall_shm(engine_t *e, const void *in, const int64_t *send_bytes, void *out,
+                       const int64_t *recv_bytes, int64_t longest);
 int hvdl__allgather_shm(engine_t *e, void *out, const int64_t *block_bytes);
 
 /* shm.c */

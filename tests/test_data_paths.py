@@ -28,6 +28,20 @@ PATHS = RANK_PRELUDE + textwrap.dedent("""
         g = hvd.allgather(np.full((size // 1000 + r, 3), r, np.float32), name=f"ag.{size}")
         exp = np.concatenate([np.full((size // 1000 + q, 3), q, np.float32) for q in range(n)])
         check_equal(g, exp, f"allgather {size}")
+    for rows in (0, 1, n + 1, 30001):
+        x = np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) + r
+        exp = sum(np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) + q for q in range(n))
+        share = [rows // n + (q < rows % n) for q in range(n)]
+        lo = sum(share[:r])
+        check_equal(hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{rows}"), exp[lo:lo + share[r]],
+                    f"reducescatter {rows}")
+        splits = [((r + j) % 3) * (rows // 3 + 1) for j in range(n)]
+        x = np.concatenate([np.full((splits[j], 2), r * 1000 + j, np.int32) for j in range(n)])
+        out, got = hvd.alltoall(x, splits=splits, name=f"a2a.{rows}")
+        want = [((q + r) % 3) * (rows // 3 + 1) for q in range(n)]
+        check_equal(np.asarray(got), np.array(want, np.int32), f"alltoall splits {rows}")
+        check_equal(out, np.concatenate([np.full((want[q], 2), q * 1000 + r, np.int32)
+                                         for q in range(n)]), f"alltoall {rows}")
     # many tensors fused into one buffer
     hs = [hvd.allreduce_async(np.full(1000 + i, i + r, np.float64), op=hvd.Sum, name=f"f{i}")
           for i in range(40)]
