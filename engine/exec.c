@@ -77,6 +77,13 @@ static const char *algorithm(engine_t *e, const group_t *g, const response_t *r,
     return e->tcp->name;
 }
 
+/* Outputs the engine hands to callers are 64-byte aligned: frameworks (TensorFlow's
+ * DLPack import above all) can then adopt them without a copy. */
+static void *alloc_output(int64_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, (size_t)(n ? n : 1)) ? NULL : p;
+}
+
 static int oom(engine_t *e, const char *what, int64_t n) {
     hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte %s", (long long)n, what);
     return -1;
@@ -136,7 +143,7 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
         total += blocks[i];
         rows += dim0[i];
     }
-    uint8_t *out = malloc((size_t)(total ? total : 1));
+    uint8_t *out = alloc_output(total);
     if (!out) return oom(e, "allgather result", total);
     if (o->nbytes) memcpy(out + mine, o->input, (size_t)o->nbytes);
     if (on_shm(e, g) ? hvdl__allgather_shm(e, out, blocks) : hvdl__allgather_ring(e, g, out, blocks)) {
@@ -195,7 +202,7 @@ static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *
         total += recv[j];
         rows += splits[j];
     }
-    uint8_t *out = malloc((size_t)(total ? total : 1));
+    uint8_t *out = alloc_output(total);
     if (!out) { free(splits); return oom(e, "alltoall result", total); }
     int64_t longest = 0;
     for (int k = 0; k < n * n; k++)

@@ -1,0 +1,40 @@
+"""horovodlike.tensorflow: Horovod's TensorFlow 2 API on horovodlike's engine.
+
+    import horovodlike.tensorflow as hvd
+
+Collectives work on tf.Tensor / tf.Variable eagerly and inside tf.function (one
+stateful py-call per batch of tensors; no TensorFlow headers, no custom op), with
+Horovod's gradients. See docs/tensorflow.md for usage and the differences.
+"""
+from horovodlike.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
+                                       ddl_built, gloo_built, gloo_enabled, init,
+                                       is_homogeneous, is_initialized, local_rank, local_size,
+                                       mpi_built, mpi_enabled, mpi_threads_supported,
+                                       nccl_built, rank, rocm_built, shutdown, size,
+                                       start_timeline, stop_timeline)
+from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
+
+from . import _keras2_compat
+from ._graph import XLANotSupportedError
+from ._tensors import UnsupportedTensorError
+from .compression import Compression
+from .functions import (allgather_object, broadcast_, broadcast_object, broadcast_object_fn,
+                        broadcast_variables)
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
+                      allgather, allreduce, alltoall, barrier, broadcast, global_process_set,
+                      grouped_allgather, grouped_allreduce, grouped_broadcast,
+                      grouped_reducescatter, join, local_rank_op, local_size_op,
+                      process_set_included_op, rank_op, reducescatter, remove_process_set,
+                      size_op)
+from .optimizer import DistributedOptimizer
+
+
+_keras2_compat.install()
+
+
+def broadcast_global_variables(root_rank):
+    """TensorFlow 1 only in Horovod; there are no global variables in TF2."""
+    raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
+                       "Please use `hvd.broadcast_variables(<model/optimizer variables>)` "
+                       "instead.")
