@@ -155,10 +155,12 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
 }
 
 static int exec_broadcast(engine_t *e, const group_t *g, const meta_t *m, op_t *o) {
-    if (g->me == m->root_rank && o->output != o->input && o->nbytes)
+    int root = 0;                          /* the root's index in the set */
+    while (g->ranks[root] != m->root_rank) root++;
+    if (g->me == root && o->output != o->input && o->nbytes)
         memcpy(o->output, o->input, (size_t)o->nbytes);
-    return on_shm(e, g) ? hvdl__broadcast_shm(e, o->output, o->nbytes, m->root_rank)
-                        : hvdl__broadcast_chain(e, g, o->output, o->nbytes, m->root_rank);
+    return on_shm(e, g) ? hvdl__broadcast_shm(e, o->output, o->nbytes, root)
+                        : hvdl__broadcast_chain(e, g, o->output, o->nbytes, root);
 }
 
 /* Rows of the first dimension for member i: lower members take the remainder. */

@@ -54,11 +54,21 @@ static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
     }
     if (q->op == HVDL_OP_REDUCESCATTER && q->reduce_op != HVDL_SUM && q->reduce_op != HVDL_AVERAGE)
         return hvdl__err(HVDL_ERR_INVALID, "'%s': reducescatter supports only Sum and Average", q->name);
+    int64_t out_bytes = n;
+    if (q->op == HVDL_OP_REDUCESCATTER && q->ndim >= 1 && q->shape[0] > 0)   /* this rank's rows */
+        out_bytes = n / q->shape[0] * (q->shape[0] / g->n + (g->me < q->shape[0] % g->n));
     if ((q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_BROADCAST || q->op == HVDL_OP_REDUCESCATTER) &&
-        n && !q->output)
+        out_bytes && !q->output)
         return hvdl__err(HVDL_ERR_INVALID, "'%s': output buffer is NULL", q->name);
-    if (q->op == HVDL_OP_BROADCAST && (q->root_rank < 0 || q->root_rank >= g->n))
-        return hvdl__err(HVDL_ERR_INVALID, "'%s': root rank %d is not in [0, %d)", q->name, q->root_rank, g->n);
+    if (q->op == HVDL_OP_BROADCAST) {      /* root_rank is a global rank, as in Horovod */
+        int member = 0;
+        for (int i = 0; i < g->n; i++) member |= g->ranks[i] == q->root_rank;
+        if (q->root_rank < 0 || q->root_rank >= e->size)
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': root rank %d is not in [0, %d)", q->name, q->root_rank, e->size);
+        if (!member)
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': root rank %d is not a member of process set %d",
+                             q->name, q->root_rank, q->process_set);
+    }
     if ((q->op == HVDL_OP_ALLGATHER || q->op == HVDL_OP_ALLTOALL || q->op == HVDL_OP_REDUCESCATTER) && q->ndim < 1)
         return hvdl__err(HVDL_ERR_INVALID, "'%s': %s needs at least one dimension", q->name,
                    q->op == HVDL_OP_ALLGATHER ? "allgather" : q->op == HVDL_OP_ALLTOALL ? "alltoall" : "reducescatter");

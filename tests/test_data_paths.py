@@ -80,8 +80,8 @@ SETS = RANK_PRELUDE + textwrap.dedent("""
         check_close(hvd.allreduce(x, op=hvd.Sum, name="s", process_set=ps), exp.astype(np.float32),
                     f"{members} sum",
                     rtol=1e-6, atol=0)
-        check_equal(hvd.broadcast(np.full(9, r), root_rank=1, name="b", process_set=ps),
-                    np.full(9, members[1]), f"{members} broadcast")
+        check_equal(hvd.broadcast(np.full(9, r), root_rank=members[1], name="b", process_set=ps),
+                    np.full(9, members[1]), f"{members} broadcast (root is a global rank)")
         check_equal(hvd.allgather(np.full((r, 2), r), name="g", process_set=ps),
                     np.concatenate([np.full((q, 2), q) for q in members]), f"{members} allgather")
     x = np.ones(70001, np.float32)

@@ -23,11 +23,14 @@ _counter_lock = threading.Lock()
 _pending = {}       # handle -> (keep-alive objects, finisher(engine.Result) -> output)
 
 
-def op_name(kind, name):
+def op_name(kind, name, set_key=0):
+    """Horovod's naming. Unnamed ops are numbered per op kind and per process set, so
+    ranks that run different unnamed ops in their own sets still agree on the numbering
+    of the global ones."""
     if name is not None:
         return f"{kind}.{name}"
     with _counter_lock:
-        c = _counters.setdefault(kind, itertools.count())
+        c = _counters.setdefault((kind, set_key), itertools.count())
         return f"{kind}.noname.{next(c)}"
 
 
@@ -97,7 +100,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     # Validate before naming: a refused call must not use up an unnamed op's number.
     code, reduce_op = dtype_code(x.dtype, "allreduce"), resolve_op(op, average)
     out = np.empty_like(x)
-    return submit((x, out), lambda _: out, op=engine.ALLREDUCE, name=op_name("allreduce", name),
+    return submit((x, out), lambda _: out, op=engine.ALLREDUCE,
+                  name=op_name("allreduce", name, set_id(process_set)),
                   dtype=code, shape=x.shape,
                   input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
                   reduce_op=reduce_op, prescale=float(prescale_factor),
@@ -120,7 +124,8 @@ def allgather_async(tensor, name=None, process_set=None):
         return flat.reshape((res.first_dim,) + x.shape[1:])
 
     code = dtype_code(x.dtype, "allgather")
-    return submit((x,), finish, op=engine.ALLGATHER, name=op_name("allgather", name),
+    return submit((x,), finish, op=engine.ALLGATHER,
+                  name=op_name("allgather", name, set_id(process_set)),
                   dtype=code, shape=x.shape,
                   input_ptr=x.ctypes.data, process_set=set_id(process_set))
 
@@ -135,7 +140,8 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
         raise TypeError(f"broadcast: root_rank must be an int, got {root_rank!r}")
     code = dtype_code(x.dtype, "broadcast")
     out = np.empty_like(x)
-    return submit((x, out), lambda _: out, op=engine.BROADCAST, name=op_name("broadcast", name),
+    return submit((x, out), lambda _: out, op=engine.BROADCAST,
+                  name=op_name("broadcast", name, set_id(process_set)),
                   dtype=code, shape=x.shape,
                   input_ptr=x.ctypes.data, output_ptr=out.ctypes.data, root_rank=int(root_rank),
                   process_set=set_id(process_set))
@@ -146,7 +152,8 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 
 def barrier(process_set=None):
-    synchronize(submit((), lambda _: None, op=engine.BARRIER, name=op_name("barrier", None),
+    synchronize(submit((), lambda _: None, op=engine.BARRIER,
+                       name=op_name("barrier", None, set_id(process_set)),
                        process_set=set_id(process_set)))
 
 
@@ -164,7 +171,8 @@ def reducescatter_async(tensor, op=None, name=None, process_set=None, prescale_f
         raise ValueError("reducescatter needs at least one dimension to scatter on")
     out = np.empty((reducescatter_rows(x.shape[0], process_set),) + x.shape[1:], x.dtype)
     return submit((x, out), lambda _: out, op=engine.REDUCESCATTER,
-                  name=op_name("reducescatter", name), dtype=dtype_code(x.dtype, "reducescatter"),
+                  name=op_name("reducescatter", name, set_id(process_set)),
+                  dtype=dtype_code(x.dtype, "reducescatter"),
                   shape=x.shape, input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
                   reduce_op=resolve_op(op, None, "reducescatter"), prescale=float(prescale_factor),
                   postscale=float(postscale_factor), process_set=set_id(process_set))
@@ -190,7 +198,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
         out = np.frombuffer(res.buffer(), dtype=x.dtype).reshape((res.first_dim,) + x.shape[1:])
         return out if splits is None else (out, np.array(res.recv_splits, np.int32))
 
-    return submit((x,), finish, op=engine.ALLTOALL, name=op_name("alltoall", name),
+    return submit((x,), finish, op=engine.ALLTOALL,
+                  name=op_name("alltoall", name, set_id(process_set)),
                   dtype=dtype_code(x.dtype, "alltoall"), shape=x.shape, input_ptr=x.ctypes.data,
                   splits=splits, process_set=set_id(process_set))
 

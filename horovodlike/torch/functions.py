@@ -1,0 +1,210 @@
+"""Helpers for training scripts: broadcast a model's parameters, an optimizer's state or
+any picklable object from one rank, and allgather objects.
+"""
+import io
+import pickle
+
+import torch
+
+from horovodlike.common import basics
+
+from . import _collectives as C
+from ._process_sets import global_process_set
+
+try:                                  # Horovod pickles with cloudpickle (lambdas, ...)
+    import cloudpickle as _pickler
+except ImportError:                   # pragma: no cover
+    _pickler = pickle
+
+
+def _dumps(obj):
+    buf = io.BytesIO()
+    _pickler.dump(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(data):
+    return _pickler.loads(data)
+
+
+# ------------------------------------------------------------------ parameters
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Copy root_rank's parameters into every rank's, in place.
+
+    params: model.state_dict(), model.named_parameters(), model.parameters(), or a dict /
+    list of tensors or (name, tensor) pairs. Named entries are broadcast under their
+    names (sorted for a dict), so every rank must pass the same names.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__") \
+            and not isinstance(params, torch.Tensor):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"invalid params of type: {type(params).__name__}; pass a "
+                         f"state_dict, named_parameters() or a list of tensors")
+    for name, p in items:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: entry {name!r} is a "
+                            f"{type(p).__name__}, not a tensor; broadcast it with "
+                            f"broadcast_object()")
+    handles = []
+    try:
+        for name, p in items:
+            handles.append(C.broadcast_async_(p, root_rank, name=name, process_set=process_set))
+    finally:
+        for h in handles:
+            C.synchronize(h)
+
+
+# ------------------------------------------------------------------ optimizer state
+
+def _base_step(optimizer):
+    """The wrapped optimizer's own step(), never DistributedOptimizer's (which would
+    allreduce and needs every rank)."""
+    from .optimizer import _DistributedOptimizer
+    if isinstance(optimizer, _DistributedOptimizer):
+        return super(_DistributedOptimizer, optimizer).step
+    return optimizer.step
+
+
+def _zero_grad_like(p, optimizer):
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        return torch.sparse_coo_tensor(torch.empty((p.dim(), 0), dtype=torch.int64),
+                                       torch.empty((0,) + tuple(p.shape[p.dim():]),
+                                                   dtype=p.dtype), p.shape,
+                                       check_invariants=False)
+    return torch.zeros_like(p)
+
+
+def _initialize_state(optimizer):
+    """Create the state a fresh optimizer would have after its first step, as Horovod
+    does, by stepping once with zero gradients. Parameters and gradients are restored
+    afterwards, so weight decay and the like leave no trace."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    saved = [(p, p.detach().clone(), p.grad) for p in params]
+    try:
+        for p in params:
+            p.grad = _zero_grad_like(p, optimizer)
+        step = _base_step(optimizer)
+        step(lambda: torch.zeros(()))
+    finally:
+        with torch.no_grad():
+            for p, value, grad in saved:
+                p.copy_(value)
+                p.grad = grad
+
+
+def _skeleton(value, tensors):
+    """The structure of a state_dict with every tensor replaced by a placeholder (its
+    index in `tensors`, shape and dtype); non-tensor leaves stay as they are."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _TensorSlot(len(tensors) - 1, tuple(value.shape), value.dtype)
+    if isinstance(value, dict):
+        return {k: _skeleton(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_skeleton(v, tensors) for v in value)
+    return value
+
+
+class _TensorSlot:
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+    def __reduce__(self):
+        return (_TensorSlot, (self.index, self.shape, self.dtype))
+
+
+def _fill(value, tensors):
+    if isinstance(value, _TensorSlot):
+        return tensors[value.index]
+    if isinstance(value, dict):
+        return {k: _fill(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, tensors) for v in value)
+    return value
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+    """Make every rank's optimizer state (per-parameter state, scalars and tensors, and
+    the param-group options such as lr) equal to root_rank's.
+
+    A fresh optimizer gets its state created first, as in Horovod. Works for every
+    torch.optim optimizer, LBFGS included: the state's structure and scalars travel
+    pickled, its tensors by in-place broadcast.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    is_root = basics.rank() == root_rank
+    if is_root and not optimizer.state:
+        _initialize_state(optimizer)      # the other ranks take root's state as it is
+    tensors = []
+    skeleton = _skeleton(optimizer.state_dict(), tensors) if is_root else None
+    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state",
+                                process_set=process_set)
+    if not is_root:
+        tensors = []
+        _collect_slots(skeleton, tensors)
+        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(tensors,
+                                                                      key=lambda s: s.index)]
+    broadcast_parameters([(f"optimizer_state.{i}", t) for i, t in enumerate(tensors)],
+                         root_rank, process_set=process_set)
+    if not is_root:
+        optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _collect_slots(value, out):
+    if isinstance(value, _TensorSlot):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect_slots(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect_slots(v, out)
+
+
+# ------------------------------------------------------------------ objects
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Pickle `obj` on root_rank and return it on every rank (root's object on root).
+
+    name: optional; ranks must agree on it. The default is the same on every rank, so
+    ranks may pass different placeholder objects (e.g. None) where root passes data.
+    """
+    name = name or "broadcast_object"
+    if basics.rank() == root_rank:
+        payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        size = torch.zeros(1, dtype=torch.int64)
+    C.broadcast_(size, root_rank, name=f"{name}.sz", process_set=process_set)
+    if basics.rank() != root_rank:
+        payload = torch.empty(int(size[0]), dtype=torch.uint8)
+    C.broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
+    if basics.rank() == root_rank:
+        return obj
+    return _loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Pickle `obj` on every rank; return the list of every rank's object, in rank
+    order (of the process set)."""
+    name = name or "allgather_object"
+    data = _dumps(obj)
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    sizes = C.synchronize(C.allgather_async(torch.tensor([len(data)], dtype=torch.int64),
+                                            name=f"{name}.sz", process_set=process_set))
+    gathered = C.synchronize(C.allgather_async(payload, name=f"{name}.t",
+                                               process_set=process_set))
+    raw = gathered.numpy().tobytes()
+    out, start = [], 0
+    for n in sizes.tolist():
+        out.append(_loads(raw[start:start + n]))
+        start += n
+    return out

@@ -1,0 +1,392 @@
+"""DistributedOptimizer: wrap any torch.optim optimizer so that gradients are averaged
+over the ranks before each step, with the reductions overlapping the backward pass.
+
+As in Horovod, the returned object is an instance of a class made on the fly that
+derives from the wrapped optimizer's class, so isinstance checks, schedulers and
+state_dict() keep working. A hook on each parameter fires when its gradient has been
+accumulated and starts that gradient's allreduce at once; step() waits for all of them
+and then runs the wrapped optimizer's step.
+"""
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+from . import _collectives as C
+from ._process_sets import global_process_set, resolve
+from .compression import Compression
+from .functions import broadcast_object
+
+_IN_FLIGHT_MSG = ("optimizer.zero_grad() was called after loss.backward() but before "
+                  "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                  "cause a race condition.")
+_TOO_MANY_MSG = ("Gradients were computed more than backward_passes_per_step times before "
+                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                 "locally.")
+
+
+def split_list(items, n):
+    """Split `items` into n consecutive chunks whose lengths differ by at most one."""
+    d, r = divmod(len(items), n)
+    return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
+
+
+class _DistributedOptimizer:
+    """Mixed in before the wrapped optimizer's class by DistributedOptimizer()."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=C.Average, gradient_predivide_factor=1.0, groups=None,
+                 sparse_as_dense=False, process_set=global_process_set):
+        super().__init__(params)
+        self._compression = compression
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                                for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) or len(p) != 2 for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, "
+                             "parameter), usually produced by model.named_parameters().")
+        seen, dups = set(), []
+        for k, _ in named_parameters:
+            if k in seen and k not in dups:
+                dups.append(k)
+            seen.add(k)
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. Found "
+                             "duplicates: %s" % ", ".join(map(str, dups)))
+        named_ids = {id(v) for _, v in named_parameters}
+        unnamed = [p for group in self.param_groups for p in group["params"]
+                   if id(p) not in named_ids]
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model "
+                             "parameters were not named (shapes: %s). Pass every parameter "
+                             "the optimizer updates, e.g. model.named_parameters()."
+                             % ", ".join(str(tuple(p.shape)) for p in unnamed))
+
+        self._parameter_names = {v: k for k, v in named_parameters}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+
+        self._handles = {}
+        self._hook_handles = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._groups = self._check_groups(groups)
+        self._p_to_group = {}
+        self._group_counts = {}
+
+        ps, _ = resolve(process_set)
+        if ps.included() and ps.size() > 1:
+            self._register_hooks()
+
+    # ------------------------------------------------------------- set-up
+
+    @staticmethod
+    def _check_groups(groups):
+        if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                              and groups == 0):
+            return None
+        if isinstance(groups, int) and not isinstance(groups, bool):
+            if groups < 0:
+                raise ValueError("groups should be a non-negative integer or a list of lists "
+                                 "of torch.Tensor.")
+            return groups
+        if not isinstance(groups, (list, tuple)):
+            raise ValueError("groups should be a non-negative integer or a list of lists of "
+                             "torch.Tensor.")
+        seen = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+        return [list(g) for g in groups]
+
+    def _name(self, p):
+        return self._parameter_names.get(p)
+
+    def _register_hooks(self):
+        trainable = [p for group in self.param_groups for p in group["params"]
+                     if p.requires_grad]
+        if isinstance(self._groups, int):
+            # Every rank must form the same groups: order them as rank 0 does.
+            names = broadcast_object([self._name(p) for p in trainable], root_rank=0,
+                                     name="DistributedOptimizer.groups",
+                                     process_set=self.process_set)
+            order = {n: i for i, n in enumerate(names)}
+            trainable.sort(key=lambda p: order.get(self._name(p), len(order)))
+            p_groups = [tuple(g) for g in split_list(trainable, self._groups) if g]
+        elif isinstance(self._groups, list):
+            ids = {id(p) for p in trainable}
+            p_groups = [tuple(p for p in g if id(p) in ids) for g in self._groups]
+            p_groups = [g for g in p_groups if g]
+        else:
+            p_groups = []
+        for group in p_groups:
+            for p in group:
+                self._p_to_group[p] = group
+            self._group_counts[id(group)] = 0
+
+        for p in trainable:
+            self._requires_update.add(p)
+            hook = self._make_hook(p)
+            if hasattr(p, "register_post_accumulate_grad_hook"):
+                self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
+            else:                                           # pragma: no cover (torch < 2.1)
+                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hook_handles.append(grad_acc.register_hook(hook))
+                self._hook_handles.append(grad_acc)
+
+    # ------------------------------------------------------------- reductions
+
+    def _scales(self):
+        if self.op == C.Average:
+            # Split the average over the two scale factors: the engine divides by the
+            # set size on top of postscale for Average.
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            # Not computed here, but maybe on another rank (a dynamic forward): take part
+            # with zeros.
+            p.grad = torch.zeros_like(p)
+        name = self._name(p)
+        if p.grad.is_sparse:
+            if self.sparse_as_dense:
+                p.grad = p.grad.to_dense()
+            else:
+                handle = C.sparse_allreduce_async(p.grad, name=f"sparse.{name}", op=self.op,
+                                                  process_set=self.process_set)
+                return handle, None
+        compressed, ctx = self._compression.compress(p.grad)
+        pre, post = self._scales()
+        handle = C.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
+                                    postscale_factor=post, process_set=self.process_set)
+        return handle, ctx
+
+    def _grouped_allreduce_grad_async(self, group):
+        for p in group:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif p.grad.is_sparse:
+                if not self.sparse_as_dense:
+                    raise ValueError("a parameter with a sparse gradient cannot be in a "
+                                     "group; pass sparse_as_dense=True or leave it out of "
+                                     "groups")
+                p.grad = p.grad.to_dense()
+        compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in group])
+        pre, post = self._scales()
+        handle = C.grouped_allreduce_async_(list(compressed), name=self._name(group[0]),
+                                            op=self.op, prescale_factor=pre,
+                                            postscale_factor=post, process_set=self.process_set)
+        return handle, ctxs
+
+    def _make_hook(self, p):
+        def hook(*_):
+            if self._allreduce_delay[p] <= 0:
+                raise AssertionError(_TOO_MANY_MSG)
+            assert not p.grad.requires_grad
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                group = self._p_to_group.get(p)
+                if group is not None:
+                    self._group_counts[id(group)] += 1
+                    if self._group_counts[id(group)] == len(group):
+                        for gp in group:
+                            self._handles.pop(gp, None)
+                        self._handles[group] = self._grouped_allreduce_grad_async(group)
+                        self._group_counts[id(group)] = 0
+                        return
+                else:
+                    handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def _set_grad(self, p, output, ctx):
+        out = self._compression.decompress(output, ctx)
+        if out is p.grad:
+            return
+        if out.is_sparse or p.grad is None or p.grad.is_sparse or p.grad.shape != out.shape:
+            p.grad = out
+        else:
+            with torch.no_grad():
+                p.grad.copy_(out)
+
+    def synchronize(self):
+        """Finish every gradient's allreduce (starting those not started yet, with zeros
+        for gradients this rank did not compute) and put the results into p.grad."""
+        ps, _ = resolve(self.process_set)
+        if self.sparse_as_dense:             # also on one rank, where nothing is reduced
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None and p.grad.is_sparse:
+                        p.grad = p.grad.to_dense()
+        if not ps.included():
+            self._synchronized = True
+            return
+        launched = set()
+        for key, (handle, _) in self._handles.items():
+            if handle is not None:
+                launched.update(key) if isinstance(key, tuple) else launched.add(key)
+        pending = sorted((p for p in self._requires_update if p not in launched),
+                         key=lambda p: str(self._name(p)))
+        groups, group_ids = [], set()
+        for p in pending:
+            group = self._p_to_group.get(p)
+            if group is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+            elif id(group) not in group_ids:
+                group_ids.add(id(group))
+                groups.append(group)
+        for group in groups:
+            for gp in group:
+                self._handles.pop(gp, None)
+            self._handles[group] = self._grouped_allreduce_grad_async(group)
+
+        error = None
+        for key, (handle, ctx) in list(self._handles.items()):
+            try:
+                if isinstance(key, tuple):
+                    for gp, out, gctx in zip(key, C.synchronize(handle), ctx):
+                        self._set_grad(gp, out, gctx)
+                else:
+                    self._set_grad(key, C.synchronize(handle), ctx)
+            except Exception as e:  # noqa: BLE001 - wait for every handle, then raise
+                error = error or e
+        self._handles.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        for gid in self._group_counts:
+            self._group_counts[gid] = 0
+        self._synchronized = True
+        if error is not None:
+            raise error
+
+    # ------------------------------------------------------------- optimizer API
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Make step() skip its synchronize(), for use after an explicit one:
+
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def _synchronizing_closure(self, closure):
+        """Gradients computed inside a closure are averaged before the optimizer reads
+        them; for LBFGS, whose decisions depend on the loss, the loss is averaged too so
+        every rank takes the same steps."""
+        def wrapped():
+            loss = closure()
+            if self._requires_update:
+                self.synchronize()
+                self._synchronized = False
+                if isinstance(self, torch.optim.LBFGS) and loss is not None:
+                    t = torch.as_tensor(loss).detach()
+                    avg = C.synchronize(C.allreduce_async(
+                        t.to(torch.float64), name="DistributedOptimizer.closure_loss",
+                        op=C.Average, process_set=self.process_set))
+                    loss = avg.to(t.dtype) if isinstance(loss, torch.Tensor) else float(avg)
+            return loss
+        return wrapped
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            if closure is None or self._handles:
+                self.synchronize()
+        self._synchronized = False
+        if closure is not None:
+            closure = self._synchronizing_closure(closure)
+        return super().step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError(_IN_FLIGHT_MSG)
+        return super().zero_grad(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        return super().load_state_dict(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=C.Average,
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=global_process_set):
+    """Wrap `optimizer` so that step() applies gradients averaged (op=) over the ranks.
+
+    named_parameters: (name, parameter) pairs, usually model.named_parameters(); names
+        key the allreduces, so every rank must use the same ones.
+    compression: Compression.none or Compression.fp16 for the gradients' transfer.
+    backward_passes_per_step: local backward passes to accumulate before reducing.
+    op: hvd.Average (default) or hvd.Sum (Min/Max/Product also work).
+    gradient_predivide_factor: with Average, divide by this before the sum and by
+        size/factor after it.
+    groups: an int (split the parameters into that many groups reduced together) or a
+        list of lists of parameters; num_groups is its deprecated spelling.
+    sparse_as_dense: reduce sparse gradients as dense tensors.
+    process_set: the ranks to average over.
+    """
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("the optimizer is already a DistributedOptimizer")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer expects a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if op == C.Adasum:
+        raise NotImplementedError("op=hvd.Adasum is not implemented in horovodlike; use "
+                                  "op=hvd.Average (the default) or op=hvd.Sum")
+    op = C.reduce_op(op, None, "DistributedOptimizer")
+    if gradient_predivide_factor != 1.0 and op != C.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive int, got "
+                         f"{backward_passes_per_step!r}")
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
+                      "removed in v0.23.0.", DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    resolve(process_set)          # a clear error now for an unregistered set
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__),
+               {"__module__": optimizer.__class__.__module__})
+    wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                  backward_passes_per_step, op, gradient_predivide_factor, groups,
+                  sparse_as_dense, process_set)
+    # Keep any state the optimizer already has (e.g. loaded from a checkpoint); Horovod
+    # starts the wrapper with empty state.
+    for p, s in optimizer.state.items():
+        wrapped.state[p] = s
+    return wrapped

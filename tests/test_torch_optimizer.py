@@ -1,0 +1,383 @@
+"""DistributedOptimizer and the training helpers on real jobs.
+
+Every torch.optim optimizer (LBFGS and SparseAdam included) trains a small model for a
+few steps from different per-rank initial weights, after broadcast_parameters and
+broadcast_optimizer_state; the parameters must then be bit-identical on every rank. For
+the behaviours (averaging, backward_passes_per_step, groups, predivide, fp16, Sum,
+closures, skip_synchronize) each rank also replays the whole job locally — it can
+regenerate every rank's data — and compares against that reference.
+"""
+import importlib.util
+
+import pytest
+
+from harness import launcher_matrix
+from test_torch_support import run_torch
+
+if importlib.util.find_spec("pytest_timeout") is not None:
+    pytestmark = pytest.mark.timeout(300)
+
+COMMON = r'''
+import copy
+hvd.init()
+R, P = thvd.rank(), thvd.size()
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def make_model(seed, bias=True):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 6, bias=bias), nn.Tanh(), nn.Linear(6, 3, bias=bias))
+
+
+def batch(step, r, n=8):
+    g = torch.Generator()
+    g.manual_seed(1000 * step + r)
+    return torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def loss_of(model, step, r):
+    x, y = batch(step, r)
+    return F.cross_entropy(model(x), y)
+'''
+
+OPTIMIZERS = COMMON + r'''
+STEPS = 3
+CONFIGS = [
+    ("SGD", lambda p: torch.optim.SGD(p, lr=0.1)),
+    ("SGD momentum nesterov wd", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9,
+                                                           nesterov=True, weight_decay=0.01)),
+    ("Adam", lambda p: torch.optim.Adam(p, lr=0.01)),
+    ("Adam amsgrad wd", lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True,
+                                                   weight_decay=0.01)),
+    ("AdamW", lambda p: torch.optim.AdamW(p, lr=0.01)),
+    ("Adamax", lambda p: torch.optim.Adamax(p, lr=0.01)),
+    ("Adadelta", lambda p: torch.optim.Adadelta(p, lr=1.0)),
+    ("Adagrad", lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.01)),
+    ("ASGD", lambda p: torch.optim.ASGD(p, lr=0.05, t0=1)),
+    ("NAdam", lambda p: torch.optim.NAdam(p, lr=0.01)),
+    ("RAdam", lambda p: torch.optim.RAdam(p, lr=0.01)),
+    ("RMSprop centered momentum", lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5,
+                                                                centered=True)),
+    ("Rprop", lambda p: torch.optim.Rprop(p, lr=0.01)),
+    ("LBFGS", lambda p: torch.optim.LBFGS(p, lr=0.5, max_iter=4, history_size=3)),
+]
+if hasattr(torch.optim, "Adafactor"):
+    CONFIGS.append(("Adafactor", lambda p: torch.optim.Adafactor(p, lr=0.01)))
+if hasattr(torch.optim, "Muon"):
+    CONFIGS.append(("Muon", lambda p: torch.optim.Muon(p, lr=0.02)))
+
+for label, make_opt in CONFIGS:
+    bias = label != "Muon"                        # Muon takes 2-D parameters only
+    model = make_model(100 + R, bias=bias)        # different weights on every rank
+    opt = make_opt(model.parameters())
+    before = flat_params(model)
+    thvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = thvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    check(isinstance(opt, type(make_opt([torch.zeros(2, 2, requires_grad=True)]))),
+          f"{label}: the wrapper is an instance of the wrapped optimizer's class")
+    thvd.broadcast_optimizer_state(opt, root_rank=0)
+    check(len(opt.state) > 0 or label in ("SGD", "Muon"),
+          f"{label}: broadcast_optimizer_state created the state")
+    same_on_every_rank(flat_params(model), f"{label}: after broadcast_parameters")
+    start = flat_params(model)
+    for step in range(STEPS):
+        if label == "LBFGS":
+            def closure():
+                opt.zero_grad()
+                loss = loss_of(model, step, R)
+                loss.backward()
+                return loss
+            opt.step(closure)
+        else:
+            opt.zero_grad()
+            loss_of(model, step, R).backward()
+            opt.step()
+    after = flat_params(model)
+    check(not torch.equal(after, start), f"{label}: training changed the parameters")
+    same_on_every_rank(after, f"{label}: parameters after {STEPS} steps")
+    state = torch.cat([v.detach().reshape(-1).double() for s in opt.state.values()
+                       for v in s.values() if isinstance(v, torch.Tensor)] or
+                      [torch.zeros(1)])
+    same_on_every_rank(state, f"{label}: optimizer state after {STEPS} steps")
+
+# SparseAdam: sparse gradients (nn.Embedding(sparse=True)) are reduced by allgather.
+for label, make_opt, sparse_as_dense in [
+        ("SparseAdam", lambda p: torch.optim.SparseAdam(p, lr=0.05), False),
+        ("Adam sparse_as_dense", lambda p: torch.optim.Adam(p, lr=0.05), True)]:
+    torch.manual_seed(7 + R)
+    emb = nn.Embedding(10, 3, sparse=True)
+    opt = make_opt(emb.parameters())
+    thvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+    opt = thvd.DistributedOptimizer(opt, named_parameters=emb.named_parameters(),
+                                    sparse_as_dense=sparse_as_dense)
+    thvd.broadcast_optimizer_state(opt, root_rank=0)
+    start = flat_params(emb)
+    for step in range(STEPS):
+        opt.zero_grad()
+        idx = torch.tensor([(R + step) % 10, (3 * R + 1) % 10, 9])
+        (emb(idx) ** 2).sum().backward()
+        opt.step()
+    check(not torch.equal(flat_params(emb), start), f"{label}: training changed the weights")
+    same_on_every_rank(flat_params(emb), f"{label}: weights after {STEPS} steps")
+finish()
+'''
+
+BEHAVIOUR = COMMON + r'''
+def reference(steps, lr, op="avg", passes=1, clip=None, use_closure=False):
+    """The job replayed on one rank: SGD on the gradient averaged (or summed) over every
+    rank's data."""
+    model = make_model(5)
+    params = list(model.parameters())
+    for step in range(steps):
+        grads = [torch.zeros_like(p) for p in params]
+        for r in range(P):
+            for k in range(passes):
+                model.zero_grad()
+                loss_of(model, step * passes + k, r).backward()
+                for g, p in zip(grads, params):
+                    g += p.grad
+        with torch.no_grad():
+            for g in grads:
+                g /= (P if op == "avg" else 1)
+            if clip is not None:
+                norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
+                for g in grads:
+                    g *= min(1.0, clip / (float(norm) + 1e-6))
+            for g, p in zip(grads, params):
+                p -= lr * g
+    return flat_params(model)
+
+
+def train(steps=3, lr=0.1, passes=1, **kw):
+    model = make_model(5 if R == 0 else 50 + R)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    thvd.broadcast_parameters(list(model.named_parameters()), root_rank=0)
+    opt = thvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                    backward_passes_per_step=passes, **kw)
+    for step in range(steps):
+        opt.zero_grad()
+        for k in range(passes):
+            loss_of(model, step * passes + k, R).backward()
+        opt.step()
+    return flat_params(model), model, opt
+
+
+ref = reference(3, 0.1)
+for label, kw, tol in [
+        ("default", {}, 1e-6),
+        ("gradient_predivide_factor=2", {"gradient_predivide_factor": 2.0}, 1e-6),
+        ("groups=2", {"groups": 2}, 1e-6),
+        ("fp16 compression", {"compression": thvd.Compression.fp16}, 2e-3)]:
+    got, _, _ = train(**kw)
+    t_close(got, ref, f"{label}: matches single-process SGD on the averaged gradient",
+            rtol=tol, atol=tol)
+    same_on_every_rank(got, f"{label}: identical on every rank")
+
+model = make_model(5)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    got, _, _ = train(num_groups=2)
+check(any(issubclass(w.category, DeprecationWarning) for w in caught),
+      "num_groups= gives a DeprecationWarning")
+t_close(got, ref, "num_groups=2", rtol=1e-6, atol=1e-6)
+m = make_model(5)
+got, _, _ = train(groups=None)
+m2 = make_model(5 if R == 0 else 50 + R)
+opt2 = thvd.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1),
+                                 named_parameters=m2.named_parameters(),
+                                 groups=[[m2[0].weight, m2[2].weight], [m2[0].bias]])
+thvd.broadcast_parameters(m2.state_dict(), root_rank=0)
+for step in range(3):
+    opt2.zero_grad()
+    loss_of(m2, step, R).backward()
+    opt2.step()
+t_close(flat_params(m2), ref, "groups as lists of parameters", rtol=1e-6, atol=1e-6)
+
+got, _, _ = train(op=thvd.Sum)
+t_close(got, reference(3, 0.1, op="sum"), "op=Sum sums the gradients", rtol=1e-6, atol=1e-6)
+got, _, _ = train(passes=2)
+t_close(got, reference(3, 0.1, passes=2), "backward_passes_per_step=2 accumulates",
+        rtol=1e-6, atol=1e-6)
+
+# step(closure): gradients computed inside the closure are averaged before use.
+model = make_model(5 if R == 0 else 50 + R)
+opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=model.named_parameters())
+thvd.broadcast_parameters(model.state_dict(), root_rank=0)
+for step in range(3):
+    def closure():
+        opt.zero_grad()
+        loss = loss_of(model, step, R)
+        loss.backward()
+        return loss
+    opt.step(closure)
+t_close(flat_params(model), ref, "step(closure)", rtol=1e-6, atol=1e-6)
+
+# synchronize() + clipping + skip_synchronize(): no warning, averaged then clipped.
+model = make_model(5 if R == 0 else 50 + R)
+opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=model.named_parameters())
+thvd.broadcast_parameters(model.state_dict(), root_rank=0)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for step in range(3):
+        opt.zero_grad()
+        loss_of(model, step, R).backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        with opt.skip_synchronize():
+            opt.step()
+check(not [w for w in caught if "skip_synchronize" in str(w.message)],
+      "no warning with skip_synchronize()")
+t_close(flat_params(model), reference(3, 0.1, clip=0.05), "clip between synchronize and step",
+        rtol=1e-5, atol=1e-6)
+opt.zero_grad()
+loss_of(model, 0, R).backward()
+opt.synchronize()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    opt.step()
+check(any("skip_synchronize" in str(w.message) for w in caught),
+      "step() after synchronize() without skip_synchronize() warns")
+
+# A parameter that gets no gradient on some ranks: they take part with zeros.
+model = make_model(5)
+opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=model.named_parameters())
+opt.zero_grad()
+x, y = batch(0, R)
+out = model[0](x).sum() if R % 2 else model(x).sum()      # odd ranks skip layer 2
+out.backward()
+opt.step()
+same_on_every_rank(flat_params(model), "unused parameter on some ranks")
+
+# zero_grad() while allreduces are in flight, and too many backward passes.
+if P > 1:
+    model = make_model(5)
+    opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                    named_parameters=model.named_parameters())
+    loss_of(model, 0, R).backward()
+    check_raises(AssertionError, opt.zero_grad, "zero_grad", what="zero_grad in flight")
+    check_raises(AssertionError, lambda: loss_of(model, 1, R).backward(),
+                 "backward_passes_per_step", what="second backward before step()")
+    opt.synchronize()
+    opt.zero_grad()
+    opt.load_state_dict(opt.state_dict())
+
+# Wrong named_parameters, Adasum, predivide with Sum, double wrapping.
+model = make_model(5)
+w0, b0 = model[0].weight, model[0].bias
+for what, kw, exc, needle in [
+        ("duplicate names", {"named_parameters": [("a", p) for p in model.parameters()]},
+         ValueError, "unique"),
+        ("a parameter not named", {"named_parameters": [("w", w0), ("b", b0)]},
+         ValueError, "not named"),
+        ("not tuples", {"named_parameters": list(model.parameters())}, ValueError, "tuples"),
+        ("Adasum", {"op": thvd.Adasum}, NotImplementedError, "Adasum"),
+        ("predivide with Sum", {"op": thvd.Sum, "gradient_predivide_factor": 2.0},
+         ValueError, "gradient_predivide_factor"),
+        ("backward_passes_per_step=0", {"backward_passes_per_step": 0}, ValueError,
+         "backward_passes_per_step")]:
+    check_raises(exc, lambda: thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(),
+                                                                        lr=0.1), **kw),
+                 needle, what=f"DistributedOptimizer: {what}")
+dopt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+check_raises(ValueError, lambda: thvd.DistributedOptimizer(dopt), "already",
+             what="wrapping twice")
+check(type(dopt).__name__ == "SGD" and isinstance(dopt, torch.optim.SGD),
+      "the wrapper's class is named and typed like the optimizer's")
+m = make_model(5)
+base = torch.optim.Adam(m.parameters(), lr=0.01)
+loss_of(m, 0, R).backward()
+base.step()
+wrapped = thvd.DistributedOptimizer(base, named_parameters=m.named_parameters())
+check(float(wrapped.state[m[0].weight]["step"]) == 1.0,
+      "state the optimizer had before wrapping is kept")
+wrapped.zero_grad()
+
+# ---------------------------------------------------- broadcast_optimizer_state details
+for root in sorted({0, P - 1}):
+    model = make_model(5)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (R + 1), betas=(0.8, 0.9 + 0.01 * R))
+    if R == root:                       # root has trained locally; the others are fresh
+        for step in range(2):
+            opt.zero_grad()
+            loss_of(model, step, R).backward()
+            opt.step()
+    thvd.broadcast_optimizer_state(opt, root_rank=root)
+    check(opt.param_groups[0]["lr"] == 0.01 * (root + 1), f"lr from root {root}",
+          str(opt.param_groups[0]["lr"]))
+    check(tuple(opt.param_groups[0]["betas"]) == (0.8, 0.9 + 0.01 * root),
+          f"betas from root {root}", str(opt.param_groups[0]["betas"]))
+    p0 = model[0].weight
+    st = opt.state[p0]
+    check(float(st["step"]) == 2.0, f"state step from root {root}", str(st.get("step")))
+    same_on_every_rank(st["exp_avg"], f"exp_avg from root {root}")
+    same_on_every_rank(st["exp_avg_sq"], f"exp_avg_sq from root {root}")
+# LBFGS state (nested lists of tensors, None values) travels too.
+model = make_model(5)
+opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3, history_size=2)
+if R == 0:
+    def closure():
+        opt.zero_grad()
+        loss = loss_of(model, 0, 0)
+        loss.backward()
+        return loss
+    opt.step(closure)
+thvd.broadcast_optimizer_state(opt, root_rank=0)
+st = opt.state[opt._params[0]]
+check(len(st.get("old_dirs", [])) > 0, "LBFGS history broadcast", str(list(st)))
+same_on_every_rank(st["d"], "LBFGS direction broadcast")
+# A fresh optimizer gets its state created (and parameters are left alone).
+model = make_model(5)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.5)
+before = flat_params(model)
+thvd.broadcast_optimizer_state(opt, root_rank=0)
+check(all("momentum_buffer" in opt.state[p] for p in model.parameters()),
+      "fresh SGD momentum state created")
+t_equal(flat_params(model), before, "state creation leaves the parameters unchanged")
+check(all(p.grad is None for p in model.parameters()), "state creation leaves grads unset")
+
+# ---------------------------------------------------- broadcast_parameters forms
+for form in ["state_dict", "named_parameters", "parameters"]:
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(R)
+        model[1].running_mean.fill_(R)
+    params = {"state_dict": model.state_dict(), "named_parameters": model.named_parameters(),
+              "parameters": model.parameters()}[form]
+    thvd.broadcast_parameters(params if form == "state_dict" else list(params), root_rank=P - 1)
+    t_equal(flat_params(model), torch.full_like(flat_params(model), P - 1),
+            f"broadcast_parameters({form})")
+    if form == "state_dict":
+        t_equal(model[1].running_mean, torch.full((3,), float(P - 1)), "buffers broadcast")
+check_raises(ValueError, lambda: thvd.broadcast_parameters(torch.ones(2), 0), "params",
+             what="broadcast_parameters of a tensor")
+
+# ---------------------------------------------------- objects
+obj = {"hello": 123, 0: [1, 2], "fn": (lambda v: v + 1) if R == 0 else None}
+got = thvd.broadcast_object(obj if R == 0 else None, root_rank=0)
+check(got["hello"] == 123 and got[0] == [1, 2] and got["fn"](1) == 2, "broadcast_object",
+      repr(got))
+got = thvd.broadcast_object(f"from {R}", root_rank=P - 1, name="custom")
+check(got == f"from {P - 1}", "broadcast_object from the last rank", repr(got))
+d = {"rank": R, "payload": list(range(R * 50))}
+got = thvd.allgather_object(d)
+check(got == [{"rank": r, "payload": list(range(r * 50))} for r in range(P)],
+      "allgather_object", repr(got)[:200])
+check(thvd.allgather_object(None, name="none") == [None] * P, "allgather_object(None)")
+finish()
+'''
+
+
+@pytest.mark.parametrize("launcher,np_", launcher_matrix([("python", 1), ("mpirun", 3)]))
+def test_every_torch_optimizer_stays_identical_across_ranks(launcher, np_):
+    run_torch(OPTIMIZERS, np_, launcher, timeout=240)
+
+
+@pytest.mark.parametrize("launcher,np_", launcher_matrix([("horovodlikerun", 2),
+                                                          ("horovodlikerun", 4)]))
+def test_distributed_optimizer_behaviour_and_helpers(launcher, np_):
+    run_torch(BEHAVIOUR, np_, launcher, timeout=240)
