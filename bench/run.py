@@ -164,6 +164,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cases", default="sizes,resnet50,idle,train,netns")
     ap.add_argument("--np", default="2,4,8", help="rank counts for the size sweep")
+    ap.add_argument("--oversubscribed-sizes", default=str(64 << 20),
+                    help="sizes for rank counts above the core count (peers that busy-poll "
+                         "take minutes there)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "latest.json"))
     args = ap.parse_args(argv)
@@ -176,7 +179,9 @@ def main(argv=None):
     cases = []
     if "sizes" in wanted:
         for np_ in [int(n) for n in args.np.split(",")]:
-            cases.append(("sizes", np_, ["--sizes", ",".join(map(str, sizes))]))
+            over = np_ > (os.cpu_count() or 1)
+            chosen = args.oversubscribed_sizes if over else ",".join(map(str, sizes))
+            cases.append(("sizes", np_, ["--sizes", chosen]))
     if "resnet50" in wanted:
         cases.append(("resnet50", 2, []))
     if "idle" in wanted:

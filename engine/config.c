@@ -49,6 +49,10 @@ void hvdl__config_read(config_t *c) {
     c->algorithm = env_flag("HOROVOD_HIERARCHICAL_ALLREDUCE") ? ALG_HIER : ALG_AUTO;
     for (int i = 0; alg && *alg && i < 5; i++)
         if (!strcasecmp(alg, ALGS[i])) c->algorithm = i;
+    const char *ag = getenv("HOROVODLIKE_ALLGATHER_ALGORITHM");
+    c->allgather_algorithm = env_flag("HOROVOD_HIERARCHICAL_ALLGATHER") ? ALG_HIER : ALG_AUTO;
+    for (int i = 0; ag && *ag && i < 5; i++)
+        if (!strcasecmp(ag, ALGS[i])) c->allgather_algorithm = i;
     c->shm_chunk_bytes = (int64_t)env_num("HOROVODLIKE_SHM_CHUNK_BYTES", 256 * 1024);
     c->shm_chunk_bytes = c->shm_chunk_bytes < 4096 ? 4096 : c->shm_chunk_bytes & ~(int64_t)63;
     const char *tl = getenv("HOROVOD_TIMELINE");

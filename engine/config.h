@@ -20,6 +20,8 @@ typedef struct config {
     int spin_us;                 /* HOROVODLIKE_SPIN_US: poll before sleeping, per wait */
     int algorithm;               /* HOROVODLIKE_ALLREDUCE_ALGORITHM (ALG_*); HOROVOD_HIERARCHICAL_ALLREDUCE=1 means hier */
     int64_t small_bytes;         /* HOROVODLIKE_SMALL_BYTES: recursive doubling up to here */
+    int allgather_algorithm;     /* HOROVODLIKE_ALLGATHER_ALGORITHM: auto, ring or hier;
+                                    HOROVOD_HIERARCHICAL_ALLGATHER=1 means hier */
     int64_t shm_chunk_bytes;     /* HOROVODLIKE_SHM_CHUNK_BYTES: per-rank piece size */
     char timeline[4096];         /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
     int timeline_mark_cycles;    /* HOROVOD_TIMELINE_MARK_CYCLES */

@@ -146,7 +146,11 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
     uint8_t *out = alloc_output(total);
     if (!out) return oom(e, "allgather result", total);
     if (o->nbytes) memcpy(out + mine, o->input, (size_t)o->nbytes);
-    if (on_shm(e, g) ? hvdl__allgather_shm(e, out, blocks) : hvdl__allgather_ring(e, g, out, blocks)) {
+    int hier = !on_shm(e, g) && g->id == 0 && e->cross && e->shm &&
+               e->cfg.allgather_algorithm != ALG_RING;
+    if (on_shm(e, g) ? hvdl__allgather_shm(e, out, blocks)
+        : hier       ? hvdl__allgather_hier(e, out, blocks)
+                     : hvdl__allgather_ring(e, g, out, blocks)) {
         free(out);
         return -1;
     }

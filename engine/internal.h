@@ -273,6 +273,7 @@ int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbyt
 int hvdl__allreduce_shm(engine_t *e, const void *in, void *out, int64_t count, int dtype, int op);
 int hvdl__allreduce_rd(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op);
 int hvdl__allreduce_hier(engine_t *e, void *buf, int64_t count, int dtype, int op);
+int hvdl__allgather_hier(engine_t *e, void *out, const int64_t *block_bytes);
 int hvdl__shm_reduce_scatter(engine_t *e, const void *buf, int64_t bytes, int dtype, int op,
                              buf_t *out, int64_t *share_bytes);
 int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype, const void *shares);

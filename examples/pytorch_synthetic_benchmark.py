@@ -11,6 +11,7 @@ The only change from a Horovod script is the import line.
 """
 import argparse
 import os
+import time
 import timeit
 
 import numpy as np
@@ -117,6 +118,10 @@ def parse_args():
     p.add_argument("--num-classes", type=int, default=10, help="number of classes")
     p.add_argument("--num-threads", type=int, default=1,
                    help="torch threads per rank (0: the cores divided by the local ranks)")
+    # Not one of Horovod's flags: makes one rank a straggler, to see it in the timeline.
+    p.add_argument("--slow-rank", type=int, default=-1,
+                   help="this rank sleeps --slow-ms before every batch (timeline demo)")
+    p.add_argument("--slow-ms", type=float, default=20.0)
     return p.parse_args()
 
 
@@ -149,6 +154,8 @@ def main():
     target = torch.randint(0, args.num_classes, (args.batch_size,))
 
     def benchmark_step():
+        if hvd.rank() == args.slow_rank:
+            time.sleep(args.slow_ms / 1000)
         optimizer.zero_grad()
         output = model(data)
         loss = F.cross_entropy(output, target)

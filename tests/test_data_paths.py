@@ -115,6 +115,8 @@ FAKE_NODES = ["--ssh-command", "sh -c {command}"]
     ("auto", 3, "a:2,b:1"),          # uneven nodes: no hierarchical path, flat TCP
 ], ids=lambda v: str(v))
 def test_allreduce_algorithms_across_fake_nodes(algorithm, np_, hosts):
+    # allgather follows: hierarchical on homogeneous fake nodes unless forced flat
     run_ranks(PATHS, np=np_, launcher_args=["-H", hosts] + FAKE_NODES, timeout=280,
               env={"HOROVODLIKE_ALLREDUCE_ALGORITHM": algorithm,
+                   "HOROVODLIKE_ALLGATHER_ALGORITHM": "ring" if algorithm == "ring" else "auto",
                    "HOROVODLIKE_SHM_CHUNK_BYTES": "4096"}).assert_ok()

@@ -1,46 +1,26 @@
-"""Gradient compression for allreduce (Horovod's `hvd.Compression`)."""
+"""Gradient compression for TensorFlow tensors (Horovod's hvd.Compression)."""
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface: compress(tensor) -> (tensor, ctx); decompress(tensor, ctx) -> tensor."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
+from horovodlike.common.compression import Compressor, HalfCompressorBase, NoneCompressor
 
 
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class FP16Compressor(Compressor):
+class FP16Compressor(HalfCompressorBase):
     """Sends floating-point tensors as float16 and casts the result back."""
+    HALF = tf.float16
 
     @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, None
+    def is_float(dtype):
+        return dtype.is_floating
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tf.cast(tensor, ctx) if ctx is not None else tensor
+    def cast(tensor, dtype):
+        return tf.cast(tensor, dtype)
 
 
 class Compression:
     """Optional gradient compression used during allreduce."""
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
