@@ -61,7 +61,7 @@ static int piece_reduce(engine_t *e, hvdl_shm_t *s, const uint8_t *src, int64_t 
                         int op, int which, int64_t *off, int64_t *n) {
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
     uint8_t *mine = hvdl__shm_slot(s, s->me, which), *res = mine + L * s->chunk;
-    memcpy(mine, src, (size_t)len);
+    if (src) memcpy(mine, src, (size_t)len);     /* NULL: the caller filled the slot */
     hvdl__shm_post(e);
     if (hvdl__shm_wait_all(e)) return -1;
     share_of(len, esz, L, s->me, off, n);
@@ -89,6 +89,52 @@ static int two_shot(engine_t *e, hvdl_shm_t *s, const uint8_t *in, uint8_t *out,
         int64_t len = min64(piece, bytes - lo);
         if (piece_reduce(e, s, in + lo, len, dtype, op, which, &off, &n)) return -1;
         piece_copy_out(s, out + lo, len, hvdl_dtype_size(dtype), which);
+    }
+    return 0;
+}
+
+/* Several tensors as one virtual buffer (a fused response) without a fusion buffer:
+ * pieces are gathered from the callers' inputs straight into the slot and the results
+ * scattered straight to their outputs. `at` walks the spans in order. */
+typedef struct cursor { const span_t *v; int i; int64_t skip; } cursor_t;
+
+static void gather(cursor_t *c, uint8_t *dst, int64_t len) {
+    while (len > 0) {
+        int64_t k = min64(c->v[c->i].nbytes - c->skip, len);
+        memcpy(dst, (const uint8_t *)c->v[c->i].in + c->skip, (size_t)k);
+        dst += k, len -= k, c->skip += k;
+        if (c->skip == c->v[c->i].nbytes) c->i++, c->skip = 0;
+    }
+}
+
+/* Write len bytes of the virtual output starting at byte `at`. */
+static void scatter(const span_t *v, int64_t at, const uint8_t *src, int64_t len) {
+    int i = 0;
+    while (at >= v[i].nbytes) at -= v[i++].nbytes;
+    while (len > 0) {
+        int64_t k = min64(v[i].nbytes - at, len);
+        memcpy((uint8_t *)v[i].out + at, src, (size_t)k);
+        src += k, len -= k, at = 0, i++;
+    }
+}
+
+int hvdl__allreduce_shm_spans(engine_t *e, const span_t *v, int nspans, int dtype, int op) {
+    hvdl_shm_t *s = e->shm;
+    int L = s->nlocal, esz = hvdl_dtype_size(dtype);
+    int64_t total = 0, piece = s->chunk * L, off, n;
+    for (int i = 0; i < nspans; i++) total += v[i].nbytes;
+    cursor_t c = {v, 0, 0};
+    while (nspans > 0 && c.i < nspans && v[c.i].nbytes == 0) c.i++;
+    for (int64_t lo = 0; lo < total; lo += piece) {
+        int which = s->epoch++ & 1;
+        int64_t len = min64(piece, total - lo);
+        gather(&c, hvdl__shm_slot(s, s->me, which), len);
+        while (c.i < nspans && v[c.i].nbytes == 0) c.i++;
+        if (piece_reduce(e, s, NULL, len, dtype, op, which, &off, &n)) return -1;
+        for (int q = 0; q < L; q++) {
+            share_of(len, esz, L, q, &off, &n);
+            if (n) scatter(v, lo + off, hvdl__shm_slot(s, q, which) + L * s->chunk, n);
+        }
     }
     return 0;
 }

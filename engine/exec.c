@@ -108,6 +108,20 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
     }
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += s[i].nbytes;
+    if (m->prescale == 1.0 && pick_allreduce(e, g, total) == ALG_SHM) {
+        /* the tensors go straight into shared memory and back: no fusion-buffer copies */
+        span_t v[n];
+        for (int i = 0; i < n; i++) v[i] = (span_t){s[i].in, s[i].out, s[i].nbytes};
+        double t0 = hvdl_now();
+        if (hvdl__allreduce_shm_spans(e, v, n, m->dtype, op)) return -1;
+        for (int i = 0; i < n; i++) hvdl__scale(m->dtype, s[i].out, s[i].nbytes / esz, post);
+        if (TL_ON(e)) {
+            char args[64];
+            snprintf(args, sizeof args, "\"bytes\": %lld, \"fused\": %d", (long long)total, n);
+            hvdl__tl_span(e, TL_ALGORITHM, "SHM_TWO_SHOT_GATHER_SCATTER", t0, hvdl_now(), args);
+        }
+        return 0;
+    }
     if (buf_reserve(&e->fusion, total)) return oom(e, "fusion buffer", total);
     uint8_t *f = e->fusion.data;
     double t0 = hvdl_now();

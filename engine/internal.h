@@ -271,6 +271,8 @@ int hvdl__allreduce_ring(engine_t *e, const group_t *g, void *buf, int64_t count
 int hvdl__allgather_ring(engine_t *e, const group_t *g, void *out, const int64_t *block_bytes);
 int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbytes, int root);
 int hvdl__allreduce_shm(engine_t *e, const void *in, void *out, int64_t count, int dtype, int op);
+typedef struct span { const void *in; void *out; int64_t nbytes; } span_t;
+int hvdl__allreduce_shm_spans(engine_t *e, const span_t *v, int nspans, int dtype, int op);
 int hvdl__allreduce_rd(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op);
 int hvdl__allreduce_hier(engine_t *e, void *buf, int64_t count, int dtype, int op);
 int hvdl__allgather_hier(engine_t *e, void *out, const int64_t *block_bytes);
