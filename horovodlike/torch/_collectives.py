@@ -130,23 +130,23 @@ def synchronize(handle):
 
 # ------------------------------------------------------------------ allreduce
 
-def _allreduce_one(tensor, output_same, name, op, prescale, postscale, sid, what):
+def _same_shape_op(tensor, inplace, what, **request):
+    """Submit an op whose output has the input's shape: in place (written back into the
+    caller's tensor, even a non-contiguous one) or into a new tensor."""
     code = _tensors.check_tensor(tensor, what)
     buf = _tensors.contiguous(tensor)
-    if output_same:
-        out = buf
+    out = buf if inplace else torch.empty_like(buf)
 
-        def finish(_):
-            return _tensors.write_back(tensor, buf)
-    else:
-        out = torch.empty_like(buf)
+    def finish(_):
+        return _tensors.write_back(tensor, buf) if inplace else out
+    return _ops.submit((tensor, buf, out), finish, dtype=code, shape=tuple(buf.shape),
+                       input_ptr=buf.data_ptr(), output_ptr=out.data_ptr(), **request)
 
-        def finish(_):
-            return out
-    return _ops.submit((tensor, buf, out), finish, op=engine.ALLREDUCE, name=name, dtype=code,
-                       shape=tuple(buf.shape), input_ptr=buf.data_ptr(),
-                       output_ptr=out.data_ptr(), reduce_op=op, prescale=prescale,
-                       postscale=postscale, process_set=sid)
+
+def _allreduce_one(tensor, output_same, name, op, prescale, postscale, sid, what):
+    return _same_shape_op(tensor, output_same, what, op=engine.ALLREDUCE, name=name,
+                          reduce_op=op, prescale=prescale, postscale=postscale,
+                          process_set=sid)
 
 
 def _allreduce_args(average, op, prescale_factor, postscale_factor, process_set, what):
@@ -277,22 +277,10 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 def _broadcast_one(tensor, root_rank, inplace, name, process_set, what):
     ps, sid = resolve(process_set)
-    code = _tensors.check_tensor(tensor, what)
+    _tensors.check_tensor(tensor, what)
     root = root_index(ps, root_rank, what)
-    buf = _tensors.contiguous(tensor)
-    if inplace:
-        out = buf
-
-        def finish(_):
-            return _tensors.write_back(tensor, buf)
-    else:
-        out = torch.empty_like(buf)
-
-        def finish(_):
-            return out
-    return _ops.submit((tensor, buf, out), finish, op=engine.BROADCAST, name=name, dtype=code,
-                       shape=tuple(buf.shape), input_ptr=buf.data_ptr(),
-                       output_ptr=out.data_ptr(), root_rank=root, process_set=sid)
+    return _same_shape_op(tensor, inplace, what, op=engine.BROADCAST, name=name,
+                          root_rank=root, process_set=sid)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
