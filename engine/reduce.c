@@ -90,7 +90,6 @@ void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count) 
         FT f = (FT)factor;                                                              \
         for (int64_t i = 0; i < n; i++) d[i] = N(W(d[i]) * f);                          \
     }
-#define TRUNC_TO(T) (T)
 SCALE(scale_u8, uint8_t, double, ID, (uint8_t))
 SCALE(scale_i8, int8_t, double, ID, (int8_t))
 SCALE(scale_i16, int16_t, double, ID, (int16_t))

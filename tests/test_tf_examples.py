@@ -5,16 +5,16 @@ import re
 
 import pytest
 
+import tf_support  # noqa: F401  (skips the module without TensorFlow)
 from harness import REPO, launcher_param, run_ranks
 
-if importlib.util.find_spec("tensorflow") is None:      # found, not imported: ranks do
-    pytest.skip("tensorflow is not installed", allow_module_level=True)
 if importlib.util.find_spec("sklearn") is None:
     pytest.skip("scikit-learn is not installed", allow_module_level=True)
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(300)
 
+# The examples choose their own thread counts, so only quiet them here.
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1",
           "TF_ENABLE_ONEDNN_OPTS": "0"}
 EXAMPLES = REPO / "examples"

@@ -10,15 +10,10 @@ import pytest
 
 from harness import RANK_PRELUDE, launcher_matrix, run_ranks
 
-if importlib.util.find_spec("tensorflow") is None:      # found, not imported: ranks do
-    pytest.skip("tensorflow is not installed", allow_module_level=True)
+from tf_support import TF_ENV  # noqa: E402  (skips the module without TensorFlow)
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(300)
-
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1",
-          "TF_ENABLE_ONEDNN_OPTS": "0", "OMP_NUM_THREADS": "1",
-          "TF_NUM_INTEROP_THREADS": "2", "TF_NUM_INTRAOP_THREADS": "1"}
 
 COMMON = r'''
 import hashlib
