@@ -50,8 +50,9 @@ def normalize_groups(num_groups, groups):
 class GradientReducer:
     def __init__(self, what, compression=Compression.none, sparse_as_dense=False, op=Average,
                  gradient_predivide_factor=1.0, groups=None,
-                 process_set=global_process_set, scale_local_gradients=True):
+                 process_set=global_process_set, scale_local_gradients=True, num_groups=0):
         self.what = what
+        groups = normalize_groups(num_groups, groups)
         self.op = _check_op(op, what)
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")

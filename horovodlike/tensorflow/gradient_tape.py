@@ -6,7 +6,7 @@ from horovodlike.common.process_sets import global_process_set
 
 from . import _graph
 from .compression import Compression
-from .gradient_reducer import GradientReducer, normalize_groups
+from .gradient_reducer import GradientReducer
 from .mpi_ops import Average
 
 _classes = {}
@@ -57,10 +57,9 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape expects a tf.GradientTape, got "
                         f"{type(gradtape).__name__}")
-    groups = normalize_groups(num_groups, groups)
     reducer = GradientReducer("DistributedGradientTape", compression, sparse_as_dense, op,
                               gradient_predivide_factor, groups, process_set,
-                              scale_local_gradients)
+                              scale_local_gradients, num_groups=num_groups)
     tape = object.__new__(_distributed_class(type(gradtape)))
     tape.__dict__.update(gradtape.__dict__)        # the recording, persistence, watches
     tape._hvd_reducer = reducer

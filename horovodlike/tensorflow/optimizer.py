@@ -5,7 +5,7 @@ import tensorflow as tf
 from horovodlike.common.process_sets import global_process_set
 
 from .compression import Compression
-from .gradient_reducer import GradientReducer, normalize_groups
+from .gradient_reducer import GradientReducer
 from .mpi_ops import Adasum, Average
 
 _Legacy = getattr(getattr(getattr(tf, "compat", None), "v1", None), "train", None)
@@ -70,10 +70,9 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         if backward_passes_per_step != 1:
             raise NotImplementedError("backward_passes_per_step > 1 is not supported for "
                                       "tf.compat.v1 optimizers")
-        groups = normalize_groups(num_groups, groups)
         reducer = GradientReducer("DistributedOptimizer", compression, sparse_as_dense, op,
                                   gradient_predivide_factor, groups, process_set,
-                                  scale_local_gradients)
+                                  scale_local_gradients, num_groups=num_groups)
         return _LegacyDistributedOptimizer(optimizer, reducer, name, use_locking)
     raise ValueError(f"Provided optimizer doesn't inherit from either legacy TensorFlow or "
                      f"Keras optimizer: {optimizer}")

@@ -18,7 +18,7 @@ from horovodlike.common.process_sets import global_process_set
 
 from .. import _graph
 from ..compression import Compression
-from ..gradient_reducer import GradientReducer, normalize_groups, var_key
+from ..gradient_reducer import GradientReducer, var_key
 from ..mpi_ops import Average, Sum
 
 _classes = {}
@@ -135,10 +135,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if backward_passes_per_step > 1 and getattr(optimizer, "gradient_accumulation_steps", None):
         raise ValueError("use either Keras' gradient_accumulation_steps or "
                          "backward_passes_per_step, not both")
-    groups = normalize_groups(num_groups, groups)
     reducer = GradientReducer("DistributedOptimizer", compression, sparse_as_dense, op,
                               gradient_predivide_factor, groups, process_set,
-                              scale_local_gradients)
+                              scale_local_gradients, num_groups=num_groups)
     base = getattr(type(optimizer), "_hvd_base", type(optimizer))
     cfg = _Config(reducer, backward_passes_per_step, average_aggregated_gradients)
     object.__setattr__(optimizer, "_hvd", cfg)     # untracked: not part of saved state
