@@ -72,9 +72,15 @@ static void engine_free(engine_t *e) {
     free(e);
 }
 
-int hvdl_prepare(const char *hostname, const char *advertise_addr, char *blob_out) {
+int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *bind_addr,
+                 const unsigned char *key, int key_len, char *blob_out) {
     pthread_mutex_lock(&g_lifecycle);
     int rc = HVDL_OK;
+    if (key_len < 0 || key_len > HVDL_KEY_MAX || (key_len > 0 && !key)) {
+        rc = hvdl__err(HVDL_ERR_INVALID, "the job key must be 0..%d bytes, not %d",
+                       HVDL_KEY_MAX, key_len);
+        goto out;
+    }
     if (hvdl__g_engine && !hvdl__g_engine->stopped && hvdl__g_engine->thread_started && !hvdl__g_engine->failed) {
         rc = hvdl__err(HVDL_ERR_INVALID, "the engine is already running; call shutdown() first");
         goto out;
@@ -93,6 +99,9 @@ int hvdl_prepare(const char *hostname, const char *advertise_addr, char *blob_ou
     e->t0_epoch_us = (double)wall.tv_sec * 1e6 + wall.tv_nsec / 1e3;
     hvdl__config_read(&e->cfg);
     snprintf(e->host, sizeof e->host, "%s", hostname && *hostname ? hostname : "localhost");
+    snprintf(e->bind_addr, sizeof e->bind_addr, "%s", bind_addr ? bind_addr : "");
+    if (key_len) memcpy(e->key, key, (size_t)key_len);
+    e->key_len = key_len;
     if (getrandom(&e->nonce, sizeof e->nonce, 0) != sizeof e->nonce)
         e->nonce = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     int port = hvdl__listen(e);

@@ -24,6 +24,7 @@
 #define HVDL_MAX_DIMS 8
 #define HVDL_BLOB_BYTES 256
 #define HVDL_MSG_BYTES 1024
+#define HVDL_KEY_MAX 64
 
 /* Status codes: one table for the whole engine (names in hvdl_status_name()). */
 enum hvdl_status {
@@ -90,10 +91,15 @@ typedef struct hvdl_result {
 /* Start-up in two steps so that the caller can exchange the address blobs however it
  * likes (MPI, the launcher's store, nothing at size 1):
  *   hvdl_prepare: read the configuration from the environment, open the listening
- *                 socket, and write this rank's blob (HVDL_BLOB_BYTES) to blob_out.
+ *                 socket on bind_addr (NULL or "" = every interface; "127.0.0.1" for a
+ *                 single-host job), and write this rank's blob (HVDL_BLOB_BYTES) to
+ *                 blob_out. key (key_len bytes, at most HVDL_KEY_MAX) is the job's secret:
+ *                 every connection between ranks proves it knows the key before anything
+ *                 else is read; the key itself never crosses the wire.
  *   hvdl_start:   given every rank's blob, in rank order, concatenated, connect to the
  *                 peers and start the background thread. */
-int hvdl_prepare(const char *hostname, const char *advertise_addr, char *blob_out);
+int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *bind_addr,
+                 const unsigned char *key, int key_len, char *blob_out);
 int hvdl_start(int rank, int size, const char *all_blobs);
 
 /* Waits for every rank to call it (pending ops finish first), then stops the engine.

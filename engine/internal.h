@@ -135,6 +135,9 @@ typedef struct engine {
     int rank, size;
     char host[128];
     uint64_t nonce;
+    unsigned char key[HVDL_KEY_MAX];   /* the job's secret (hvdl_prepare) */
+    int key_len;
+    char bind_addr[64];      /* listen here; "" = every interface */
     int listen_fd;
     peer_t *peers;
     transport_t *tcp;

@@ -66,6 +66,11 @@ int hvdl__listen(engine_t *e) {
     if (fd < 0) return -1;
     tune_socket(e, fd);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    if (e->bind_addr[0] && inet_pton(AF_INET, e->bind_addr, &a.sin_addr) != 1) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
     socklen_t al = sizeof a;
     if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 256) ||
         getsockname(fd, (struct sockaddr *)&a, &al)) {

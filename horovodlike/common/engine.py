@@ -46,10 +46,12 @@ def _check(rc):
         raise _error(rc, ffi.string(lib.hvdl_last_error()).decode(errors="replace"))
 
 
-def prepare(hostname: str, advertise_addr: str) -> bytes:
-    """Open this rank's listening socket; returns its address blob."""
+def prepare(hostname: str, advertise_addr: str, bind_addr: str = "", key: bytes = b"") -> bytes:
+    """Open this rank's listening socket on bind_addr ("" = every interface); returns its
+    address blob. key is the job's secret, which every peer connection must prove."""
     blob = ffi.new("char[]", BLOB_BYTES)
-    _check(lib.hvdl_prepare(hostname.encode(), advertise_addr.encode(), blob))
+    _check(lib.hvdl_prepare(hostname.encode(), advertise_addr.encode(), bind_addr.encode(),
+                            key, len(key), blob))
     return bytes(ffi.buffer(blob, BLOB_BYTES))
 
 
