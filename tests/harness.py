@@ -49,6 +49,7 @@ ALL_LAUNCHERS = LAUNCHERS + ["python"]
 # Variables that make horovodlike believe it is rank r of a job; never inherited.
 _IDENTITY_PREFIXES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_", "HOROVOD_CROSS_",
                       "HOROVOD_HOSTNAME", "HOROVODLIKE_STORE_ADDR", "HOROVODLIKE_JOB_ID",
+                      "HOROVODLIKE_JOB_KEY", "HOROVODLIKE_BIND_ADDR",
                       "OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_")
 
 

@@ -20,11 +20,15 @@ def init(comm=None, process_sets=None):
     with _lock:
         if _topo is not None and engine.is_running():
             return
+        if _topo is not None:   # the engine failed: stop it before starting the next
+            _stop_engine()
         if comm is not None:
             launcher, rank, size = "mpi", comm.Get_rank(), comm.Get_size()
         else:
             launcher, rank, size = bootstrap.detect()
-        blob = engine.prepare(bootstrap.hostname(), bootstrap.advertise_address())
+        key = bootstrap.job_key(launcher, rank, comm)
+        bind, advertise = bootstrap.listen_addresses(launcher, size, comm)
+        blob = engine.prepare(bootstrap.hostname(), advertise, bind, key)
         peers = bootstrap.exchange(launcher, rank, size, blob, comm)
         hosts = [h for h, _ in peers]
         engine.start(rank, size, [b for _, b in peers])
@@ -33,20 +37,28 @@ def init(comm=None, process_sets=None):
         try:
             _ps.init_sets(process_sets)
         except Exception:
-            engine.shutdown()
-            _topo = None
+            _stop_engine()
             raise
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
 
 
+_on_shutdown = []   # callbacks run once the engine has stopped (the layers above use it)
+
+
 def shutdown():
     """Stop the engine. Any rank's shutdown ends every rank's engine, as in Horovod."""
-    global _topo
     with _lock:
-        engine.shutdown()
-        _topo = None
+        _stop_engine()
+
+
+def _stop_engine():
+    global _topo
+    engine.shutdown()
+    _topo = None
+    for fn in _on_shutdown:
+        fn()
 
 
 def start_timeline(file_path, mark_cycles=False):

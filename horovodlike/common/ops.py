@@ -4,7 +4,12 @@ framework bindings reuse.
 Naming follows Horovod: `name=x` becomes "allreduce.x"; unnamed ops are numbered per op
 ("allreduce.noname.3"), so they match across ranks only if every rank makes the same
 sequence of calls. Buffers are passed to the engine by address (zero copy) and kept
-alive in `_pending` until their handle is synchronized.
+alive in `_pending` until the engine has released the op: an exception that interrupts
+a wait (Ctrl-C, a watchdog's alarm) leaves them there, so the engine never writes into
+freed memory and the same handle can be waited on again.
+
+Handles are ours, not the engine's: a process-wide counter, so a handle from before
+shutdown() can never name an op after the next init().
 """
 import itertools
 import threading
@@ -20,7 +25,8 @@ Average, Sum, Adasum, Min, Max, Product = (engine.AVERAGE, engine.SUM, engine.AD
 
 _counters = {}
 _counter_lock = threading.Lock()
-_pending = {}       # handle -> (keep-alive objects, finisher(engine.Result) -> output)
+_pending = {}       # handle -> (engine handle, keep-alive objects, finisher(Result) -> output)
+_handles = itertools.count(1)
 
 
 def op_name(kind, name, set_key=0):
@@ -56,6 +62,9 @@ def dtype_code(dtype, what):
 def _as_array(tensor, what):
     if not isinstance(tensor, np.ndarray):
         raise TypeError(f"{what} expects a numpy array, got {type(tensor).__name__}")
+    if not tensor.dtype.isnative:
+        raise TypeError(f"{what}: the array's byte order ({tensor.dtype.str}) is not this "
+                        f"machine's; pass x.astype(x.dtype.newbyteorder('='))")
     if not tensor.flags.c_contiguous:
         raise ValueError(f"{what}: the array is not C-contiguous; pass "
                          f"np.ascontiguousarray(x)")
@@ -68,28 +77,47 @@ def submit(keep, finish, **request):
     if request.get("process_set"):
         # Names are scoped per process set, as in Horovod (each set negotiates apart).
         request["name"] = f"{request['name']}@set{request['process_set']}"
-    handle = engine.enqueue(**request)
-    _pending[handle] = (keep, finish)
+    engine_handle = engine.enqueue(**request)
+    handle = next(_handles)
+    _pending[handle] = (engine_handle, keep, finish)
     return handle
+
+
+def _entry(handle):
+    try:
+        return _pending[handle]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown or already synchronized handle {handle}") from None
 
 
 def poll(handle):
     """True once the op behind handle has finished (it does not wait)."""
-    return engine.poll(handle)
+    return engine.poll(_entry(handle)[0])
 
 
 def synchronize(handle):
-    """Wait for the op, free its handle and return its output (or raise its error)."""
-    if handle not in _pending:
-        raise ValueError(f"unknown or already synchronized handle {handle}")
+    """Wait for the op, free its handle and return its output (or raise its error).
+
+    If the wait is interrupted, the op goes on and its buffers stay alive; call
+    synchronize(handle) again to collect it."""
+    engine_handle, _, finish = _entry(handle)
+    # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
+    while not engine.wait(engine_handle, 0.5):
+        pass
+    # Only now has the engine finished with the buffers; release frees the op either way.
     try:
-        # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
-        while not engine.wait(handle, 0.5):
-            pass
-        result = engine.release(handle)
+        result = engine.release(engine_handle)
     finally:
-        keep, finish = _pending.pop(handle)
+        del _pending[handle]
     return finish(result)
+
+
+def _forget_all():
+    """After the engine has stopped: no op can touch a buffer any more."""
+    _pending.clear()
+
+
+basics._on_shutdown.append(_forget_all)
 
 
 # ---- numpy collectives ----

@@ -1,6 +1,6 @@
 """Job launcher (``horovodlikerun``) and the rendezvous store it serves."""
 
-from .store import StoreClient, StoreServer
+from ..common.store import StoreClient, StoreServer
 
 __all__ = ["StoreClient", "StoreServer", "main"]
 

@@ -7,9 +7,11 @@ one rank fails so that a crash never leaves peers hanging in a collective.
 """
 
 import argparse
+import errno
 import os
 import queue
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +21,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .store import StoreServer
+from ..common import jobkey
+from ..common.store import StoreServer
 
 PROG = "horovodlikerun"
 DEFAULT_SSH_COMMAND = (
@@ -29,7 +32,7 @@ _LOCAL_NAMES = ("localhost", "127.0.0.1")
 # Variables that describe the launcher's own shell session; exporting them to
 # a remote shell would be wrong or would break it.
 _NOT_EXPORTED = {"OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT",
-                 "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK"}
+                 "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", jobkey.ENV}
 _READ_LIMIT = 64 * 1024
 
 
@@ -202,16 +205,35 @@ def _exportable(name):
 
 
 def store_bind_and_advertise(plan):
-    """Loopback-only when every rank is local; otherwise reachable from peers."""
+    """Loopback-only when every rank is local; otherwise reachable from peers.
+
+    Multi-host: the interface HOROVOD_GLOO_IFACE names, else the advertised address
+    when it is one of ours; every interface only when neither is known (the store
+    authenticates every connection with the job key either way)."""
     if all(is_local_host(s.host) for s in plan):
         return "127.0.0.1", "127.0.0.1"
+    iface = os.environ.get("HOROVOD_GLOO_IFACE") or os.environ.get("HOROVODLIKE_IFACE")
+    if iface:
+        from ..common.bootstrap import _iface_address
+        addr = _iface_address(iface.split(",")[0].strip())
+        return addr, os.environ.get("HOROVODLIKE_STORE_HOST") or addr
     advertised = os.environ.get("HOROVODLIKE_STORE_HOST")
     if not advertised:
         try:
             advertised = socket.gethostbyname(socket.gethostname())
         except OSError:
             advertised = socket.gethostname()
-    return "0.0.0.0", advertised
+    return ("0.0.0.0" if advertised.startswith("127.") or not _is_own_address(advertised)
+            else advertised), advertised
+
+
+def _is_own_address(addr):
+    try:
+        with socket.socket() as s:
+            s.bind((addr, 0))
+        return True
+    except OSError:
+        return False
 
 
 def describe_exit(slot, code):
@@ -260,18 +282,26 @@ class _Output:
 class Job:
     """The running set of ranks and the policy for ending them."""
 
-    def __init__(self, plan, out):
+    def __init__(self, plan, out, key):
         self.plan = plan
         self.out = out
+        self.key = key
         self.procs = {}
         self.events = queue.SimpleQueue()  # safe to put() from a signal handler
         self.threads = []
 
     def spawn(self, slot, argv, env):
+        """Start one rank behind its rank_shim. Its stdin carries the job key and then
+        stays open: when this process dies, the shim sees EOF and ends the rank."""
         proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True)
         self.procs[slot.rank] = proc
+        try:
+            proc.stdin.write(jobkey.to_hex(self.key).encode() + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            pass   # it died at once; _reap reports how
         self._thread(self.out.pump, slot.rank, "stdout", proc.stdout, sys.stdout)
         self._thread(self.out.pump, slot.rank, "stderr", proc.stderr, sys.stderr)
         self._thread(self._reap, slot.rank, proc)
@@ -331,6 +361,11 @@ class Job:
     def cleanup(self):
         # Grandchildren may outlive their rank; their group still dies here.
         self.signal_all(signal.SIGKILL, only_running=False)
+        for proc in self.procs.values():
+            try:
+                proc.stdin.close()   # remote shims see EOF and end what is left
+            except OSError:
+                pass
         # A daemonised grandchild can hold a pipe open forever; bound the
         # total time spent draining rather than the time per thread.
         deadline = time.monotonic() + 2.0
@@ -355,18 +390,31 @@ def _print_plan(out, plan, store_addr):
                 f"{s.local_size}, cross {s.cross_rank}/{s.cross_size})")
 
 
+def shim_argv(command):
+    """The rank's command behind rank_shim (same interpreter on every host, as
+    horovodrun assumes the same environment everywhere)."""
+    python = os.environ.get("HOROVODLIKE_REMOTE_PYTHON") or sys.executable
+    return [python, "-m", "horovodlike.runner.rank_shim", *command]
+
+
 def _start_ranks(job, args, store_addr, job_id):
-    base = dict(os.environ)
+    base = {k: v for k, v in os.environ.items() if k != jobkey.ENV}
     base.update(tuning_env(args))
     base.update(HOROVODLIKE_STORE_ADDR=store_addr, HOROVODLIKE_JOB_ID=job_id)
+    if all(is_local_host(s.host) for s in job.plan):
+        base["HOROVODLIKE_BIND_ADDR"] = "127.0.0.1"   # nobody off this host needs in
     cwd = os.getcwd()
     for slot in job.plan:
         env = rank_env(slot, len(job.plan), base)
+        argv = shim_argv(args.command)
+        if is_local_host(slot.host) and shutil.which(args.command[0], path=env.get("PATH")) is None:
+            # The shim would report it too, but from inside a started rank.
+            raise FileNotFoundError(errno.ENOENT, "no such executable", args.command[0])
         if is_local_host(slot.host):
-            job.spawn(slot, list(args.command), env)
+            job.spawn(slot, argv, env)
         else:
-            argv = remote_argv(args.ssh_command, slot.host, cwd, env, args.command)
-            job.spawn(slot, argv, dict(os.environ))
+            job.spawn(slot, remote_argv(args.ssh_command, slot.host, cwd, env, argv),
+                      dict(base))
 
 
 def main(argv=None):
@@ -378,9 +426,10 @@ def main(argv=None):
         return 2
     out = _Output()
     bind_host, advertised = store_bind_and_advertise(plan)
-    store = StoreServer(bind_host, 0).start()
+    key = jobkey.generate()
+    store = StoreServer(bind_host, 0, key=key).start()
     store_addr = f"{advertised}:{store.port}"
-    job = Job(plan, out)
+    job = Job(plan, out, key)
     saved = _install_handlers(job.on_signal)
     try:
         if args.verbose:
