@@ -49,8 +49,11 @@ def _watch_launcher(child):
     except OSError:
         pass
     if child.poll() is None:
-        sys.stderr.write("horovodlike: the launcher went away; ending this rank\n")
-        sys.stderr.flush()
+        try:   # our stderr most likely went away with the launcher
+            sys.stderr.write("horovodlike: the launcher went away; ending this rank\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
         try:
             child.terminate()
             child.wait(GRACE_SECONDS)
