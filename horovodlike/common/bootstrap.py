@@ -15,6 +15,7 @@ import fcntl
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 from . import jobkey
@@ -183,12 +184,21 @@ def _exchange_store(rank, size, payload):
         client = StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=timeout, key=_key)
     except TimeoutError as e:
         raise RuntimeError(f"horovodlike init: {e} (HOROVODLIKE_START_TIMEOUT)") from None
+    deadline = time.monotonic() + timeout
     try:
         client.set(prefix + str(rank), payload)
-        return [client.get(prefix + str(r), timeout=timeout) for r in range(size)]
-    except TimeoutError as e:
-        raise RuntimeError(f"horovodlike init: not every rank reached init within "
-                           f"{timeout:.0f} s (HOROVODLIKE_START_TIMEOUT): {e}") from None
+        out = []
+        for r in range(size):
+            try:
+                out.append(client.get(prefix + str(r),
+                                      timeout=max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                # Said the way the engine names a lost rank, so the launcher can tell
+                # which rank the job waited for.
+                raise RuntimeError(
+                    f"horovodlike init: rank {r} (host unknown) was lost: it did not "
+                    f"reach init within {timeout:.0f} s (HOROVODLIKE_START_TIMEOUT)") from None
+        return out
     finally:
         client.close()
 

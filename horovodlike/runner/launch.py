@@ -10,6 +10,7 @@ import argparse
 import errno
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -271,12 +272,20 @@ class _Output:
     def say(self, message):
         self.write(sys.stderr, f"{PROG}: {message}\n")
 
-    def pump(self, rank, name, pipe, stream):
+    def pump(self, rank, name, pipe, stream, observe=None):
         prefix = f"[{rank}]<{name}>:"
         with pipe:
             for raw in iter(lambda: pipe.readline(_READ_LIMIT), b""):
                 line = raw[:-1] if raw.endswith(b"\n") else raw
+                if observe is not None:
+                    observe(rank, line)
                 self.write(stream, prefix + line.decode("utf-8", "replace") + "\n")
+
+
+# How the engine names a rank it lost (engine/loop.c, hvdl__peer_lost). The rank that
+# stopped may never exit itself (SIGSTOP, a hang), so the launcher learns the culprit
+# from the survivors' words rather than from who exited first.
+_LOST = re.compile(rb"rank (\d+) \(host [^)]*\) was lost")
 
 
 class Job:
@@ -289,6 +298,8 @@ class Job:
         self.procs = {}
         self.events = queue.SimpleQueue()  # safe to put() from a signal handler
         self.threads = []
+        self.pumps = {}                    # rank -> its output threads
+        self.lost = None                   # (culprit, reporting rank), the first one named
 
     def spawn(self, slot, argv, env):
         """Start one rank behind its rank_shim. Its stdin carries the job key and then
@@ -302,14 +313,35 @@ class Job:
             proc.stdin.flush()
         except OSError:
             pass   # it died at once; _reap reports how
-        self._thread(self.out.pump, slot.rank, "stdout", proc.stdout, sys.stdout)
-        self._thread(self.out.pump, slot.rank, "stderr", proc.stderr, sys.stderr)
+        self.pumps[slot.rank] = [
+            self._thread(self.out.pump, slot.rank, "stdout", proc.stdout, sys.stdout,
+                         self._observe),
+            self._thread(self.out.pump, slot.rank, "stderr", proc.stderr, sys.stderr,
+                         self._observe)]
         self._thread(self._reap, slot.rank, proc)
 
     def _thread(self, target, *args):
         t = threading.Thread(target=target, args=args, daemon=True)
         t.start()
         self.threads.append(t)
+        return t
+
+    def _observe(self, rank, line):
+        m = _LOST.search(line) if self.lost is None else None
+        if m and int(m.group(1)) in self.procs:
+            self.lost = (int(m.group(1)), rank)
+
+    def _blame(self, rank, code):
+        """The launcher's one line about a failed job: the lost rank when a survivor
+        named one, then how `rank` ended."""
+        for t in self.pumps.get(rank, ()):
+            t.join(timeout=1.0)   # its last lines may name the culprit
+        message, exit_code = describe_exit(self.plan[rank], code)
+        if self.lost is not None and self.lost[0] != rank:
+            culprit, reporter = self.lost
+            message = (f"rank {culprit} (host {host_name(self.plan[culprit])}) was lost, "
+                       f"as rank {reporter} reported; {message}")
+        return message, exit_code
 
     def _reap(self, rank, proc):
         self.events.put(("exit", rank, proc.wait()))
@@ -341,9 +373,21 @@ class Job:
             if event[0] == "exit":
                 _, rank, code = event
                 pending.discard(rank)
-                if code == 0 or stopping:
+                if stopping:
                     continue
-                message, exit_code = describe_exit(self.plan[rank], code)
+                if code == 0:
+                    if self.lost is None or self.lost[0] not in pending:
+                        continue
+                    # A survivor finished, but a rank it named as lost never will
+                    # (it hangs or is stopped): end the job and say so.
+                    culprit = self.plan[self.lost[0]]
+                    self.out.say(f"rank {culprit.rank} (host {host_name(culprit)}) was "
+                                 f"lost, as rank {self.lost[1]} reported; ending the job")
+                    exit_code = 1
+                    self.signal_all(signal.SIGTERM)
+                    stopping, deadline = True, time.monotonic() + GRACE_SECONDS
+                    continue
+                message, exit_code = self._blame(rank, code)
                 self.out.say(message)
                 self.signal_all(signal.SIGTERM)
             else:
