@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
+from . import _buckets
 from . import _collectives as C
 from ._process_sets import global_process_set, resolve
 from .compression import Compression
@@ -81,6 +82,7 @@ class _DistributedOptimizer:
         self._groups = self._check_groups(groups)
         self._p_to_group = {}
         self._group_counts = {}
+        self._buckets, self._bucket_of = [], {}
 
         ps, _ = resolve(process_set)
         if ps.included() and ps.size() > 1:
@@ -135,6 +137,10 @@ class _DistributedOptimizer:
             for p in group:
                 self._p_to_group[p] = group
             self._group_counts[id(group)] = 0
+        first_cap, cap = _buckets.caps()
+        if self._groups is None and cap > 0:
+            self._buckets, self._bucket_of = _buckets.plan(trainable, self._name,
+                                                           first_cap, cap)
 
         for p in trainable:
             self._requires_update.add(p)
@@ -191,6 +197,24 @@ class _DistributedOptimizer:
                                             postscale_factor=post, process_set=self.process_set)
         return handle, ctxs
 
+    def _bucket_put(self, p):
+        """p's gradient is final: put it into its bucket, and start the bucket's
+        allreduce once it is full. A sparse gradient is reduced on its own."""
+        bucket, slot = self._bucket_of[p]
+        self._handles.pop(p, None)       # the (None, None) of an accumulating pass
+        if p.grad is not None and p.grad.is_sparse:
+            if self.sparse_as_dense:
+                p.grad = p.grad.to_dense()
+            else:
+                bucket.skip.add(p)
+                self._handles[p] = self._allreduce_grad_async(p)
+        if bucket.put(slot, p):
+            compressed, ctx = self._compression.compress(bucket.flat)
+            pre, post = self._scales()
+            self._handles[bucket] = (C.allreduce_async_(
+                compressed, name=bucket.name, op=self.op, prescale_factor=pre,
+                postscale_factor=post, process_set=self.process_set), ctx)
+
     def _make_hook(self, p):
         def hook(*_):
             if self._allreduce_delay[p] <= 0:
@@ -198,6 +222,9 @@ class _DistributedOptimizer:
             assert not p.grad.requires_grad
             handle, ctx = None, None
             self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0 and p in self._bucket_of:
+                self._bucket_put(p)
+                return
             if self._allreduce_delay[p] == 0:
                 group = self._p_to_group.get(p)
                 if group is not None:
@@ -235,9 +262,13 @@ class _DistributedOptimizer:
         if not ps.included():
             self._synchronized = True
             return
-        launched = set()
+        for bucket in self._buckets:     # fill what backward did not, then send
+            for slot, p in enumerate(bucket.params):
+                if slot not in bucket.done:
+                    self._bucket_put(p)
+        launched = set(self._bucket_of)
         for key, (handle, _) in self._handles.items():
-            if handle is not None:
+            if handle is not None and not isinstance(key, _buckets.Bucket):
                 launched.update(key) if isinstance(key, tuple) else launched.add(key)
         pending = sorted((p for p in self._requires_update if p not in launched),
                          key=lambda p: str(self._name(p)))
@@ -257,18 +288,16 @@ class _DistributedOptimizer:
         error = None
         for key, (handle, ctx) in list(self._handles.items()):
             try:
-                if isinstance(key, tuple):
+                if isinstance(key, _buckets.Bucket):
+                    key.take(self._compression.decompress(C.synchronize(handle), ctx))
+                elif isinstance(key, tuple):
                     for gp, out, gctx in zip(key, C.synchronize(handle), ctx):
                         self._set_grad(gp, out, gctx)
                 else:
                     self._set_grad(key, C.synchronize(handle), ctx)
             except Exception as e:  # noqa: BLE001 - wait for every handle, then raise
                 error = error or e
-        self._handles.clear()
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = self.backward_passes_per_step
-        for gid in self._group_counts:
-            self._group_counts[gid] = 0
+        self._reset_step()
         self._synchronized = True
         if error is not None:
             raise error
@@ -328,12 +357,19 @@ class _DistributedOptimizer:
             raise AssertionError(_IN_FLIGHT_MSG)
         return super().zero_grad(*args, **kwargs)
 
-    def load_state_dict(self, *args, **kwargs):
-        self._handles = {}
-        self._synchronized = False
-        self._should_synchronize = True
+    def _reset_step(self):
+        self._handles.clear()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
+        for gid in self._group_counts:
+            self._group_counts[gid] = 0
+        for bucket in self._buckets:
+            bucket.reset()
+
+    def load_state_dict(self, *args, **kwargs):
+        self._reset_step()
+        self._synchronized = False
+        self._should_synchronize = True
         return super().load_state_dict(*args, **kwargs)
 
     def set_backward_passes_per_step(self, passes):
