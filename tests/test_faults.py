@@ -8,7 +8,7 @@ crash) and SIGSTOP (a hang: the process is alive, holds its sockets, and says no
 For every case, under horovodlikerun at 3 ranks:
   * the launcher exits non-zero within the time limit and its last word names the victim;
   * no survivor names any other rank as lost (one culprit for the whole job);
-  * every survivor of a mid-job fault fails and says which rank was lost;
+  * when the victim hangs mid-job, a survivor fails and says which rank it was;
   * nothing is left running and no /dev/shm segment is left behind.
 """
 import glob
@@ -105,12 +105,12 @@ def test_fault_matrix(phase, role, sig):
     assert f"rank {victim} (host {host})" in last[-1], text
     named = {int(m.group(1)) for m in LOST.finditer(res.stdout + res.stderr)}
     assert named <= {victim}, f"survivors blamed {sorted(named)}, not {victim}\n{text}"
-    if phase not in ("init", "shutdown"):
+    if sig == "SIGSTOP" and phase not in ("init", "shutdown"):
+        # Only the survivors can tell who hangs. Once one of them fails, the launcher
+        # ends the others, which may go before they speak; whoever speaks names the
+        # victim (and no one else, as checked above).
         lines = res.rank_lines()
-        for r in range(NP):
-            if r == victim:
-                continue
-            said = "\n".join(lines.get(r, []))
-            assert "FAILED" in said and f"rank {victim}" in said, f"rank {r}: {said}\n{text}"
+        said = ["\n".join(lines.get(r, [])) for r in range(NP) if r != victim]
+        assert any("FAILED" in s and f"rank {victim}" in s for s in said), text
     assert res.elapsed < 60, text
     assert set(glob.glob("/dev/shm/hvdl-*")) <= before, text
