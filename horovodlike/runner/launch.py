@@ -471,7 +471,7 @@ def main(argv=None):
     out = _Output()
     bind_host, advertised = store_bind_and_advertise(plan)
     key = jobkey.generate()
-    store = StoreServer(bind_host, 0, key=key).start()
+    store = StoreServer(bind_host, 0, key=key, on_reject=out.say).start()
     store_addr = f"{advertised}:{store.port}"
     job = Job(plan, out, key)
     saved = _install_handlers(job.on_signal)
