@@ -109,7 +109,8 @@ def cross_size():
 
 
 def is_homogeneous():
-    return True
+    """True when every host runs the same number of ranks (Horovod's definition)."""
+    return _t().homogeneous
 
 
 def mpi_built():
@@ -126,7 +127,12 @@ def mpi_enabled():
 
 
 def mpi_threads_supported():
-    return mpi_built()
+    """Whether MPI runs with MPI_THREAD_MULTIPLE, so mpi4py may be used beside horovodlike
+    (Horovod's meaning). Like Horovod, a ValueError when MPI is not in use."""
+    if not mpi_enabled():
+        raise ValueError("Horovod has not been initialized or MPI has not been enabled.")
+    from mpi4py import MPI
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 def gloo_built():

@@ -31,6 +31,7 @@ class Topology:
     cross_size: int
     hostname: str
     launcher: str          # "horovodlikerun", "mpi", "slurm" or "single"
+    homogeneous: bool = True   # every host runs the same number of ranks
 
 
 def _env_int(*names):
@@ -250,5 +251,6 @@ def topology(launcher, rank, hosts):
     for r, h in enumerate(hosts):
         local_ranks.append(sum(1 for q in range(r) if hosts[q] == h))
     peers = [r for r in range(len(hosts)) if local_ranks[r] == local_rank]
+    per_host = {h: hosts.count(h) for h in hosts}
     return Topology(rank, len(hosts), local_rank, len(same_host), peers.index(rank),
-                    len(peers), me, launcher)
+                    len(peers), me, launcher, len(set(per_host.values())) == 1)
