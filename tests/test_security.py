@@ -177,7 +177,7 @@ def test_address_entries_are_plain_bytes_checked_on_the_way_in():
 
 # ------------------------------------------------------------ the launcher
 
-LAUNCH_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+LAUNCH_ENV = {"PYTHONPATH": os.environ.get("PYTHONPATH") or str(REPO), "PYTHONUNBUFFERED": "1"}
 FAKE_REMOTE = ["-H", "a:1,b:1", "--ssh-command", "sh -c {command}"]
 
 
