@@ -64,7 +64,12 @@ def test_horovod_worker_variables():
 @pytest.mark.parametrize("extra", [{"HOROVODLIKE_STORE_ADDR": "127.0.0.1:1"},
                                    {"OMPI_COMM_WORLD_SIZE": "4"}, {"PMI_SIZE": "4"}])
 def test_our_launcher_and_mpi_take_precedence(extra):
-    assert launch_env.detect({**TORCHRUN_ENV, **extra}) is None
+    kubeflow = {k: v for k, v in TORCHRUN_ENV.items() if not k.startswith("TORCHELASTIC")}
+    assert launch_env.detect({**kubeflow, **extra}) is None
+    if "HOROVODLIKE_STORE_ADDR" in extra:
+        assert launch_env.detect({**TORCHRUN_ENV, **extra}) is None
+    else:   # torchrun under srun/mpirun: its ranks inherit the node task's PMI variables
+        assert launch_env.detect({**TORCHRUN_ENV, **extra}).rank == 3
 
 
 def test_nothing_set_is_not_a_launch_environment():

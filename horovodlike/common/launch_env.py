@@ -72,7 +72,11 @@ def detect(environ=None):
     world, a port that is not a number) rather than running as the wrong rank.
     """
     env = os.environ if environ is None else environ
-    if env.get("HOROVODLIKE_STORE_ADDR") or any(env.get(v) for v in _MPI_VARS):
+    if env.get("HOROVODLIKE_STORE_ADDR"):
+        return None
+    # mpirun's variables win, except in torchrun's children: torchrun started by srun or
+    # mpirun (one per node) passes the node task's PMI variables down to its ranks.
+    if any(env.get(v) for v in _MPI_VARS) and not env.get("TORCHELASTIC_RUN_ID"):
         return None
     if env.get("HOROVOD_RANK") and env.get("HOROVOD_SIZE"):
         host = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
