@@ -27,12 +27,19 @@ import warnings
 PAYLOAD = "payload.pkl"
 
 
-def _dumps(obj):
+def _have_cloudpickle():
     try:
-        import cloudpickle
+        import cloudpickle  # noqa: F401
     except ImportError:
-        return pickle.dumps(obj)
-    return cloudpickle.dumps(obj)
+        return False
+    return True
+
+
+def _dumps(obj):
+    if _have_cloudpickle():
+        import cloudpickle
+        return cloudpickle.dumps(obj)
+    return pickle.dumps(obj)
 
 
 def _elastic_args(**kw):
@@ -113,20 +120,16 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
 
 
 def _payload(func, args, kwargs):
-    main = sys.modules.get("__main__")
     main_path = None
-    if getattr(func, "__module__", None) == "__main__":
-        main_path = getattr(main, "__file__", None)
+    if getattr(func, "__module__", None) == "__main__" and not _have_cloudpickle():
+        # cloudpickle would send it by value; plain pickle needs the ranks to find it.
+        main_path = getattr(sys.modules.get("__main__"), "__file__", None)
         if main_path is None:
-            try:
-                import cloudpickle  # noqa: F401  pickles __main__ functions by value
-            except ImportError:
-                raise ValueError(
-                    f"horovodlike.run: {getattr(func, '__qualname__', func)!r} is defined "
-                    f"in an interactive session, which the ranks cannot import; define it "
-                    f"in a module (or pip install cloudpickle)") from None
-        else:
-            main_path = os.path.abspath(main_path)
+            raise ValueError(
+                f"horovodlike.run: {getattr(func, '__qualname__', func)!r} is defined in an "
+                f"interactive session, which the ranks cannot import; define it in a "
+                f"module (or pip install cloudpickle)")
+        main_path = os.path.abspath(main_path)
     try:
         body = _dumps((func, args, kwargs))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
