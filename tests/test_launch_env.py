@@ -74,6 +74,7 @@ def test_our_launcher_and_mpi_take_precedence(extra):
 
 def test_nothing_set_is_not_a_launch_environment():
     assert launch_env.detect({"PATH": "/bin", "RANK": "0"}) is None
+    assert launch_env.detect({"RANK": "0", "WORLD_SIZE": "1"}) is None     # one rank
     assert launch_env.detect({}) is None
 
 

@@ -92,6 +92,8 @@ def detect(environ=None):
             _int(env, "HOROVOD_CROSS_RANK"), _int(env, "HOROVOD_CROSS_SIZE"),
             host, port, f"horovod-env-{host}-{port}"))
     if env.get("RANK") is not None and env.get("WORLD_SIZE") is not None:
+        if _int(env, "WORLD_SIZE") == 1 and _int(env, "RANK") == 0:
+            return None     # a job of one needs no rendezvous
         if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
             raise ValueError("RANK and WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are "
                              "not: horovodlike needs the master's address to rendezvous")

@@ -672,11 +672,6 @@ def subprocess_output(argv, env):
     return res.stdout.decode(errors="replace")
 
 
-def _exportable(name):
-    return (name.isidentifier() and name.isascii() and not name.startswith("BASH_FUNC_")
-            and name not in ("OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_"))
-
-
 # Open MPI 5 takes these only with two dashes; Horovod's docs spell them with one.
 _OMPI_LONG = {"-bind-to", "-map-by", "-rank-by"}
 
@@ -734,9 +729,8 @@ def mpirun_argv(args, env, flavour="openmpi"):
             argv += ["-outfile-pattern" if simple else "--output-filename",
                      args.output_filename]
     if not simple:
-        for key in sorted(env):
-            if _exportable(key):
-                argv += ["-x", key]
+        from .launch import _exportable    # the same rule as for ssh-started ranks
+        argv += [w for key in sorted(env) if _exportable(key) for w in ("-x", key)]
     if args.mpi_args:
         argv += _mpi_words(args.mpi_args, flavour)
     return argv + list(args.command)
