@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from horovodlike.common import launch_env  # noqa: E402
+from horovodlike.common import jobkey, launch_env  # noqa: E402
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(300)
@@ -101,6 +101,7 @@ def test_adopt_on_a_non_zero_rank_sets_our_variables_only():
             env["HOROVOD_LOCAL_SIZE"], env["HOROVOD_CROSS_RANK"],
             env["HOROVOD_CROSS_SIZE"]) == ("3", "4", "1", "2", "1", "2")
     assert env["HOROVODLIKE_JOB_ID"].startswith("torchrun-job7-")
+    assert len(jobkey.from_hex(env[jobkey.ENV])) == jobkey.KEY_BYTES
     assert launch_env.adopt(env) is None                    # idempotent
     assert launch_env.adopt({"PATH": "/bin"}) is None
 
@@ -119,7 +120,32 @@ def test_rank_zero_reports_a_taken_port(monkeypatch):
         le = launch_env.LaunchEnv("torchrun", 0, 2, 0, 2, 0, 1, "127.0.0.1", port, "j")
         monkeypatch.setattr(launch_env, "_server", None)
         with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}.*HOROVODLIKE_RENDEZVOUS_PORT"):
-            launch_env.serve_rendezvous(le)
+            launch_env.serve_rendezvous(le, jobkey.generate())
+
+
+def test_job_key_given_shared_by_file_or_derived(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch_env.tempfile, "gettempdir", lambda: str(tmp_path))
+    given = jobkey.generate()
+    le0 = launch_env.LaunchEnv("torchrun", 0, 2, 0, 2, 0, 1, "127.0.0.1", 29501, "job-a")
+    le1 = launch_env.LaunchEnv("torchrun", 1, 2, 1, 2, 0, 1, "127.0.0.1", 29501, "job-a")
+    assert launch_env.job_key(le1, {jobkey.ENV: given.hex()}) == given
+    # One host: rank 0 leaves a private file for its siblings (same parent process).
+    key = launch_env.job_key(le0, {})
+    path = Path(launch_env.key_path(le0))
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert launch_env.job_key(le1, {}) == key and len(key) == jobkey.KEY_BYTES
+    path.chmod(0o644)
+    with pytest.raises(RuntimeError, match="not private"):
+        launch_env.job_key(le1, {})
+    path.unlink()
+    with pytest.raises(RuntimeError, match="did not leave the job's key"):
+        launch_env.job_key(le1, {"HOROVODLIKE_START_TIMEOUT": "0.2"})
+    # Several hosts and no secret: a derived key, and rank 0 says it is unauthenticated.
+    hosts0 = launch_env.LaunchEnv("torchrun", 0, 4, 0, 2, 0, 2, "10.0.0.1", 29501, "job-b")
+    hosts3 = launch_env.LaunchEnv("torchrun", 3, 4, 1, 2, 1, 2, "10.0.0.1", 29501, "job-b")
+    assert launch_env.job_key(hosts0, {}) == launch_env.job_key(hosts3, {})
+    assert "not authenticated" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ real launches
@@ -194,6 +220,21 @@ def test_processes_started_with_scheduler_variables(style):
     for code, out, err in outs:
         assert code == 0, err
     check_two_ranks([out for _, out, _ in outs])
+    assert "not authenticated" in outs[0][2]        # no shared secret was given
+
+
+def test_a_rank_with_another_key_cannot_join():
+    port = free_port()
+    envs = [clean_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port - 1), HOROVODLIKE_START_TIMEOUT="5",
+                      HOROVODLIKE_JOB_KEY=jobkey.generate().hex()) for r in range(2)]
+    outs = run_processes(envs, RANK_SCRIPT)
+    assert outs[1][0] != 0 and "RANK" not in outs[1][1], outs[1]
+    assert outs[0][0] != 0                           # rank 0 waited for rank 1 in vain
+    envs[1][jobkey.ENV] = envs[0][jobkey.ENV]        # the same secret: it works
+    outs = run_processes(envs, RANK_SCRIPT)
+    assert [code for code, _, _ in outs] == [0, 0], outs
+    assert not any("not authenticated" in err for _, _, err in outs)
 
 
 def torchrun(args, timeout=240, cwd=None):

@@ -24,11 +24,31 @@ Where the store listens:
     listens there when horovodlike is used).
 Rank 0 runs the store in a background thread for the rest of the process's life, so an
 init after a shutdown rendezvouses again.
+
+The store and the engine authenticate every connection with the job's key
+(``HOROVODLIKE_JOB_KEY``). Where it comes from:
+  * ``HOROVODLIKE_JOB_KEY`` already set (the same secret on every rank, e.g. from a
+    Kubernetes secret): used as is.
+  * every rank on this host under one parent (torchrun's ranks are children of its
+    agent): rank 0 makes a key and leaves it in a file only this user can read
+    (``$TMPDIR/horovodlike-<uid>/``, named after the parent process and the job), the
+    others read it there; rank 0 removes it at exit.
+  * otherwise (ranks on several hosts with no shared secret): a key derived from the
+    job's public description, so the rendezvous is NOT authenticated against anyone
+    who can reach the master's address; a warning says so.
 """
+import atexit
+import hashlib
 import os
 import socket
+import stat
+import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Optional
+
+from . import jobkey
 
 # mpirun / srun-with-PMI started us: their variables describe the job, not these.
 _MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
@@ -157,15 +177,15 @@ def bind_address(host):
         return "0.0.0.0"
 
 
-def serve_rendezvous(le):
+def serve_rendezvous(le, key):
     """On rank 0: start (once) horovodlike's store where le says. Returns the server."""
     global _server
     if _server is not None:
         return _server
-    from horovodlike.runner.store import StoreServer
+    from .store import StoreServer
     bind = bind_address(le.rendezvous_host)
     try:
-        _server = StoreServer(bind, le.rendezvous_port).start()
+        _server = StoreServer(bind, le.rendezvous_port, key=key).start()
     except OSError as exc:
         raise RuntimeError(
             f"horovodlike ({le.launcher}): rank 0 cannot serve the rendezvous on "
@@ -182,8 +202,10 @@ def adopt(environ=None):
     le = detect(env)
     if le is None:
         return None
+    key = job_key(le, env)
     if le.rank == 0:
-        serve_rendezvous(le)
+        serve_rendezvous(le, key)
+    env[jobkey.ENV] = jobkey.to_hex(key)
     values = {"HOROVOD_RANK": le.rank, "HOROVOD_SIZE": le.size,
               "HOROVOD_LOCAL_RANK": le.local_rank, "HOROVOD_LOCAL_SIZE": le.local_size,
               "HOROVOD_CROSS_RANK": le.cross_rank, "HOROVOD_CROSS_SIZE": le.cross_size}
@@ -191,3 +213,85 @@ def adopt(environ=None):
     env["HOROVODLIKE_STORE_ADDR"] = le.rendezvous
     env["HOROVODLIKE_JOB_ID"] = le.job_id
     return le
+
+
+# ------------------------------------------------------------------ the job's key
+
+def _parent_identity():
+    """(pid, start time) of the parent process: the same for every rank one torchrun
+    agent started, different for the next run even if the pid comes back."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "0"
+    return ppid, start
+
+
+def key_path(le):
+    ppid, start = _parent_identity()
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in le.job_id)[:150]
+    return os.path.join(tempfile.gettempdir(), f"horovodlike-{os.getuid()}",
+                        f"{safe}-{ppid}-{start}.key")
+
+
+def _private_dir(path):
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"horovodlike: {path} must be a directory only this user can "
+                           f"read (mode 0700, owned by uid {os.getuid()})")
+
+
+def _read_key_file(path, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"horovodlike: rank 0 did not leave the job's key in "
+                                   f"{path} within {timeout:.0f} s "
+                                   f"(HOROVODLIKE_START_TIMEOUT)") from None
+            time.sleep(0.05)
+            continue
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise RuntimeError(f"horovodlike: {path} is not private to this user")
+            text = f.read()
+        if text.endswith("\n"):
+            return jobkey.from_hex(text, where=path)
+        time.sleep(0.05)      # not completely written yet (rank 0 renames it in place)
+
+
+def _write_key_file(path, key):
+    _private_dir(os.path.dirname(path))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(jobkey.to_hex(key) + "\n")
+    os.replace(tmp, path)
+    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+
+
+def job_key(le, environ=None):
+    """The key this job's store and engine connections use (see the module's doc)."""
+    env = os.environ if environ is None else environ
+    given = env.get(jobkey.ENV)
+    if given:
+        return jobkey.from_hex(given)
+    if le.local_size is not None and le.local_size == le.size:
+        path = key_path(le)
+        if le.rank == 0:
+            key = jobkey.generate()
+            _write_key_file(path, key)
+            return key
+        return _read_key_file(path, float(env.get("HOROVODLIKE_START_TIMEOUT", "60")))
+    if le.rank == 0:
+        print(f"horovodlike: ranks on several hosts ({le.launcher}) and no {jobkey.ENV}: "
+              f"the rendezvous at {le.rendezvous} is not authenticated. Set {jobkey.ENV} "
+              f"to the same secret (64 hex digits) on every rank, e.g. from a Kubernetes "
+              f"secret", file=sys.stderr, flush=True)
+    return hashlib.sha256(f"horovodlike-unauthenticated/{le.job_id}".encode()).digest()

@@ -20,7 +20,8 @@ try:
 except ImportError as exc:          # pragma: no cover - depends on the environment
     raise ImportError("horovodlike.ray needs Ray: pip install ray") from exc
 
-from horovodlike.runner.store import StoreServer
+from horovodlike.common import jobkey
+from horovodlike.common.store import StoreServer
 
 
 @dataclass
@@ -185,8 +186,11 @@ class RayExecutor:
         driver_node = ray.get_runtime_context().get_node_id()
         local_only = all(n == driver_node for n in nodes)
         address = "127.0.0.1" if local_only else ray.util.get_node_ip_address()
-        self._store = StoreServer(address, 0).start()
-        common = {"HOROVODLIKE_STORE_ADDR": f"{address}:{self._store.port}",
+        key = jobkey.generate()
+        self._store = StoreServer(address, 0, key=key).start()
+        # The key reaches the actors through Ray's own control channel.
+        common = {jobkey.ENV: jobkey.to_hex(key),
+                  "HOROVODLIKE_STORE_ADDR": f"{address}:{self._store.port}",
                   "HOROVODLIKE_JOB_ID": uuid.uuid4().hex[:12],
                   "HOROVODLIKE_START_TIMEOUT": str(self.settings.timeout_s),
                   "HOROVOD_SIZE": str(size)}
