@@ -16,5 +16,6 @@ from .common.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, all
                          synchronize)
 from .common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                   remove_process_set)
+from .runner.run_fn import run
 
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 import atexit
 import threading
 
-from . import bootstrap, engine
+from . import affinity, bootstrap, engine
 
 _lock = threading.Lock()
 _topo = None
@@ -30,9 +30,10 @@ def init(comm=None, process_sets=None):
         bind, advertise = bootstrap.listen_addresses(launcher, size, comm)
         blob = engine.prepare(bootstrap.hostname(), advertise, bind, key)
         peers = bootstrap.exchange(launcher, rank, size, blob, comm)
-        hosts = [h for h, _ in peers]
-        engine.start(rank, size, [b for _, b in peers])
-        _topo = bootstrap.topology(launcher, rank, hosts)
+        topo = bootstrap.topology(launcher, rank, [h for h, _ in peers])
+        with affinity.engine_thread_affinity(topo.local_rank, topo.local_size):
+            engine.start(rank, size, [b for _, b in peers])
+        _topo = topo
         from . import process_sets as _ps
         try:
             _ps.init_sets(process_sets)

@@ -18,7 +18,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from . import jobkey
+from . import jobkey, launch_env
 
 
 @dataclass
@@ -69,6 +69,9 @@ def advertise_address() -> str:
 
 def detect():
     """(launcher, rank, size) from the environment, before any exchange."""
+    # torchrun / Kubeflow / Ray Train / Spark (or bare HOROVOD_*) variables become
+    # horovodlikerun's, with rank 0 serving the store (see launch_env).
+    launch_env.adopt()
     if os.environ.get("HOROVODLIKE_STORE_ADDR") and _env_int("HOROVOD_SIZE") is not None:
         return "horovodlikerun", _env_int("HOROVOD_RANK"), _env_int("HOROVOD_SIZE")
     mpi_size = _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
