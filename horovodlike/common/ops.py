@@ -1,48 +1,32 @@
 """Collectives on numpy arrays with Horovod's signatures, and the handle machinery the
 framework bindings reuse.
 
-Naming follows Horovod: `name=x` becomes "allreduce.x"; unnamed ops are numbered per op
+Naming, like every rule about a call's arguments, is request.py's: `name=x` becomes
+"allreduce.x"; unnamed ops are numbered per op and per process set
 ("allreduce.noname.3"), so they match across ranks only if every rank makes the same
 sequence of calls. Buffers are passed to the engine by address (zero copy) and kept
 alive in `_pending` until their handle is synchronized.
 """
-import itertools
-import threading
-import warnings
-
 import numpy as np
 
-from . import basics, engine
+from . import basics, engine, request
 from .process_sets import global_process_set, set_id
 
 Average, Sum, Adasum, Min, Max, Product = (engine.AVERAGE, engine.SUM, engine.ADASUM,
                                            engine.MIN, engine.MAX, engine.PRODUCT)
 
-_counters = {}
-_counter_lock = threading.Lock()
 _pending = {}       # handle -> (keep-alive objects, finisher(engine.Result) -> output)
 
 
 def op_name(kind, name, set_key=0):
-    """Horovod's naming. Unnamed ops are numbered per op kind and per process set, so
-    ranks that run different unnamed ops in their own sets still agree on the numbering
-    of the global ones."""
-    if name is not None:
-        return f"{kind}.{name}"
-    with _counter_lock:
-        c = _counters.setdefault((kind, set_key), itertools.count())
-        return f"{kind}.noname.{next(c)}"
+    """Horovod's naming (request.engine_name: numbered per op kind and per process set,
+    the set's id in the name)."""
+    return request.engine_name(kind, name, set_key)
 
 
 def resolve_op(op, average, what="allreduce"):
-    """Horovod's op/average arguments: op wins; average= is the deprecated spelling."""
-    if op is not None and average is not None:
-        raise ValueError(f"{what}: pass op= or average=, not both")
-    if average is not None:
-        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average if op is None else op
+    """Horovod's op/average arguments (request.reduce_op)."""
+    return request.reduce_op(op, average, what)
 
 
 def dtype_code(dtype, what):
@@ -65,9 +49,6 @@ def _as_array(tensor, what):
 def submit(keep, finish, **request):
     """Enqueue a request; remember what must stay alive and how to finish it."""
     basics._t()
-    if request.get("process_set"):
-        # Names are scoped per process set, as in Horovod (each set negotiates apart).
-        request["name"] = f"{request['name']}@set{request['process_set']}"
     handle = engine.enqueue(**request)
     _pending[handle] = (keep, finish)
     return handle
@@ -159,9 +140,7 @@ def barrier(process_set=None):
 
 def reducescatter_rows(rows, process_set=None):
     """Rows of a reducescatter result on this rank: lower ranks take the remainder."""
-    ps = process_set or global_process_set
-    n, i = ps.size(), ps.rank()
-    return rows // n + (1 if i < rows % n else 0)
+    return request.reducescatter_rows(rows, process_set)
 
 
 def reducescatter_async(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
