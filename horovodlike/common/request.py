@@ -192,12 +192,12 @@ def reducescatter_rows(first_dim, process_set=None):
     return first_dim // n + (1 if i < first_dim % n else 0)
 
 
-def _need_dims(ndim, what, verb):
+def need_dims(ndim, what, verb):
     """ndim: the tensor's number of dimensions (a list of them for a group; None when
     not known yet)."""
     if isinstance(ndim, (list, tuple)):
         for n in ndim:
-            _need_dims(n, what, verb)
+            need_dims(n, what, verb)
     elif ndim is not None and ndim == 0:
         raise ValueError(f"{what} needs a tensor with at least one dimension to {verb}; "
                          f"got a scalar (reshape it to [1])")
@@ -271,7 +271,7 @@ def allreduce(name=None, op=None, average=None, prescale_factor=1.0, postscale_f
 
 def allgather(name=None, process_set=None, ndim=None, what="allgather", namer=None,
               members=None):
-    _need_dims(ndim, what, "concatenate on")
+    need_dims(ndim, what, "concatenate on")
     return _request("allgather", what, name, process_set, namer, members)
 
 
@@ -285,7 +285,7 @@ def alltoall(splits=None, rows=None, name=None, process_set=None, ndim=None, wha
              namer=None):
     """An alltoall. Splits known now are checked now (against `rows` when known);
     splits that only exist at run time are checked by Request.alltoall_splits."""
-    _need_dims(ndim, what, "split on")
+    need_dims(ndim, what, "split on")
     ps, _ = resolve_set(process_set)
     given = splits is not None
     checked = splits_list(splits, rows, ps.size(), what)
@@ -295,7 +295,7 @@ def alltoall(splits=None, rows=None, name=None, process_set=None, ndim=None, wha
 
 def reducescatter(name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                   process_set=None, ndim=None, what="reducescatter", namer=None, members=None):
-    _need_dims(ndim, what, "scatter on")
+    need_dims(ndim, what, "scatter on")
     op = reduce_op(op, None, what, sum_or_average=True)
     pre = scale(prescale_factor, what, "prescale_factor")
     post = scale(postscale_factor, what, "postscale_factor")
