@@ -59,6 +59,13 @@ class UnimplementedError(_Dual, tf.errors.UnimplementedError, NotImplementedErro
     """Something horovodlike does not implement (Adasum, say)."""
 
 
+class XLANotSupportedError(ValueError):
+    """A horovodlike collective was traced inside an XLA-compiled function."""
+    # AutoGraph re-raises an error from converted code under its own type only when the
+    # constructor is the plain one; otherwise users would get a StagingError.
+    __init__ = Exception.__init__
+
+
 # Most specific first.
 _MAP = ((_common.TensorMismatchError, TensorMismatchError),
         (_common.HorovodInternalError, HorovodInternalError),
@@ -70,7 +77,6 @@ _MAP = ((_common.TensorMismatchError, TensorMismatchError),
 def translate(error):
     """The tf.errors-typed twin of a horovodlike error (the error itself when it already
     is a tf.errors type, or is not one of ours to translate)."""
-    from ._graph import XLANotSupportedError
     if isinstance(error, (tf.errors.OpError, XLANotSupportedError)):
         return error
     for source, target in _MAP:

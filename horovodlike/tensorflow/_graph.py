@@ -24,14 +24,8 @@ import tensorflow as tf
 from horovodlike.common import request
 
 from . import _errors
+from ._errors import XLANotSupportedError
 from ._tensors import np_dtype, to_tf
-
-
-class XLANotSupportedError(ValueError):
-    """A horovodlike collective was traced inside an XLA-compiled function."""
-    # AutoGraph re-raises an error from converted code under its own type only when the
-    # constructor is the plain one; otherwise users would get a StagingError.
-    __init__ = Exception.__init__
 
 
 def _xla_context():

@@ -16,8 +16,9 @@ Errors carry Horovod's tf.errors types (see _errors).
 import tensorflow as tf
 
 from horovodlike.common import basics, request
-from horovodlike.common.process_sets import (ProcessSet, add_process_set,  # noqa: F401
-                                             global_process_set, remove_process_set)
+from horovodlike.common.dynamic_sets import (add_process_set,  # noqa: F401
+                                             remove_process_set)
+from horovodlike.common.process_sets import ProcessSet, global_process_set  # noqa: F401
 
 from . import _graph, _kernels, _tensors
 from .compression import Compression
