@@ -12,11 +12,13 @@ from contextlib import contextmanager
 
 import torch
 
+from horovodlike.common.objects import broadcast_object
+from horovodlike.common.request import split_list
+
 from . import _buckets
 from . import _collectives as C
 from ._process_sets import global_process_set, resolve
 from .compression import Compression
-from .functions import broadcast_object
 
 _IN_FLIGHT_MSG = ("optimizer.zero_grad() was called after loss.backward() but before "
                   "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -24,12 +26,6 @@ _IN_FLIGHT_MSG = ("optimizer.zero_grad() was called after loss.backward() but be
 _TOO_MANY_MSG = ("Gradients were computed more than backward_passes_per_step times before "
                  "call to step(). Increase backward_passes_per_step to accumulate gradients "
                  "locally.")
-
-
-def split_list(items, n):
-    """Split `items` into n consecutive chunks whose lengths differ by at most one."""
-    d, r = divmod(len(items), n)
-    return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
 
 
 class _DistributedOptimizer:
@@ -352,6 +348,11 @@ class _DistributedOptimizer:
             closure = self._synchronizing_closure(closure)
         return super().step(closure)
 
+    def _local_step(self, closure=None):
+        """The wrapped optimizer's own step: no allreduce, so any rank may call it alone
+        (broadcast_optimizer_state creates the root's state with it)."""
+        return super().step(closure)
+
     def zero_grad(self, *args, **kwargs):
         if self._handles:
             raise AssertionError(_IN_FLIGHT_MSG)
@@ -401,9 +402,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    if op == C.Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not implemented in horovodlike; use "
-                                  "op=hvd.Average (the default) or op=hvd.Sum")
     op = C.reduce_op(op, None, "DistributedOptimizer")
     if gradient_predivide_factor != 1.0 and op != C.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
