@@ -171,7 +171,8 @@ def splits_list(splits, rows, n, what):
     out = []
     for v in values:
         if isinstance(v, (bool, float)) or not hasattr(v, "__index__"):
-            raise TypeError(f"{what}: splits must be integers, got {v!r}")
+            # ValueError, as Horovod raises it (scripts catch that type).
+            raise ValueError(f"{what}: splits must be integers, got {v!r}")
         out.append(operator.index(v))
     if len(out) != n:
         raise ValueError(f"{what}: {len(out)} splits given for a process set of {n} ranks; "
