@@ -573,6 +573,20 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
             for p, j, off, numel in b.entries:
                 p.grad = full[off:off + numel].view(p.shape)
 
+    @torch.no_grad()
+    def _shard_from_grads(self):
+        """Stage 1: the gradient shard from p.grad, which the caller may have changed
+        since synchronize() (clipped, scaled), as DistributedOptimizer would see it."""
+        for pc, t in zip(self._pieces, (t for g in self._inner.param_groups
+                                        for t in g["params"])):
+            for j, poff, off, n in pc["segments"]:
+                g = self._params[j].grad
+                dst = t.grad[off:off + n]
+                if g is None:
+                    dst.zero_()
+                elif dst.data_ptr() != g.reshape(-1)[poff:poff + n].data_ptr():
+                    dst.copy_(g.reshape(-1)[poff:poff + n])
+
     # ------------------------------------------------------------- optimizer API
 
     @contextmanager
@@ -598,6 +612,8 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError("step() inside skip_synchronize() needs an explicit "
                                  "optimizer.synchronize() first")
         self._synchronized = False
+        if self.stage == 1:
+            self._shard_from_grads()
         for outer, inner in zip(self.param_groups, self._inner.param_groups):
             inner.update({k: v for k, v in outer.items() if k != "params"})
         self._inner.step()
@@ -636,21 +652,23 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         synchronizes if needed, computes the global norm from the shards (each element
         counted once: summed over the partition group, not the replicas), and scales
         the shard (and p.grad for stage 1). Returns the total norm."""
+        norm_type = float(norm_type)
+        if not (norm_type > 0 or norm_type == math.inf):
+            raise ValueError(f"clip_grad_norm_: norm_type must be positive or inf, got "
+                             f"{norm_type}")
         if not self._synchronized:
             self.synchronize()
-        norm_type = float(norm_type)
+        if self.stage == 1:
+            self._shard_from_grads()
         shards = [g for g in self._shard_grad.values() if g.numel()]
         if norm_type == math.inf:
             local = max((g.abs().max().double() for g in shards),
                         default=torch.zeros((), dtype=torch.float64))
             op = C.Max
-        elif norm_type > 0:
+        else:
             local = sum((g.double().abs().pow(norm_type).sum() for g in shards),
                         torch.zeros((), dtype=torch.float64))
             op = C.Sum
-        else:
-            raise ValueError(f"clip_grad_norm_: norm_type must be positive or inf, got "
-                             f"{norm_type}")
         total = local.reshape(1)
         if self.partition_set is not None:
             total = C.synchronize(C.allreduce_async(total, name=f"{self._uid}.norm", op=op,
@@ -662,12 +680,13 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
                                f"disable this error and scale the gradients by the "
                                f"non-finite norm anyway, set `error_if_nonfinite=False`")
         coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-        for g in shards:
-            g.mul_(coef.to(g.dtype))
-        if self.stage == 1:
+        if self.stage == 1:               # step() takes the shard from p.grad
             for p in self._params:
                 if p.grad is not None:
                     p.grad.mul_(coef.to(p.grad.dtype))
+        else:
+            for g in shards:
+                g.mul_(coef.to(g.dtype))
         dtype = next(iter(self._flat), torch.float32)
         return total.to(dtype)
 
@@ -748,7 +767,9 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
                     f"{self.shard_size} of {self.replicas * self.shard_size}. To reshard, "
                     f"pass the list of state_dict()s of every member of one partition "
                     f"group, or a consolidated_state_dict()")
-            self._load(state_dict["state"], state_dict["param_groups"])
+            self._load({i: {k: v.clone() if isinstance(v, torch.Tensor) else v
+                            for k, v in s.items()} for i, s in state_dict["state"].items()},
+                       state_dict["param_groups"])
             return
         if not isinstance(state_dict, dict) or "state" not in state_dict \
                 or "param_groups" not in state_dict:
