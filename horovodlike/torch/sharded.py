@@ -644,6 +644,13 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         return sum(v.numel() * v.element_size() for s in self._inner.state.values()
                    for v in s.values() if isinstance(v, torch.Tensor))
 
+    def gradient_bytes(self):
+        """Bytes of gradients this rank keeps between steps: the reduced shard, and
+        p.grad (stage 1)."""
+        grads = [g for g in self._shard_grad.values()] + [p.grad for p in self._params
+                                                         if p.grad is not None]
+        return sum(g.numel() * g.element_size() for g in grads)
+
     # ------------------------------------------------------------- clipping
 
     @torch.no_grad()
