@@ -62,7 +62,7 @@ ELEMENTWISE_OPTIMIZERS = tuple(getattr(torch.optim, n) for n in (
     "Rprop", "ASGD") if hasattr(torch.optim, n))
 
 FORMAT = "horovodlike.ShardedDistributedOptimizer/1"
-DEFAULT_BUCKET_CAP_MB = 25.0
+DEFAULT_BUCKET_CAP_MB = 4.0
 _MAX_META_BYTES = 64 << 20        # the most JSON a peer may send us in one state exchange
 _MAX_DEPTH = 32                   # nesting allowed in that JSON
 
@@ -487,6 +487,10 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         b.pending = (handle, ctx, compressed)
         b.staging, b.staged = None, set()
         self._launched.add(b.index)
+        for other in self._buckets:       # free the staging of reductions already done
+            if other.pending is not None and (other.pending[0] is None
+                                              or C.poll(other.pending[0])):
+                self._collect(other)
 
     def _collect(self, b):
         """Wait for b's reduce-scatter and add its result into the gradient shard."""
@@ -552,21 +556,29 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
             self._gather_gradients()
         self._synchronized = True
 
-    def _gather(self, source, what):
+    def _gather(self, source, what, window=2):
         """All-gather every bucket's owned chunk of `source` (flat per dtype, or the
-        gradient shard) inside the partition group: [(bucket, full bucket)]."""
-        chunks = []
-        for b in self._buckets:
+        gradient shard) inside the partition group, yielding (bucket, full bucket) in
+        order with at most `window` gathers in flight, so that only that many gathered
+        buckets exist at a time."""
+        def chunk(b):
             if source is self._shard_grad:
-                chunks.append(source[b.dtype][b.shard_off:b.shard_off + b.chunk])
-            else:
-                at = b.base + self.shard_rank * b.chunk
-                chunks.append(source[b.dtype][at:at + b.chunk])
+                return source[b.dtype][b.shard_off:b.shard_off + b.chunk]
+            at = b.base + self.shard_rank * b.chunk
+            return source[b.dtype][at:at + b.chunk]
+
         if self.partition_set is None:
-            return list(zip(self._buckets, chunks))
-        outs = C.synchronize(C.grouped_allgather_async(chunks, name=f"{self._uid}.{what}",
-                                                       process_set=self.partition_set))
-        return list(zip(self._buckets, outs))
+            yield from ((b, chunk(b)) for b in self._buckets)
+            return
+        pending = []
+        for b in self._buckets + [None] * window:
+            if b is not None:
+                pending.append((b, C.allgather_async(chunk(b), name=f"{self._uid}.{what}."
+                                                     f"{b.index}",
+                                                     process_set=self.partition_set)))
+            if len(pending) > window or (b is None and pending):
+                done, handle = pending.pop(0)
+                yield done, C.synchronize(handle)
 
     def _gather_gradients(self):
         for b, full in self._gather(self._shard_grad, "grad"):
@@ -617,9 +629,10 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         for outer, inner in zip(self.param_groups, self._inner.param_groups):
             inner.update({k: v for k, v in outer.items() if k != "params"})
         self._inner.step()
-        for b, full in self._gather(self._flat, "params"):
-            with torch.no_grad():
-                self._flat[b.dtype][b.base:b.base + b.padded].copy_(full)
+        if self.partition_set is not None:
+            for b, full in self._gather(self._flat, "params"):
+                with torch.no_grad():
+                    self._flat[b.dtype][b.base:b.base + b.padded].copy_(full)
         return loss
 
     def zero_grad(self, set_to_none=True):
