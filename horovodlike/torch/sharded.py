@@ -53,7 +53,8 @@ from horovodlike.common import process_sets as _sets
 from . import _collectives as C
 from ._process_sets import global_process_set, resolve
 from .compression import Compression
-from .optimizer import _DistributedOptimizer, check_named_parameters
+from .optimizer import (_IN_FLIGHT_MSG, _TOO_MANY_MSG, _DistributedOptimizer,
+                        check_named_parameters)
 
 # Optimizers whose update of every element reads only that element's gradient and state
 # (plus per-tensor scalars such as the step count, equal over a tensor's slices).
@@ -65,13 +66,6 @@ FORMAT = "horovodlike.ShardedDistributedOptimizer/1"
 DEFAULT_BUCKET_CAP_MB = 4.0
 _MAX_META_BYTES = 64 << 20        # the most JSON a peer may send us in one state exchange
 _MAX_DEPTH = 32                   # nesting allowed in that JSON
-
-_IN_FLIGHT_MSG = ("optimizer.zero_grad() was called after loss.backward() but before "
-                  "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                  "cause a race condition.")
-_TOO_MANY_MSG = ("Gradients were computed more than backward_passes_per_step times before "
-                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                 "locally.")
 
 _instances = itertools.count()     # numbers optimizers in creation order, same on all ranks
 
