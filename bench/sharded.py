@@ -187,6 +187,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--netns", action="store_true")
+    ap.add_argument("--netns-only", action="store_true", help="only the shaped-link part")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--plot")
     ap.add_argument("--timeout", type=int, default=600)
@@ -195,14 +196,16 @@ def main():
         return worker(args)
     # one node: local_size is the whole job, so "hybrid" would equal zero2; use 2 per node
     # (fake nodes over loopback) to show the layout's cost without a slow link
-    samples = collect(IMPLS[:3] + IMPLS[4:], args, tag="one node ")
-    table = summarize(samples)
-    fake = ["-H", f"a:{args.np // 2},b:{args.np // 2}", "--ssh-command", "sh -c {command}"]
-    table["hybrid"] = summarize(collect(["hybrid"], args, fake, tag="fake nodes "))["hybrid"]
-    print_table(f"{args.np} ranks on one host, batch {args.batch}x{args.seq} tokens per rank",
-                table)
-    netns_table = None
-    if args.netns:
+    table = netns_table = None
+    if not args.netns_only:
+        table = summarize(collect(IMPLS[:3] + IMPLS[4:], args, tag="one node "))
+        fake = ["-H", f"a:{args.np // 2},b:{args.np // 2}", "--ssh-command",
+                "sh -c {command}"]
+        table["hybrid"] = summarize(collect(["hybrid"], args, fake,
+                                            tag="fake nodes "))["hybrid"]
+        print_table(f"{args.np} ranks on one host, batch {args.batch}x{args.seq} tokens "
+                    f"per rank", table)
+    if args.netns or args.netns_only:
         import netns
         why = netns.available()
         if why:
@@ -214,7 +217,7 @@ def main():
                     net.env(), tag="netns "))
             print_table(f"2 nodes x {args.np // 2} ranks, {args.rate} shaped link",
                         netns_table)
-    if args.plot:
+    if args.plot and table:
         plot(args.plot, table, netns_table)
 
 

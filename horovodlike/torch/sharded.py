@@ -23,7 +23,8 @@ One step, for a bucket of B bytes:
      not compute count as zeros, as with DistributedOptimizer. With
      backward_passes_per_step > 1 this happens on every pass and the reduced shards add
      up.
-  2. at the accumulation boundary (step() or synchronize()): the owned shard is
+  2. at the accumulation boundary (the last pass's reduce-scatter of the bucket, or
+     step()/synchronize() for the buckets still in flight): the owned shard is
      all-reduced across the replica group (2 (R-1)/R * B/S per rank with R = n / S
      replicas; the only traffic between nodes for MiCS).
   3. the wrapped optimizer steps on the shard.
@@ -128,6 +129,7 @@ class _Bucket:
         self.staging = None                        # this pass's gradients, once started
         self.staged = set()                        # params staged in this pass
         self.pending = None                        # (handle, ctx, input) of the reduction
+        self.allreduce = None                      # (shard, ctx, input, handle) across replicas
         self.passes = 0                            # passes reduced into the shard
 
 
@@ -496,6 +498,18 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             dst.copy_(out) if b.passes == 0 else dst.add_(out)
         b.passes += 1
+        if b.passes == self.backward_passes_per_step:
+            self._allreduce_shard(b)      # the last pass: the second hop starts now
+
+    def _allreduce_shard(self, b):
+        """All-reduce bucket b's owned shard across the replica group (once per step)."""
+        if self.replica_set is None or b.allreduce is not None:
+            return
+        shard = self._shard_grad[b.dtype][b.shard_off:b.shard_off + b.chunk]
+        compressed, ctx = self.compression.compress(shard)
+        b.allreduce = (shard, ctx, compressed, C.allreduce_async_(
+            compressed, name=f"{self._uid}.ar.{b.index}", op=self.op,
+            process_set=self.replica_set))
 
     def _end_pass(self):
         """At the end of a backward pass: reduce the buckets not reduced yet, so every
@@ -521,21 +535,20 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         averaged gradients into p.grad."""
         if self._passes == 0:
             self._flush_pass()
-        handles, error = [], None
+        error = None
         for b in self._buckets:
             try:
                 if b.pending is not None:
                     self._collect(b)
-                b.passes = 0
-                if self.replica_set is not None:
-                    shard = self._shard_grad[b.dtype][b.shard_off:b.shard_off + b.chunk]
-                    compressed, ctx = self.compression.compress(shard)
-                    handles.append((shard, ctx, compressed, C.allreduce_async_(
-                        compressed, name=f"{self._uid}.ar.{b.index}", op=self.op,
-                        process_set=self.replica_set)))
+                self._allreduce_shard(b)  # fewer passes than backward_passes_per_step
             except Exception as e:  # noqa: BLE001 - wait for every handle, then raise
                 b.pending, error = None, error or e
-        for shard, ctx, compressed, handle in handles:
+            b.passes = 0
+        for b in self._buckets:
+            if b.allreduce is None:
+                continue
+            shard, ctx, compressed, handle = b.allreduce
+            b.allreduce = None
             try:
                 out = self.compression.decompress(C.synchronize(handle), ctx)
                 if out.data_ptr() != shard.data_ptr():
