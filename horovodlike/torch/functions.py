@@ -118,6 +118,9 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    from .sharded import ShardedDistributedOptimizer
+    if isinstance(optimizer, ShardedDistributedOptimizer):   # each rank holds a shard
+        return optimizer.broadcast_state(root_rank)
     is_root = basics.rank() == root_rank
     if is_root and not optimizer.state:
         _initialize_state(optimizer)      # the other ranks take root's state as it is

@@ -28,6 +28,37 @@ _TOO_MANY_MSG = ("Gradients were computed more than backward_passes_per_step tim
                  "locally.")
 
 
+def check_named_parameters(named_parameters, param_groups):
+    """The (name, parameter) pairs for `param_groups`: named_parameters checked (pairs,
+    unique names, every parameter named), or made up from positions when it is None."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                            for i, group in enumerate(param_groups)
+                            for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) or len(p) != 2 for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, "
+                         "parameter), usually produced by model.named_parameters().")
+    seen, dups = set(), []
+    for k, _ in named_parameters:
+        if k in seen and k not in dups:
+            dups.append(k)
+        seen.add(k)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found "
+                         "duplicates: %s" % ", ".join(map(str, dups)))
+    named_ids = {id(v) for _, v in named_parameters}
+    unnamed = [p for group in param_groups for p in group["params"]
+               if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model "
+                         "parameters were not named (shapes: %s). Pass every parameter "
+                         "the optimizer updates, e.g. model.named_parameters()."
+                         % ", ".join(str(tuple(p.shape)) for p in unnamed))
+    return named_parameters
+
+
 class _DistributedOptimizer:
     """Mixed in before the wrapped optimizer's class by DistributedOptimizer()."""
 
@@ -36,32 +67,7 @@ class _DistributedOptimizer:
                  sparse_as_dense=False, process_set=global_process_set):
         super().__init__(params)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}.{j}", v)
-                                for i, group in enumerate(self.param_groups)
-                                for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) or len(p) != 2 for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, "
-                             "parameter), usually produced by model.named_parameters().")
-        seen, dups = set(), []
-        for k, _ in named_parameters:
-            if k in seen and k not in dups:
-                dups.append(k)
-            seen.add(k)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. Found "
-                             "duplicates: %s" % ", ".join(map(str, dups)))
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = [p for group in self.param_groups for p in group["params"]
-                   if id(p) not in named_ids]
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model "
-                             "parameters were not named (shapes: %s). Pass every parameter "
-                             "the optimizer updates, e.g. model.named_parameters()."
-                             % ", ".join(str(tuple(p.shape)) for p in unnamed))
-
+        named_parameters = check_named_parameters(named_parameters, self.param_groups)
         self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
