@@ -363,6 +363,7 @@ for tid in os.listdir("/proc/self/task"):
         for line in f:
             if line.startswith("Cpus_allowed_list:"):
                 masks[int(tid)] = line.split()[1]
+hvd.barrier()            # nobody shuts down (ending the peers' engines) before all looked
 main = masks.pop(threading.get_native_id())
 print("main", main, "unchanged", os.sched_getaffinity(0) == main_before,
       "others", sorted(masks.values()), flush=True)
