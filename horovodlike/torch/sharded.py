@@ -49,6 +49,7 @@ from contextlib import contextmanager
 import torch
 
 from horovodlike.common import basics
+from horovodlike.common import dynamic_sets
 from horovodlike.common import process_sets as _sets
 
 from . import _collectives as C
@@ -105,7 +106,7 @@ def _set_of(ranks, base, base_ranks):
         if ps.ranks == list(ranks):
             return ps
     if _sets._dynamic and base_ranks == list(range(basics.size())):
-        return _sets.add_process_set(list(ranks))
+        return dynamic_sets.add_process_set(list(ranks))
     raise ValueError(
         f"ShardedDistributedOptimizer needs a process set with ranks {list(ranks)}: "
         f"start with hvd.init(process_sets='dynamic') (or HOROVOD_DYNAMIC_PROCESS_SETS=1) "
