@@ -169,6 +169,14 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
         rc = hvdl__err(HVDL_ERR_INVALID, "blob %d is not this process's: ranks were exchanged wrongly", rank);
         goto out;
     }
+    for (int i = 0; i < size; i++) {
+        char what[256];
+        if (hvdl__config_disagree(&e->peers[rank].agreed, &e->peers[i].agreed, what, sizeof what)) {
+            rc = hvdl__err(HVDL_ERR_INVALID, "rank %d and rank %d (host %s) were started with different "
+                           "settings: %s. Set it the same way on every rank", rank, i, e->peers[i].host, what);
+            goto out;
+        }
+    }
     int *all = malloc(sizeof(int) * (size_t)size);
     for (int i = 0; all && i < size; i++) all[i] = i;
     if (!all || hvdl_process_set_add(0, all, size)) {

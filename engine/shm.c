@@ -81,7 +81,7 @@ int hvdl__shm_open(engine_t *e) {
     char name[96];
     snprintf(name, sizeof name, "/hvdl-%016llx-%016llx", (unsigned long long)e->peers[0].nonce,
              (unsigned long long)fnv(e->host));
-    double deadline = hvdl_now() + 30.0;
+    double deadline = hvdl_now() + e->cfg.start_timeout;
     int fd = -1;
     if (me == 0) {
         fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
