@@ -210,6 +210,7 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
         rc = hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
         goto out;
     }
+    hvdl__liveness_start(e);
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
         hvdl__log(HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
     hvdl__config_log(&e->cfg, rank);

@@ -113,6 +113,7 @@ typedef struct conn {
     int fd;
     buf_t rx;                /* bytes read but not yet parsed into frames */
     int eof;                 /* closed after a goodbye: frames in rx still count */
+    double last_rx, last_tx; /* when bytes last arrived / a frame was last sent (liveness) */
 } conn_t;
 
 typedef struct peer {
@@ -180,6 +181,8 @@ typedef struct engine {
     buf_t scratch;           /* staging for receive-and-reduce */
     struct coordinator *coord;   /* rank 0 only */
     int joined;              /* this rank has a join in flight: zeros for others' allreduces */
+    double next_tick;        /* when liveness.c next sends heartbeats and checks peers */
+    int in_tick;
 
     /* Tracing (timeline.c). tl_on is the one branch every event site pays. */
     atomic_int tl_on;
@@ -279,6 +282,16 @@ enum {
     MSG_PONG = 6,            /* rank 0 -> worker: rank 0's wall clock */
     MSG_HEARTBEAT = 7        /* either way, when nothing else was sent for a while */
 };
+
+/* liveness.c: heartbeats on the control star; a silent peer is named and the job ends */
+void hvdl__liveness_start(engine_t *e);
+int hvdl__liveness_tick(engine_t *e);               /* -1 once the engine has failed */
+int hvdl__liveness_ms(const engine_t *e);            /* until the next tick is due */
+double hvdl__heartbeat_interval(const engine_t *e);
+/* Every wait calls this with the time it has at hand: one comparison when nothing is due. */
+static inline int hvdl__liveness_check(engine_t *e, double now) {
+    return now >= e->next_tick ? hvdl__liveness_tick(e) : 0;
+}
 
 /* reduce.c */
 void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);

@@ -186,7 +186,7 @@ static int ctrl_read(conn_t *c) {
     for (;;) {
         if (buf_reserve(&c->rx, c->rx.len + 65536)) return -1;
         ssize_t k = recv(c->fd, c->rx.data + c->rx.len, (size_t)(c->rx.cap - c->rx.len), 0);
-        if (k > 0) { c->rx.len += k; continue; }
+        if (k > 0) { c->rx.len += k; c->last_rx = hvdl_now(); continue; }
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         if (k < 0 && errno == EINTR) continue;
         return -1;
@@ -302,12 +302,14 @@ int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n) 
             poll(&pf, 1, 100);
             if ((pf.revents & (POLLIN | POLLHUP | POLLERR)) && hvdl__control_readable(e, peer))
                 return -1;
+            if (hvdl__liveness_check(e, hvdl_now())) return -1;
             if (hvdl_now() - last > e->cfg.peer_timeout) {
                 hvdl__peer_lost(e, peer, "it stopped reading its control connection");
                 return -1;
             }
         }
     }
+    c->last_tx = last;
     return 0;
 }
 

@@ -143,12 +143,20 @@ static int reached(_Atomic uint32_t *seq, uint32_t v) {
     return (int32_t)(atomic_load_explicit(seq, memory_order_acquire) - v) >= 0;
 }
 
+/* The global rank of this node's local rank `local`. */
+static int global_rank(engine_t *e, int local) {
+    for (int r = 0, k = 0; r < e->size; r++)
+        if (!strcmp(e->peers[r].host, e->host) && k++ == local) return r;
+    return -1;
+}
+
 /* Wait until every local rank has posted the phase this rank just posted. */
 int hvdl__shm_wait_all(engine_t *e) {
     hvdl_shm_t *s = e->shm;
     shm_header_t *h = (shm_header_t *)s->base;
     uint32_t v = s->phase;
-    double spin_until = hvdl_now() + e->spin_us * 1e-6;
+    double now = hvdl_now(), spin_until = now + e->spin_us * 1e-6;
+    if (hvdl__liveness_check(e, now)) return -1;
     for (int q = 0; q < s->nlocal; q++) {
         _Atomic uint32_t *seq = seq_of(s, q);
         while (!reached(seq, v) && hvdl_now() < spin_until)
@@ -161,11 +169,16 @@ int hvdl__shm_wait_all(engine_t *e) {
             if (!reached(seq, v)) futex(seq, FUTEX_WAIT, cur, &ts);
             atomic_fetch_sub(&h->sleepers, 1);
             if (reached(seq, v)) break;
-            /* Still waiting: has anyone reported a dead rank? */
-            if (hvdl__watch_control(e, 0)) return -1;
-            if (hvdl_now() - since > e->cfg.peer_timeout) {
-                hvdl__fail(e, HVDL_ERR_PEER_LOST, "local rank %d on host %s stopped taking part in "
-                           "shared-memory collectives for %.0f s", q, e->host, e->cfg.peer_timeout);
+            /* Still waiting: has anyone reported a dead rank? Is everyone alive? */
+            if (hvdl__watch_control(e, 0) || hvdl__liveness_check(e, hvdl_now())) return -1;
+            /* One heartbeat interval later than liveness.c, as the TCP transport does. */
+            if (hvdl_now() - since > e->cfg.peer_timeout + hvdl__heartbeat_interval(e)) {
+                char why[160];
+                snprintf(why, sizeof why, "its shared-memory flag did not advance for %.0f s",
+                         hvdl_now() - since);
+                int r = global_rank(e, q);
+                if (r >= 0) hvdl__peer_lost(e, r, why);
+                else hvdl__fail(e, HVDL_ERR_PEER_LOST, "local rank %d %s", q, why);
                 return -1;
             }
         }

@@ -122,7 +122,9 @@ RANK = textwrap.dedent("""
             engine.release(h)
             print(f"op {i} {x[0]}", flush=True)
             x[:] = 1
-        time.sleep(idle)
+        until = time.monotonic() + idle
+        while time.monotonic() < until and engine.is_running():
+            time.sleep(0.05)
         h = engine.enqueue(engine.BARRIER, "end")
         while not engine.wait(h, 1.0):
             pass
@@ -141,7 +143,7 @@ class Job:
     def __init__(self, tmp_path, size, key=KEY, env=None):
         self.dir, self.size, self.key = tmp_path, size, key
         (tmp_path / "rank.py").write_text(RANK)
-        self.env = dict(env or {})
+        self.env = {k: str(v) for k, v in (env or {}).items()}
         self.procs = {}
 
     def spawn(self, rank, **env):
@@ -555,3 +557,69 @@ def test_malformed_response_to_a_worker_fails_it_naming_rank0(job_factory, case)
     assert rc == 0, f"rank 1 crashed or hung (rc={rc})\n{out}\n{err}"
     assert "op-failed" in out, out + err
     assert f"rank 0 (host {HOST}) was lost: sent a" in out, out
+
+
+# ------------------------------------------------------------------- liveness
+
+PEER_TIMEOUT = 3
+
+
+def _stop_and_watch(job, victim, survivors):
+    """SIGSTOP the victim; every survivor must fail within the peer timeout (plus a
+    margin), all naming the victim."""
+    os.kill(job.procs[victim].pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    named = {}
+    for r in survivors:
+        rc, out, err = job.wait(r, timeout=PEER_TIMEOUT + 30)
+        took = time.monotonic() - stopped_at
+        assert rc == 0 and "op-failed" in out, f"rank {r}: rc={rc}\n{out}\n{err}"
+        line = [l for l in out.splitlines() if l.startswith("op-failed")][0]
+        named[r] = line.split(" was lost")[0].split()[-3:]
+        assert f"rank {victim} (host {HOST}) was lost" in line, f"rank {r} blamed the wrong rank: {line}"
+        assert took < PEER_TIMEOUT + 6, f"rank {r} needed {took:.1f}s to notice"
+    return named
+
+
+def _running_job(job_factory, size, **env):
+    job = job_factory(size, env={"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(PEER_TIMEOUT), **env})
+    for r in range(size):
+        job.spawn(r)
+    return job
+
+
+def _wait_for_line(proc, needle, timeout=60):
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"never saw {needle!r}: {''.join(lines)}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
+def test_stopped_rank_between_ops_is_named_by_every_survivor(job_factory, victim):
+    """Idle ranks (no op in flight) notice a SIGSTOPped peer, rank 0 included."""
+    job = _running_job(job_factory, 3, T_ITERS=1, T_IDLE=60)
+    for r in range(3):
+        _wait_for_line(job.procs[r], "op 0")
+    _stop_and_watch(job, victim, [r for r in range(3) if r != victim])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", ["shm", "tcp"])
+@pytest.mark.parametrize("victim", [2, 0], ids=["worker", "coordinator"])
+def test_stopped_rank_inside_a_collective_is_named_by_every_survivor(job_factory, path, victim):
+    """A rank stopped in the middle of big allreduces (shared memory, or a TCP ring
+    whose neighbours wait on it) is the rank every survivor names."""
+    env = {"HOROVODLIKE_SHM": "1" if path == "shm" else "0",
+           "HOROVODLIKE_ALLREDUCE_ALGORITHM": "shm" if path == "shm" else "ring"}
+    job = _running_job(job_factory, 3, T_ITERS=100000, T_ELEMS=4 << 20, **env)
+    for r in range(3):
+        _wait_for_line(job.procs[r], "op 2")
+    _stop_and_watch(job, victim, [r for r in range(3) if r != victim])
