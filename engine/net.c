@@ -282,6 +282,16 @@ int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap) {
     return n;
 }
 
+/* Whether peer's goodbye (MSG_BYE) has arrived, read or not; the connection is then
+ * marked as closed after a goodbye. */
+static int said_bye(engine_t *e, int peer) {
+    conn_t *c = &e->peers[peer].ctrl;
+    ctrl_read(c);
+    if (scan_frames(e, peer) <= 0) return 0;
+    c->eof = 1;
+    return 1;
+}
+
 int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n) {
     conn_t *c = &e->peers[peer].ctrl;
     frame_hdr_t h = {WIRE_MAGIC, (uint32_t)type, n};
@@ -294,7 +304,12 @@ int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n) 
             ssize_t k = send(c->fd, parts[i] + off, (size_t)(lens[i] - off), MSG_NOSIGNAL);
             if (k > 0) { off += k; last = hvdl_now(); continue; }
             if (k < 0 && errno != EAGAIN && errno != EINTR) {
-                hvdl__peer_lost(e, peer, strerror(errno));
+                int err = errno;
+                /* A peer that said goodbye and closed with our last frame unread resets
+                 * the connection; its goodbye, still readable here, makes this no loss:
+                 * the loop handles it next. */
+                if (said_bye(e, peer)) return 0;
+                hvdl__peer_lost(e, peer, strerror(err));
                 return -1;
             }
             /* Read while we wait so that two ranks sending to each other never deadlock. */

@@ -623,3 +623,65 @@ def test_stopped_rank_inside_a_collective_is_named_by_every_survivor(job_factory
     for r in range(3):
         _wait_for_line(job.procs[r], "op 2")
     _stop_and_watch(job, victim, [r for r in range(3) if r != victim])
+
+
+# ------------------------------------------------------------- start-up edges
+
+@pytest.mark.timeout(120)
+def test_shm_segment_is_not_left_behind_when_local_rank0_dies_during_attach(job_factory):
+    """Ranks 0 and 1 share this host; rank 2 (played here, on "another host") holds rank
+    1 in its accept phase, so rank 0 creates the segment and waits alone. Killing rank 0
+    then must not leave /dev/shm/hvdl-* behind once rank 1 goes on."""
+    job = job_factory(3, env={"HOROVODLIKE_SHM": "1", "HOROVODLIKE_START_TIMEOUT": "20"})
+    job.spawn(0)
+    job.spawn(1)
+    blob0, blob1 = job.blob(0), job.blob(1)
+    fake = FakeRank(2, 3, KEY, blob0)
+    b = bytearray(fake.blob)
+    b[-128:] = b"elsewhere".ljust(128, b"\0")          # another host: not a local rank
+    job.publish(2, bytes(b))
+    try:
+        fake.connect(0, blob0, CH_DATA)
+        fake.connect(0, blob0, CH_CONTROL)
+        nonce0 = blob_fields(blob0)[0]
+        deadline = time.monotonic() + 20
+        while not glob.glob(f"/dev/shm/hvdl-{nonce0:016x}-*"):
+            assert time.monotonic() < deadline, "rank 0 never created its segment"
+            time.sleep(0.01)
+        os.killpg(job.procs[0].pid, signal.SIGKILL)
+        job.procs[0].wait()
+        fake.connect(1, blob1, CH_DATA)                   # rank 1 goes on to attach
+        rc, out, err = job.wait(1, timeout=60)
+    finally:
+        fake.close()
+    assert rc == 3 and "start-failed" in out, out + err
+    assert not glob.glob(f"/dev/shm/hvdl-{nonce0:016x}-*"), "the segment's name was left behind"
+
+
+@pytest.mark.timeout(60)
+def test_ranks_with_different_shm_settings_fail_naming_the_variable(job_factory):
+    job = job_factory(2)
+    job.spawn(0, HOROVODLIKE_SHM="1")
+    job.spawn(1, HOROVODLIKE_SHM="0")
+    for r in (0, 1):
+        rc, out, _ = job.wait(r, timeout=30)
+        assert rc == 3 and "start-failed" in out and "HOROVODLIKE_SHM" in out, out
+        assert "Success" not in out, out
+
+
+def test_a_name_with_a_nul_byte_is_refused(tmp_path):
+    script = textwrap.dedent("""
+        import numpy as np
+        from horovodlike.common import engine
+        engine.start(0, 1, [engine.prepare("h", "127.0.0.1", "127.0.0.1", b"k" * 32)])
+        x = np.ones(4, np.float32)
+        try:
+            engine.enqueue(engine.ALLREDUCE, "a\\0b", engine.DTYPES["float32"], x.shape,
+                           x.ctypes.data, x.ctypes.data)
+        except ValueError as e:
+            print("refused:", e)
+        engine.shutdown()
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert "refused:" in res.stdout and "NUL" in res.stdout, res.stdout + res.stderr
