@@ -169,6 +169,14 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
         rc = hvdl__err(HVDL_ERR_INVALID, "blob %d is not this process's: ranks were exchanged wrongly", rank);
         goto out;
     }
+    for (int i = 0; i < size; i++) {
+        char what[256];
+        if (hvdl__config_disagree(&e->peers[rank].agreed, &e->peers[i].agreed, what, sizeof what)) {
+            rc = hvdl__err(HVDL_ERR_INVALID, "rank %d and rank %d (host %s) were started with different "
+                           "settings: %s. Set it the same way on every rank", rank, i, e->peers[i].host, what);
+            goto out;
+        }
+    }
     int *all = malloc(sizeof(int) * (size_t)size);
     for (int i = 0; all && i < size; i++) all[i] = i;
     if (!all || hvdl_process_set_add(0, all, size)) {
@@ -202,6 +210,7 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
         rc = hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
         goto out;
     }
+    hvdl__liveness_start(e);
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
         hvdl__log(HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
     hvdl__config_log(&e->cfg, rank);

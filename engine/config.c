@@ -41,7 +41,7 @@ void hvdl__config_read(config_t *c) {
     c->peer_timeout = env_num("HOROVODLIKE_PEER_TIMEOUT_SECONDS", 30);
     c->chunk_bytes = (int64_t)env_num("HOROVODLIKE_CHUNK_BYTES", 256 * 1024);
     c->socket_buffer = (int64_t)env_num("HOROVODLIKE_SOCKET_BUFFER_BYTES", 4 << 20);
-    c->shm = (int)env_num("HOROVODLIKE_SHM", 1) != 0;
+    c->shm = env_num("HOROVODLIKE_SHM", 1) != 0;
     c->spin_us = (int)env_num("HOROVODLIKE_SPIN_US", 50);
     c->small_bytes = (int64_t)env_num("HOROVODLIKE_SMALL_BYTES", 64 * 1024);
     static const char *ALGS[] = {"auto", "shm", "ring", "rd", "hier"};
@@ -61,6 +61,9 @@ void hvdl__config_read(config_t *c) {
     c->timeline_max_bytes = (int64_t)(env_num("HOROVOD_TIMELINE_MAX_MB", 1024) * 1024 * 1024);
     c->timeline_start_step = (int64_t)env_num("HOROVOD_TIMELINE_START_STEP", 0);
     c->timeline_stop_step = (int64_t)env_num("HOROVOD_TIMELINE_STOP_STEP", -1);
+    c->start_timeout = env_num("HOROVODLIKE_START_TIMEOUT", 60);
+    if (!(c->start_timeout > 0)) c->start_timeout = 60;     /* also refuses NaN */
+    if (c->start_timeout > 86400) c->start_timeout = 86400;
     if (c->fusion_threshold < 0) c->fusion_threshold = 0;
     if (c->cycle_time < 0) c->cycle_time = 0;
     if (c->cache_capacity < 0) c->cache_capacity = 0;
@@ -76,4 +79,23 @@ void hvdl__config_log(const config_t *c, int rank) {
               rank, (long long)c->fusion_threshold, c->cycle_time * 1e3, c->cache_capacity,
               c->stall_check, c->stall_warning, c->stall_shutdown, c->peer_timeout,
               (long long)c->chunk_bytes, c->shm, (long long)c->shm_chunk_bytes);
+}
+
+void hvdl__config_agreed(const config_t *c, agreed_t *out) {
+    *out = (agreed_t){c->shm, c->algorithm, c->allgather_algorithm, 0, c->small_bytes,
+                      c->shm_chunk_bytes};
+}
+
+int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap) {
+    const char *names[] = {"HOROVODLIKE_SHM", "HOROVODLIKE_ALLREDUCE_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLREDUCE)",
+                           "HOROVODLIKE_ALLGATHER_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLGATHER)",
+                           "HOROVODLIKE_SMALL_BYTES", "HOROVODLIKE_SHM_CHUNK_BYTES"};
+    int64_t va[] = {a->shm, a->algorithm, a->allgather_algorithm, a->small_bytes, a->shm_chunk_bytes};
+    int64_t vb[] = {b->shm, b->algorithm, b->allgather_algorithm, b->small_bytes, b->shm_chunk_bytes};
+    for (int i = 0; i < 5; i++) {
+        if (va[i] == vb[i]) continue;
+        snprintf(msg, cap, "%s (%lld here, %lld there)", names[i], (long long)va[i], (long long)vb[i]);
+        return 1;
+    }
+    return 0;
 }

@@ -2,6 +2,7 @@
  * (config.c), with Horovod's names and defaults; new knobs use HOROVODLIKE_. */
 #ifndef HVDL_CONFIG_H
 #define HVDL_CONFIG_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct config {
@@ -28,10 +29,23 @@ typedef struct config {
     int64_t timeline_max_bytes;  /* HOROVOD_TIMELINE_MAX_MB, 0 = no cap */
     int64_t timeline_start_step; /* HOROVOD_TIMELINE_START_STEP */
     int64_t timeline_stop_step;  /* HOROVOD_TIMELINE_STOP_STEP, -1 = never */
+    double start_timeout;        /* HOROVODLIKE_START_TIMEOUT: every wait of start-up
+                                    (connecting, shared-memory attach, clock sync) */
 } config_t;
+
+/* The settings every rank must share (they pick algorithms and memory layouts). They
+ * travel in each rank's address blob and are compared at start-up, so a job started
+ * with different values on different ranks fails at once, naming the variable. */
+typedef struct agreed {
+    int32_t shm, algorithm, allgather_algorithm, pad;
+    int64_t small_bytes, shm_chunk_bytes;
+} agreed_t;
 
 enum { ALG_AUTO, ALG_SHM, ALG_RING, ALG_RD, ALG_HIER };
 
 void hvdl__config_read(config_t *c);
 void hvdl__config_log(const config_t *c, int rank);
+void hvdl__config_agreed(const config_t *c, agreed_t *out);
+/* 0 if a and b agree; else writes "VARIABLE (x here, y there)" to msg and returns 1. */
+int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap);
 #endif

@@ -315,6 +315,15 @@ static void trace_response(engine_t *e, const group_t *g, const response_t *r, c
     buf_free(&a);
 }
 
+/* A response that cannot be executed safely: rank 0 sent it (or, on rank 0, a bug made it). */
+static int bad_response(engine_t *e, const char *tensor, const char *why) {
+    char msg[HVDL_MSG_BYTES];
+    snprintf(msg, sizeof msg, "sent a response for '%.200s' with %s", tensor, why);
+    if (e->rank != 0) hvdl__peer_lost(e, 0, msg);
+    else hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: rank 0 planned a response for '%.200s' with %s", tensor, why);
+    return -1;
+}
+
 int hvdl__execute(engine_t *e, response_t *r) {
     double t_exec = hvdl_now();
     const group_t *g = e->sets[r->meta.process_set];
@@ -331,11 +340,15 @@ int hvdl__execute(engine_t *e, response_t *r) {
             if (!zeros) rc = oom(e, "zero contribution", nb);
             s[i] = (slot_t){NULL, zeros, zeros, nb};
         } else if (!(e->joined && r->kind == RESP_ERROR)) {
-            /* Every member announced every name in a response; a miss is an engine bug. */
-            hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: response for '%s', which this "
-                       "rank never submitted", r->names[i]);
-            rc = -1;
+            /* Every member announced every name in a response: a miss is a broken peer. */
+            rc = bad_response(e, r->names[i], "a tensor this rank never submitted");
         }
+    }
+    if (!rc) {
+        op_t *ops[r->ntensors + 1];
+        for (int i = 0; i < r->ntensors; i++) ops[i] = s[i].op;
+        const char *why = hvdl__response_problem(e, g, r, ops);
+        if (why) rc = bad_response(e, r->ntensors ? r->names[0] : "", why);
     }
     if (!rc && r->kind == RESP_ERROR) {
         if (TL_ON(e)) trace_response(e, g, r, s, t_exec, hvdl_now());

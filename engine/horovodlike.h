@@ -76,6 +76,8 @@ typedef struct hvdl_request {
     const int64_t *splits;   /* alltoall: rows for each member of the process set, in
                                 set order (NULL: even split); copied at enqueue */
     const char *name;        /* unique among in-flight requests; required */
+    int64_t name_len;        /* bytes of name when known (0: up to its NUL); a name with
+                                a NUL byte inside is refused */
 } hvdl_request;
 
 /* What a finished op produced (filled by hvdl_release). */
@@ -135,6 +137,10 @@ const char *hvdl_last_error(void);
 const char *hvdl_status_name(int status);
 int hvdl_dtype_size(int dtype);
 void hvdl_free(void *p);
+/* HMAC-SHA256 of msg under key into out (32 bytes), as the connection handshake computes
+ * it; exposed so that tests can check it against RFC 4231. */
+int hvdl_hmac_sha256(const unsigned char *key, int key_len, const unsigned char *msg,
+                     int64_t len, unsigned char *out);
 /* CDEF-END */
 
 #endif

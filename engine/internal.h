@@ -113,6 +113,7 @@ typedef struct conn {
     int fd;
     buf_t rx;                /* bytes read but not yet parsed into frames */
     int eof;                 /* closed after a goodbye: frames in rx still count */
+    double last_rx, last_tx; /* when bytes last arrived / a frame was last sent (liveness) */
 } conn_t;
 
 typedef struct peer {
@@ -120,6 +121,7 @@ typedef struct peer {
     char ip[64];
     int port;
     uint64_t nonce;          /* proves a connection was meant for this job and rank */
+    agreed_t agreed;         /* its settings that must equal everyone's (config.h) */
     int data_fd;             /* full mesh, -1 for self */
     conn_t ctrl;             /* control plane is a star: workers <-> rank 0 */
 } peer_t;
@@ -179,6 +181,8 @@ typedef struct engine {
     buf_t scratch;           /* staging for receive-and-reduce */
     struct coordinator *coord;   /* rank 0 only */
     int joined;              /* this rank has a join in flight: zeros for others' allreduces */
+    double next_tick;        /* when liveness.c next sends heartbeats and checks peers */
+    int in_tick;
 
     /* Tracing (timeline.c). tl_on is the one branch every event site pays. */
     atomic_int tl_on;
@@ -227,6 +231,11 @@ void hvdl__stall_check(engine_t *e, double now);
 int hvdl__say_bye(engine_t *e);                     /* this rank calls shutdown */
 int hvdl__coordinator_pending(engine_t *e);
 
+/* wire_check.c: what peers send is checked before it is trusted (NULL = fine, else why) */
+const char *hvdl__meta_problem(engine_t *e, const meta_t *m);
+const char *hvdl__splits_problem(const meta_t *m, const int64_t *splits, uint32_t n, int nmembers);
+const char *hvdl__response_problem(engine_t *e, const group_t *g, const response_t *r, op_t *const *ops);
+
 /* cache.c */
 int hvdl__cache_meta_equal(const meta_t *a, const meta_t *b);
 int hvdl__cacheable(const meta_t *m);
@@ -238,9 +247,19 @@ void hvdl__cache_free(engine_t *e);
 /* exec.c */
 int hvdl__execute(engine_t *e, response_t *r);
 
-/* net.c: sockets, handshake, framing, waiting on control traffic */
-int hvdl__listen(engine_t *e);
+/* The wire's magic number and version: the blob, the hello and every control frame. */
+#define WIRE_MAGIC 0x4876444cu   /* "HvDL" */
+#define WIRE_VERSION 2u
+#define HVDL_MAX_FRAME (256ll << 20)   /* a longer control frame is malformed */
+
+/* handshake.c: connecting every pair, authenticated by the job key */
 int hvdl__connect_all(engine_t *e);
+
+/* net.c: sockets, framing, waiting on control traffic */
+int hvdl__listen(engine_t *e);
+void hvdl__tune_socket(engine_t *e, int fd);
+int hvdl__set_nonblocking(int fd);
+int hvdl__io_full(int fd, void *p, size_t n, int writing, double deadline);
 void hvdl__close_all(engine_t *e);
 int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n);
 int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd);
@@ -260,8 +279,19 @@ enum {
     MSG_BYE = 3,             /* worker -> rank 0: this rank called shutdown */
     MSG_ABORT = 4,           /* any -> any: a rank was lost; payload is the message */
     MSG_PING = 5,            /* start-up clock sync: worker -> rank 0 */
-    MSG_PONG = 6             /* rank 0 -> worker: rank 0's wall clock */
+    MSG_PONG = 6,            /* rank 0 -> worker: rank 0's wall clock */
+    MSG_HEARTBEAT = 7        /* either way, when nothing else was sent for a while */
 };
+
+/* liveness.c: heartbeats on the control star; a silent peer is named and the job ends */
+void hvdl__liveness_start(engine_t *e);
+int hvdl__liveness_tick(engine_t *e);               /* -1 once the engine has failed */
+int hvdl__liveness_ms(const engine_t *e);            /* until the next tick is due */
+double hvdl__heartbeat_interval(const engine_t *e);
+/* Every wait calls this with the time it has at hand: one comparison when nothing is due. */
+static inline int hvdl__liveness_check(engine_t *e, double now) {
+    return now >= e->next_tick ? hvdl__liveness_tick(e) : 0;
+}
 
 /* reduce.c */
 void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);

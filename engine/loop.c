@@ -117,7 +117,9 @@ static int sleep_ms(engine_t *e, double now) {
         double left = e->first_unsent_at + e->cfg.cycle_time - now;
         return left <= 0 ? 0 : (int)(left * 1000) + 1;
     }
-    return hvdl__coordinator_pending(e) && e->cfg.stall_check ? 1000 : -1;
+    int ms = hvdl__coordinator_pending(e) && e->cfg.stall_check ? 1000 : -1;
+    int beat = hvdl__liveness_ms(e);          /* heartbeats and the check on peers */
+    return ms < 0 || (beat >= 0 && beat < ms) ? beat : ms;
 }
 
 void *hvdl__loop(void *arg) {
@@ -141,6 +143,7 @@ void *hvdl__loop(void *arg) {
             if (hvdl__coordinator_step(e)) break;
             hvdl__stall_check(e, now);
         }
+        if (hvdl__liveness_check(e, hvdl_now())) break;
         if (e->failed || e->stopped) break;
         if (hvdl__pump_control(e, sleep_ms(e, hvdl_now()), e->wake_fd)) break;
     }

@@ -88,10 +88,15 @@ void hvdl__coordinator_free(engine_t *e) {
 
 /* ---- agreement ---- */
 
+/* Metadata from the wire is range-checked (wire_check.c); this guards the tables anyway. */
+static const char *name_of(const char *const *names, int n, int v) {
+    return v >= 0 && v < n ? names[v] : "?";
+}
+
 static void describe_value(const meta_t *m, int field, char *out, size_t cap) {
     switch (field) {
-    case 0: snprintf(out, cap, "%s", OP_NAMES[m->op]); break;
-    case 1: snprintf(out, cap, "%s", DTYPE_NAMES[m->dtype]); break;
+    case 0: snprintf(out, cap, "%s", name_of(OP_NAMES, 7, m->op)); break;
+    case 1: snprintf(out, cap, "%s", name_of(DTYPE_NAMES, 10, m->dtype)); break;
     case 2: {
         int n = snprintf(out, cap, "[");
         for (int d = 0; d < m->ndim && n < (int)cap; d++)
@@ -99,7 +104,7 @@ static void describe_value(const meta_t *m, int field, char *out, size_t cap) {
         if (n < (int)cap) snprintf(out + n, cap - (size_t)n, "]");
         break;
     }
-    case 3: snprintf(out, cap, "%s", REDUCE_NAMES[m->reduce_op]); break;
+    case 3: snprintf(out, cap, "%s", name_of(REDUCE_NAMES, 6, m->reduce_op)); break;
     case 4: snprintf(out, cap, "%d", m->root_rank); break;
     case 5: snprintf(out, cap, "%g/%g", m->prescale, m->postscale); break;
     default: snprintf(out, cap, "%d", m->process_set); break;
@@ -138,7 +143,7 @@ static char *check_agreement(engine_t *e, const pending_t *p) {
         char msg[HVDL_MSG_BYTES], val[256];
         describe_value(ref, f, val, sizeof val);
         int n = snprintf(msg, sizeof msg, "%s '%s': ranks disagree on %s: rank %d has %s",
-                         OP_NAMES[ref->op], p->name, FIELD_NAMES[f], p->ref, val);
+                         name_of(OP_NAMES, 7, ref->op), p->name, FIELD_NAMES[f], p->ref, val);
         for (int r = 0, shown = 0; r < e->size && n < (int)sizeof msg - 64; r++) {
             if (!p->have[r] || !field_differs(ref, &p->metas[r], f)) continue;
             if (++shown > 6) { n += snprintf(msg + n, sizeof msg - (size_t)n, ", ..."); break; }
@@ -181,7 +186,7 @@ static void maybe_ready(engine_t *e, pending_t *p) {
     if (k) {
         char msg[HVDL_MSG_BYTES];
         snprintf(msg, sizeof msg, "%s '%s': ranks [%s] have called join(); only allreduce can "
-                 "run until every rank has joined", OP_NAMES[m->op], p->name, joined_missing);
+                 "run until every rank has joined", name_of(OP_NAMES, 7, m->op), p->name, joined_missing);
         p->error = strdup(msg);
     } else {
         p->error = check_agreement(e, p);
@@ -362,10 +367,7 @@ int hvdl__coordinator_step(engine_t *e) {
 static int handle_responses(engine_t *e, reader_t *r) {
     response_t *rs;
     int n, rc = 0;
-    if (hvdl__read_responses(e, r, &rs, &n)) {
-        hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: a corrupt response list from rank 0");
-        return -1;
-    }
+    if (hvdl__read_responses(e, r, &rs, &n)) return -1;
     double now = hvdl_now();
     for (int i = 0; i < n; i++) {
         rs[i].received_at = now;
@@ -374,10 +376,6 @@ static int handle_responses(engine_t *e, reader_t *r) {
     }
     free(rs);
     return rc;
-}
-
-static int handle_requests(engine_t *e, int from, reader_t *r) {
-    return hvdl__parse_requests(e, from, r);
 }
 
 /* ---- shutdown, aborts and the frame dispatcher ---- */
@@ -399,30 +397,42 @@ int hvdl__say_bye(engine_t *e) {
     return hvdl__send_frame(e, 0, MSG_BYE, &me, sizeof me);
 }
 
+/* A frame from `from` that this rank cannot accept: the sender is broken or hostile,
+ * and the job cannot go on with it. */
+static int malformed(engine_t *e, int from, const char *what, const char *why) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "sent a malformed %s (%s)", what, why ? why : "unreadable");
+    hvdl__peer_lost(e, from, msg);
+    return -1;
+}
+
 int hvdl__handle_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n) {
-    reader_t r = {p, n, 0};
+    reader_t r = {p, n, 0, NULL};
     switch (type) {
     case MSG_REQUESTS:
-        if (e->rank != 0 || handle_requests(e, from, &r)) {
-            hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: a corrupt request list from rank %d", from);
-            return -1;
-        }
+        if (hvdl__parse_requests(e, from, &r)) return e->failed ? -1 : malformed(e, from, "request list", r.why);
         return 0;
     case MSG_RESPONSES:
-        return handle_responses(e, &r);
+        if (handle_responses(e, &r)) return e->failed ? -1 : malformed(e, from, "response list", r.why);
+        return 0;
     case MSG_BYE:
         if (e->rank == 0) return begin_shutdown(e, from);
         e->stopped = 1;       /* rank 0 says everyone stops */
         return 0;
+    case MSG_HEARTBEAT:
+        return 0;             /* its arrival was the point (liveness.c) */
     case MSG_ABORT: {
         char msg[HVDL_MSG_BYTES];
         snprintf(msg, sizeof msg, "%.*s", (int)(n < HVDL_MSG_BYTES - 1 ? n : HVDL_MSG_BYTES - 1), (const char *)p);
         hvdl__fail(e, HVDL_ERR_PEER_LOST, "%s", msg);
+        /* rank 0 passes a worker's verdict on, so that every rank names the same culprit */
+        for (int w = 1; e->rank == 0 && w < e->size; w++)
+            if (w != from && e->peers[w].ctrl.fd >= 0 && !e->peers[w].ctrl.eof)
+                hvdl__send_frame(e, w, MSG_ABORT, msg, (int64_t)strlen(msg));
         return -1;
     }
-    default:
-        hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: unknown control frame %d from rank %d", type, from);
-        return -1;
+    default:      /* net.c lets through only the types this rank may receive */
+        return malformed(e, from, "control frame", "a type this rank does not take");
     }
 }
 

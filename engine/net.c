@@ -1,15 +1,13 @@
 /*
- * Sockets: the listening socket and address blob, the connection handshake, control
- * frames, and waiting on control traffic.
+ * Sockets: the listening socket and address blob, the start-up clock sync, control
+ * frames, and waiting on control traffic. (Who connects to whom, and the hello that
+ * authenticates each connection, are in handshake.c.)
  *
- * Topology: a full mesh of data sockets (rank j connects to every i < j) and a star of
- * control sockets (every worker connects to rank 0). Keeping control apart from data means
- * an algorithm reads its data stream without ever meeting a negotiation frame, and a
- * control frame that arrives mid-transfer just waits in the socket until the loop asks.
- *
- * Every connection starts with a hello {magic, version, from rank, channel, the target's
- * nonce from its blob}; anything else is closed, so a stray connection is rejected
- * rather than misread. Control frames are {magic, type, length} + payload.
+ * Keeping control apart from data means an algorithm reads its data stream without ever
+ * meeting a negotiation frame, and a control frame that arrives mid-transfer just waits
+ * in the socket until the loop asks. Control frames are {magic, type, length} + payload;
+ * a frame with another magic, an unknown type or a length over HVDL_MAX_FRAME fails the
+ * job naming the peer that sent it.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -26,37 +24,30 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WIRE_MAGIC 0x4876444cu   /* "HvDL" */
-#define WIRE_VERSION 1u
-enum { CH_DATA = 0, CH_CONTROL = 1 };
 
 typedef struct blob {
     uint32_t magic, version;
     uint64_t nonce;
-    int32_t port;
+    int32_t port, pad;
+    agreed_t agreed;         /* settings every rank must share */
     char ip[64];
     char host[128];
 } blob_t;
 _Static_assert(sizeof(blob_t) <= HVDL_BLOB_BYTES, "blob too large");
-
-typedef struct hello {
-    uint32_t magic, version, from_rank, channel;
-    uint64_t nonce;
-} hello_t;
 
 typedef struct frame_hdr {
     uint32_t magic, type;
     int64_t len;
 } frame_hdr_t;
 
-static void tune_socket(engine_t *e, int fd) {
+void hvdl__tune_socket(engine_t *e, int fd) {
     int one = 1, sz = (int)e->cfg.socket_buffer;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
 }
 
-static int set_nonblocking(int fd) {
+int hvdl__set_nonblocking(int fd) {
     int fl = fcntl(fd, F_GETFL);
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
@@ -64,7 +55,7 @@ static int set_nonblocking(int fd) {
 int hvdl__listen(engine_t *e) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    tune_socket(e, fd);
+    hvdl__tune_socket(e, fd);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
     if (e->bind_addr[0] && inet_pton(AF_INET, e->bind_addr, &a.sin_addr) != 1) {
         close(fd);
@@ -84,6 +75,7 @@ int hvdl__listen(engine_t *e) {
 /* Blob encode/decode live here because only net.c knows the blob's layout. */
 void hvdl__blob_write(engine_t *e, int port, const char *ip, char *out) {
     blob_t b = {.magic = WIRE_MAGIC, .version = WIRE_VERSION, .nonce = e->nonce, .port = port};
+    hvdl__config_agreed(&e->cfg, &b.agreed);
     snprintf(b.ip, sizeof b.ip, "%s", ip);
     snprintf(b.host, sizeof b.host, "%s", e->host);
     memset(out, 0, HVDL_BLOB_BYTES);
@@ -99,11 +91,12 @@ int hvdl__blob_read(const char *in, peer_t *p) {
     memcpy(p->ip, b.ip, sizeof p->ip);
     p->port = b.port;
     p->nonce = b.nonce;
+    p->agreed = b.agreed;
     return 0;
 }
 
 /* Blocking I/O with a deadline, for the handshake only. */
-static int io_full(int fd, void *p, size_t n, int writing, double deadline) {
+int hvdl__io_full(int fd, void *p, size_t n, int writing, double deadline) {
     uint8_t *c = p;
     while (n) {
         struct pollfd pf = {fd, writing ? POLLOUT : POLLIN, 0};
@@ -116,82 +109,6 @@ static int io_full(int fd, void *p, size_t n, int writing, double deadline) {
         }
         c += k;
         n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int connect_to(engine_t *e, int peer, int channel, double deadline) {
-    peer_t *p = &e->peers[peer];
-    /* Peers on our own node are reached over loopback whatever address they advertise. */
-    const char *ip = strcmp(p->host, e->host) ? p->ip : "127.0.0.1";
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
-    if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) {
-        hvdl__fail(e, HVDL_ERR_INVALID, "rank %d (host %s) advertised a bad address '%s'",
-                   peer, p->host, ip);
-        return -1;
-    }
-    for (;;) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return -1;
-        tune_socket(e, fd);
-        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-            hello_t h = {WIRE_MAGIC, WIRE_VERSION, (uint32_t)e->rank, (uint32_t)channel, p->nonce};
-            if (io_full(fd, &h, sizeof h, 1, deadline) == 0) return fd;
-        }
-        int err = errno;
-        close(fd);
-        if (hvdl_now() > deadline) {
-            hvdl__fail(e, HVDL_ERR_PEER_LOST, "could not connect to rank %d (host %s, %s:%d): %s",
-                       peer, p->host, ip, p->port, strerror(err));
-            return -1;
-        }
-        usleep(20000);
-    }
-}
-
-/* Accept until every expected connection has said hello; reject anything else. */
-static int accept_expected(engine_t *e, int expected, double deadline) {
-    while (expected > 0) {
-        struct pollfd pf = {e->listen_fd, POLLIN, 0};
-        int ms = (int)((deadline - hvdl_now()) * 1000);
-        if (ms <= 0 || poll(&pf, 1, ms) <= 0) {
-            hvdl__fail(e, HVDL_ERR_PEER_LOST,
-                       "rank %d: %d peer connection(s) never arrived during start-up",
-                       e->rank, expected);
-            return -1;
-        }
-        int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) continue;
-        hello_t h;
-        double hello_deadline = hvdl_now() + 5.0;
-        if (io_full(fd, &h, sizeof h, 0, hello_deadline < deadline ? hello_deadline : deadline) ||
-            h.magic != WIRE_MAGIC || h.version != WIRE_VERSION || h.nonce != e->nonce ||
-            h.from_rank >= (uint32_t)e->size || h.channel > CH_CONTROL) {
-            hvdl__log(HVDL_LOG_WARNING, "rejected a connection that is not from this job");
-            close(fd);
-            continue;
-        }
-        int *slot = h.channel == CH_DATA ? &e->peers[h.from_rank].data_fd
-                                         : &e->peers[h.from_rank].ctrl.fd;
-        if (*slot >= 0) { close(fd); continue; }
-        *slot = fd;
-        expected--;
-    }
-    return 0;
-}
-
-int hvdl__connect_all(engine_t *e) {
-    double deadline = hvdl_now() + 60.0;
-    for (int i = 0; i < e->rank; i++) {
-        if ((e->peers[i].data_fd = connect_to(e, i, CH_DATA, deadline)) < 0) return -1;
-    }
-    if (e->rank > 0 && (e->peers[0].ctrl.fd = connect_to(e, 0, CH_CONTROL, deadline)) < 0)
-        return -1;
-    int expected = e->size - 1 - e->rank + (e->rank == 0 ? e->size - 1 : 0);
-    if (accept_expected(e, expected, deadline)) return -1;
-    for (int i = 0; i < e->size; i++) {
-        if (e->peers[i].data_fd >= 0) set_nonblocking(e->peers[i].data_fd);
-        if (e->peers[i].ctrl.fd >= 0) set_nonblocking(e->peers[i].ctrl.fd);
     }
     return 0;
 }
@@ -219,13 +136,13 @@ static double wall_us(void) {
  * one with the shortest round trip). Blocking, before the loop starts; costs a few ms. */
 int hvdl__clock_sync(engine_t *e) {
     enum { ROUNDS = 5 };
-    double deadline = hvdl_now() + 30.0;
+    double deadline = hvdl_now() + e->cfg.start_timeout;
     frame_hdr_t h;
     if (e->rank == 0) {
         for (int w = 1; w < e->size; w++) {
             for (int k = 0; k < ROUNDS; k++) {
                 double now;
-                if (io_full(e->peers[w].ctrl.fd, &h, sizeof h, 0, deadline) || h.type != MSG_PING ||
+                if (hvdl__io_full(e->peers[w].ctrl.fd, &h, sizeof h, 0, deadline) || h.magic != WIRE_MAGIC || h.type != MSG_PING ||
                     h.len != 0)
                     goto lost;
                 now = wall_us();
@@ -233,7 +150,7 @@ int hvdl__clock_sync(engine_t *e) {
                 uint8_t msg[sizeof pong + sizeof now];
                 memcpy(msg, &pong, sizeof pong);
                 memcpy(msg + sizeof pong, &now, sizeof now);
-                if (io_full(e->peers[w].ctrl.fd, msg, sizeof msg, 1, deadline)) goto lost;
+                if (hvdl__io_full(e->peers[w].ctrl.fd, msg, sizeof msg, 1, deadline)) goto lost;
                 continue;
             lost:
                 hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) failed the start-up clock sync",
@@ -247,9 +164,9 @@ int hvdl__clock_sync(engine_t *e) {
     for (int k = 0; k < ROUNDS; k++) {
         frame_hdr_t ping = {WIRE_MAGIC, MSG_PING, 0};
         double t0 = wall_us(), remote;
-        if (io_full(e->peers[0].ctrl.fd, &ping, sizeof ping, 1, deadline) ||
-            io_full(e->peers[0].ctrl.fd, &h, sizeof h, 0, deadline) || h.type != MSG_PONG ||
-            h.len != sizeof remote || io_full(e->peers[0].ctrl.fd, &remote, sizeof remote, 0, deadline)) {
+        if (hvdl__io_full(e->peers[0].ctrl.fd, &ping, sizeof ping, 1, deadline) ||
+            hvdl__io_full(e->peers[0].ctrl.fd, &h, sizeof h, 0, deadline) || h.magic != WIRE_MAGIC || h.type != MSG_PONG ||
+            h.len != sizeof remote || hvdl__io_full(e->peers[0].ctrl.fd, &remote, sizeof remote, 0, deadline)) {
             hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank 0 (host %s) failed the start-up clock sync", e->peers[0].host);
             return -1;
         }
@@ -269,19 +186,34 @@ static int ctrl_read(conn_t *c) {
     for (;;) {
         if (buf_reserve(&c->rx, c->rx.len + 65536)) return -1;
         ssize_t k = recv(c->fd, c->rx.data + c->rx.len, (size_t)(c->rx.cap - c->rx.len), 0);
-        if (k > 0) { c->rx.len += k; continue; }
+        if (k > 0) { c->rx.len += k; c->last_rx = hvdl_now(); continue; }
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         if (k < 0 && errno == EINTR) continue;
         return -1;
     }
 }
 
-/* If rx holds a complete frame, point at it and return its total size; 0 if not; -1 if
- * the stream is not ours (bad magic). */
-static int64_t next_frame(conn_t *c, frame_hdr_t *h, int64_t at) {
+/* Why a frame header from peer cannot be taken by this rank, or NULL. Checked as soon
+ * as the header is in, before waiting for (or buffering) the payload it announces. */
+static const char *header_problem(engine_t *e, int peer, const frame_hdr_t *h) {
+    if (h->magic != WIRE_MAGIC) return "sent a malformed control frame (bad magic number)";
+    if (h->len < 0 || h->len > HVDL_MAX_FRAME)
+        return "sent a malformed control frame (its length is negative or over 256 MiB)";
+    switch (h->type) {
+    case MSG_REQUESTS: return e->rank == 0 ? NULL : "sent a malformed control frame (requests to a worker)";
+    case MSG_RESPONSES: return peer == 0 ? NULL : "sent a malformed control frame (responses, but it is not rank 0)";
+    case MSG_BYE: case MSG_ABORT: case MSG_HEARTBEAT: return NULL;
+    default: return "sent a malformed control frame (an unknown type, or one out of place)";
+    }
+}
+
+/* If rx holds a complete frame, point at it and return its total size; 0 if not; -1
+ * (with *why) if the frame cannot be taken. */
+static int64_t next_frame(engine_t *e, int peer, frame_hdr_t *h, int64_t at, const char **why) {
+    conn_t *c = &e->peers[peer].ctrl;
     if (c->rx.len - at < (int64_t)sizeof *h) return 0;
     memcpy(h, c->rx.data + at, sizeof *h);
-    if (h->magic != WIRE_MAGIC || h->len < 0) return -1;
+    if ((*why = header_problem(e, peer, h))) return -1;
     return c->rx.len - at >= (int64_t)sizeof *h + h->len ? (int64_t)sizeof *h + h->len : 0;
 }
 
@@ -295,7 +227,8 @@ static int scan_frames(engine_t *e, int peer) {
     frame_hdr_t h;
     int64_t at = 0, n;
     int bye = 0;
-    while ((n = next_frame(c, &h, at)) > 0) {
+    const char *why = NULL;
+    while ((n = next_frame(e, peer, &h, at, &why)) > 0) {
         if (h.type == MSG_ABORT) {
             hvdl__handle_frame(e, peer, MSG_ABORT, c->rx.data + at + sizeof h, h.len);
             return -1;
@@ -303,7 +236,7 @@ static int scan_frames(engine_t *e, int peer) {
         bye |= h.type == MSG_BYE;
         at += n;
     }
-    if (n < 0) { hvdl__peer_lost(e, peer, "sent a corrupt control frame"); return -1; }
+    if (n < 0) { hvdl__peer_lost(e, peer, why); return -1; }
     return bye;
 }
 
@@ -349,6 +282,16 @@ int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap) {
     return n;
 }
 
+/* Whether peer's goodbye (MSG_BYE) has arrived, read or not; the connection is then
+ * marked as closed after a goodbye. */
+static int said_bye(engine_t *e, int peer) {
+    conn_t *c = &e->peers[peer].ctrl;
+    ctrl_read(c);
+    if (scan_frames(e, peer) <= 0) return 0;
+    c->eof = 1;
+    return 1;
+}
+
 int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n) {
     conn_t *c = &e->peers[peer].ctrl;
     frame_hdr_t h = {WIRE_MAGIC, (uint32_t)type, n};
@@ -361,7 +304,12 @@ int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n) 
             ssize_t k = send(c->fd, parts[i] + off, (size_t)(lens[i] - off), MSG_NOSIGNAL);
             if (k > 0) { off += k; last = hvdl_now(); continue; }
             if (k < 0 && errno != EAGAIN && errno != EINTR) {
-                hvdl__peer_lost(e, peer, strerror(errno));
+                int err = errno;
+                /* A peer that said goodbye and closed with our last frame unread resets
+                 * the connection; its goodbye, still readable here, makes this no loss:
+                 * the loop handles it next. */
+                if (said_bye(e, peer)) return 0;
+                hvdl__peer_lost(e, peer, strerror(err));
                 return -1;
             }
             /* Read while we wait so that two ranks sending to each other never deadlock. */
@@ -369,12 +317,14 @@ int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n) 
             poll(&pf, 1, 100);
             if ((pf.revents & (POLLIN | POLLHUP | POLLERR)) && hvdl__control_readable(e, peer))
                 return -1;
+            if (hvdl__liveness_check(e, hvdl_now())) return -1;
             if (hvdl_now() - last > e->cfg.peer_timeout) {
                 hvdl__peer_lost(e, peer, "it stopped reading its control connection");
                 return -1;
             }
         }
     }
+    c->last_tx = last;
     return 0;
 }
 
@@ -384,7 +334,8 @@ static int dispatch(engine_t *e, int peer) {
     frame_hdr_t h;
     int64_t n;
     int count = 0;
-    while ((n = next_frame(c, &h, 0)) > 0) {
+    const char *why = NULL;
+    while ((n = next_frame(e, peer, &h, 0, &why)) > 0) {
         /* Copy out first: handling may read more into rx and move its data. */
         uint8_t *payload = malloc((size_t)h.len + 1);
         if (!payload) return -1;
@@ -395,7 +346,7 @@ static int dispatch(engine_t *e, int peer) {
         if (rc) return -1;
         count++;
     }
-    if (n < 0) { hvdl__peer_lost(e, peer, "sent a corrupt control frame"); return -1; }
+    if (n < 0) { hvdl__peer_lost(e, peer, why); return -1; }
     return count;
 }
 

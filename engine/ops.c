@@ -22,6 +22,9 @@
 static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
     if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every request needs a name");
     if (strlen(q->name) > 4096) return hvdl__err(HVDL_ERR_INVALID, "name longer than 4096 bytes: '%.64s...'", q->name);
+    if (q->name_len && (int64_t)strlen(q->name) != q->name_len)
+        return hvdl__err(HVDL_ERR_INVALID, "the name '%s...' contains a NUL byte; names must be text "
+                         "without NUL characters", q->name);
     if (q->op < 0 || q->op > HVDL_OP_JOIN) return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown op %d", q->name, q->op);
     group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set] : NULL;
     if (!g || g->removed)
@@ -134,13 +137,16 @@ int hvdl_enqueue(const hvdl_request *q, int64_t *handle) {
         if (o) { free(o->name); free(o); }
         return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     }
-    o->meta = (meta_t){q->op, q->dtype, q->reduce_op, q->op == HVDL_OP_BROADCAST ? q->root_rank : 0,
-                       q->process_set, q->ndim, {0}, q->prescale, q->postscale};
+    /* Barrier and join move no data: their dtype and shape are never looked at. */
+    int shapeless = q->op == HVDL_OP_BARRIER || q->op == HVDL_OP_JOIN;
+    o->meta = (meta_t){q->op, shapeless ? 0 : q->dtype, q->reduce_op,
+                       q->op == HVDL_OP_BROADCAST ? q->root_rank : 0, q->process_set,
+                       shapeless ? 0 : q->ndim, {0}, q->prescale, q->postscale};
     /* Fields an op does not use are zeroed so they never cause a false mismatch. */
     int reduces = q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_REDUCESCATTER;
     if (!reduces) o->meta.prescale = o->meta.postscale = 1.0;
     if (!reduces) o->meta.reduce_op = 0;
-    memcpy(o->meta.shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
+    memcpy(o->meta.shape, q->shape, sizeof(int64_t) * (size_t)o->meta.ndim);
     o->input = q->input;
     o->output = q->output;
     o->nbytes = nbytes;

@@ -3,8 +3,9 @@
  * the shm collectives use: "I finished phase v" / "wait until every local rank has".
  *
  * Naming and clean-up: local rank 0 creates /hvdl-<job>-<node> (job = rank 0's nonce,
- * node = a hash of the host name), the others open it, and as soon as every local rank
- * has mapped it the creator unlinks it. From then on the segment has no name: it lives
+ * node = a hash of the host name), the others open it, and the last local rank to map
+ * it unlinks it (a rank that gives up, on the start timeout or a local rank's death,
+ * unlinks it too). From then on the segment has no name: it lives
  * exactly as long as the processes that map it, so a crash can never leave one behind
  * and a later job can never find a stale one.
  *
@@ -14,15 +15,18 @@
  * common case is one store. While blocked, the control sockets are watched, so a dead
  * local rank (reported by rank 0) ends the wait at once.
  */
+#define _GNU_SOURCE
 #include "internal.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -60,6 +64,31 @@ static uint64_t fnv(const char *s) {
     return h;
 }
 
+/* One step of a start-up wait for the other local ranks: NULL to go on waiting, or why
+ * not (the start timeout passed, or a local rank died: its data connection closed, and
+ * nothing else travels on it before start-up ends). */
+static const char *attach_wait(engine_t *e, double deadline) {
+    static __thread char why[320];
+    if (hvdl_now() > deadline) {
+        snprintf(why, sizeof why, "not every local rank attached within %.0f s (HOROVODLIKE_START_TIMEOUT)",
+                 e->cfg.start_timeout);
+        return why;
+    }
+    for (int r = 0; r < e->size; r++) {
+        int fd = e->peers[r].data_fd;
+        if (r == e->rank || fd < 0 || strcmp(e->peers[r].host, e->host)) continue;
+        struct pollfd pf = {fd, POLLIN | POLLRDHUP, 0};
+        char c;
+        if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLERR | POLLRDHUP) ||
+                                     recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)) {
+            snprintf(why, sizeof why, "rank %d (host %s) died while the local ranks attached", r, e->host);
+            return why;
+        }
+    }
+    usleep(1000);
+    return NULL;
+}
+
 int hvdl__shm_open(engine_t *e) {
     int nlocal = 0, me = -1;
     for (int r = 0; r < e->size; r++) {
@@ -81,23 +110,23 @@ int hvdl__shm_open(engine_t *e) {
     char name[96];
     snprintf(name, sizeof name, "/hvdl-%016llx-%016llx", (unsigned long long)e->peers[0].nonce,
              (unsigned long long)fnv(e->host));
-    double deadline = hvdl_now() + 30.0;
-    int fd = -1;
+    double deadline = hvdl_now() + e->cfg.start_timeout;
+    const char *why = NULL;
+    int fd = -1, err = 0;
     if (me == 0) {
         fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-        if (fd < 0 || ftruncate(fd, (off_t)bytes)) goto fail;
+        if (fd < 0 || ftruncate(fd, (off_t)bytes)) { err = errno; why = "cannot create it"; goto fail; }
     } else {
         struct stat st;
         while ((fd = shm_open(name, O_RDWR, 0600)) < 0 || fstat(fd, &st) || (size_t)st.st_size < bytes) {
             if (fd >= 0) close(fd);
             fd = -1;
-            if (hvdl_now() > deadline) goto fail;
-            usleep(2000);
+            if ((why = attach_wait(e, deadline))) goto fail;
         }
     }
     s->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (s->base == MAP_FAILED) { s->base = NULL; goto fail; }
+    if (s->base == MAP_FAILED) { s->base = NULL; err = errno; why = "cannot map it"; goto fail; }
     s->bytes = bytes;
     shm_header_t *h = (shm_header_t *)s->base;
     if (me == 0) {
@@ -106,19 +135,19 @@ int hvdl__shm_open(engine_t *e) {
         atomic_store(&h->magic, SHM_MAGIC);
     }
     while (atomic_load(&h->magic) != SHM_MAGIC)
-        if (hvdl_now() > deadline) goto fail; else usleep(1000);
-    atomic_fetch_add(&h->attached, 1);
-    if (me == 0) {
-        while (atomic_load(&h->attached) < (uint32_t)nlocal)
-            if (hvdl_now() > deadline) goto fail; else usleep(1000);
-        shm_unlink(name);            /* nameless from now on: nothing can be left behind */
-    }
+        if ((why = attach_wait(e, deadline))) goto fail;
+    /* The last to attach removes the name: from then on the segment is nameless and
+     * nothing can be left behind, whoever dies. */
+    if (atomic_fetch_add(&h->attached, 1) + 1 == (uint32_t)nlocal) shm_unlink(name);
+    while (atomic_load(&h->attached) < (uint32_t)nlocal)
+        if ((why = attach_wait(e, deadline))) goto fail;
     e->shm = s;
     return 0;
 fail:
     hvdl__fail(e, HVDL_ERR_SYSTEM, "could not set up the shared-memory segment %s of host %s "
-               "with %d local ranks: %s", name, e->host, nlocal, strerror(errno));
-    if (me == 0) shm_unlink(name);
+               "with %d local ranks: %s%s%s", name, e->host, nlocal, why,
+               err ? ": " : "", err ? strerror(err) : "");
+    shm_unlink(name);               /* whoever fails removes the name: none is left behind */
     if (s->base) munmap(s->base, bytes);
     free(s);
     return -1;
@@ -143,12 +172,20 @@ static int reached(_Atomic uint32_t *seq, uint32_t v) {
     return (int32_t)(atomic_load_explicit(seq, memory_order_acquire) - v) >= 0;
 }
 
+/* The global rank of this node's local rank `local`. */
+static int global_rank(engine_t *e, int local) {
+    for (int r = 0, k = 0; r < e->size; r++)
+        if (!strcmp(e->peers[r].host, e->host) && k++ == local) return r;
+    return -1;
+}
+
 /* Wait until every local rank has posted the phase this rank just posted. */
 int hvdl__shm_wait_all(engine_t *e) {
     hvdl_shm_t *s = e->shm;
     shm_header_t *h = (shm_header_t *)s->base;
     uint32_t v = s->phase;
-    double spin_until = hvdl_now() + e->spin_us * 1e-6;
+    double now = hvdl_now(), spin_until = now + e->spin_us * 1e-6;
+    if (hvdl__liveness_check(e, now)) return -1;
     for (int q = 0; q < s->nlocal; q++) {
         _Atomic uint32_t *seq = seq_of(s, q);
         while (!reached(seq, v) && hvdl_now() < spin_until)
@@ -161,11 +198,16 @@ int hvdl__shm_wait_all(engine_t *e) {
             if (!reached(seq, v)) futex(seq, FUTEX_WAIT, cur, &ts);
             atomic_fetch_sub(&h->sleepers, 1);
             if (reached(seq, v)) break;
-            /* Still waiting: has anyone reported a dead rank? */
-            if (hvdl__watch_control(e, 0)) return -1;
-            if (hvdl_now() - since > e->cfg.peer_timeout) {
-                hvdl__fail(e, HVDL_ERR_PEER_LOST, "local rank %d on host %s stopped taking part in "
-                           "shared-memory collectives for %.0f s", q, e->host, e->cfg.peer_timeout);
+            /* Still waiting: has anyone reported a dead rank? Is everyone alive? */
+            if (hvdl__watch_control(e, 0) || hvdl__liveness_check(e, hvdl_now())) return -1;
+            /* One heartbeat interval later than liveness.c, as the TCP transport does. */
+            if (hvdl_now() - since > e->cfg.peer_timeout + hvdl__heartbeat_interval(e)) {
+                char why[160];
+                snprintf(why, sizeof why, "its shared-memory flag did not advance for %.0f s",
+                         hvdl_now() - since);
+                int r = global_rank(e, q);
+                if (r >= 0) hvdl__peer_lost(e, r, why);
+                else hvdl__fail(e, HVDL_ERR_PEER_LOST, "local rank %d %s", q, why);
                 return -1;
             }
         }

@@ -73,7 +73,11 @@ static int tcp_exchange(transport_t *t, const xfer_t *x) {
                 return -1;
             }
         }
-        if (progress) { last = hvdl_now(); continue; }
+        if (progress) {
+            last = hvdl_now();
+            if (hvdl__liveness_check(e, last)) return -1;
+            continue;
+        }
 
         int n = 0;
         if (sent < x->slen) { pf[n] = (struct pollfd){sfd, POLLOUT, 0}; ranks[n++] = -1; }
@@ -84,7 +88,10 @@ static int tcp_exchange(transport_t *t, const xfer_t *x) {
         poll(pf, (nfds_t)n, 200);
         for (int i = 0; i < n; i++)
             if (ranks[i] >= 0 && pf[i].revents && hvdl__control_readable(e, ranks[i])) return -1;
-        if (hvdl_now() - last > e->cfg.peer_timeout) {
+        if (hvdl__liveness_check(e, hvdl_now())) return -1;
+        /* One heartbeat interval later than liveness.c, whose verdict names the rank that
+         * stopped rather than a neighbour that waits for it as we do. */
+        if (hvdl_now() - last > e->cfg.peer_timeout + hvdl__heartbeat_interval(e)) {
             int peer = rcvd < x->rlen ? x->recv_peer : x->send_peer;
             hvdl__peer_lost(e, peer, "no data moved for HOROVODLIKE_PEER_TIMEOUT_SECONDS");
             return -1;

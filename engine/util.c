@@ -47,10 +47,16 @@ void buf_free(buf_t *b) {
     b->len = b->cap = 0;
 }
 
+int rd_fail(reader_t *r, const char *why) {
+    if (!r->why) r->why = why;
+    r->bad = 1;
+    return -1;
+}
+
 void rd_get(reader_t *r, void *out, int64_t n) {
-    if (r->bad || n > r->left) {
-        r->bad = 1;
-        memset(out, 0, (size_t)n);
+    if (r->bad || n < 0 || n > r->left) {
+        rd_fail(r, "it ends before its last field");
+        if (n > 0) memset(out, 0, (size_t)n);
         return;
     }
     memcpy(out, r->p, (size_t)n);
@@ -63,9 +69,10 @@ int64_t rd_i64(reader_t *r) { int64_t v; rd_get(r, &v, 8); return v; }
 
 char *rd_str(reader_t *r) {
     uint32_t n = rd_u32(r);
-    if (r->bad || n > r->left) { r->bad = 1; return NULL; }
-    char *s = malloc(n + 1);
-    if (!s) { r->bad = 1; return NULL; }
+    if (r->bad || n > r->left) { rd_fail(r, "a string runs past the end of the frame"); return NULL; }
+    if (memchr(r->p, 0, n)) { rd_fail(r, "a string holds a NUL byte"); return NULL; }
+    char *s = malloc((size_t)n + 1);
+    if (!s) { rd_fail(r, "out of memory"); return NULL; }
     memcpy(s, r->p, n);
     s[n] = 0;
     r->p += n;

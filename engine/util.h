@@ -19,16 +19,19 @@ const char *buf_cstr(buf_t *b);             /* NUL-terminated view (the NUL is n
 void buf_free(buf_t *b);
 
 /* Reads a wire message; any read past the end sets bad and yields zeros, so a parser
- * checks r.bad once at the end instead of after every field. */
+ * checks r.bad once at the end instead of after every field. why keeps the first
+ * problem found, for the error message. */
 typedef struct reader {
     const uint8_t *p;
     int64_t left;
     int bad;
+    const char *why;
 } reader_t;
 void rd_get(reader_t *r, void *out, int64_t n);
 uint32_t rd_u32(reader_t *r);
 int64_t rd_i64(reader_t *r);
-char *rd_str(reader_t *r);                  /* malloc'd copy, NULL if bad */
+char *rd_str(reader_t *r);                  /* malloc'd copy, NULL if bad (or holds a NUL) */
+int rd_fail(reader_t *r, const char *why);  /* mark bad with a reason; returns -1 */
 
 /* Open-addressing map from strings (copied) to pointers. */
 typedef struct strmap {

@@ -63,35 +63,62 @@ int hvdl__announce(engine_t *e) {
     return rc;
 }
 
+/* A name from the wire: 1..4096 bytes without NUL (as enqueue requires), or NULL. */
+static char *rd_name(reader_t *r) {
+    char *name = rd_str(r);
+    if (name && (!*name || strlen(name) > 4096)) {
+        free(name);
+        rd_fail(r, "a name that is empty or longer than 4096 bytes");
+        return NULL;
+    }
+    return name;
+}
+
+static int rd_meta(engine_t *e, reader_t *r, meta_t *m) {
+    rd_get(r, m, sizeof *m);
+    const char *why = r->bad ? NULL : hvdl__meta_problem(e, m);
+    return why ? rd_fail(r, why) : (r->bad ? -1 : 0);
+}
+
+/* Every count read from the wire is bounded by the bytes left that must carry it. */
+static int rd_count(reader_t *r, uint32_t *n, int64_t min_bytes_each) {
+    *n = rd_u32(r);
+    if (!r->bad && (int64_t)*n > r->left / min_bytes_each) return rd_fail(r, "a count larger than the frame holds");
+    return r->bad ? -1 : 0;
+}
+
 int hvdl__parse_requests(engine_t *e, int from, reader_t *r) {
-    uint32_t nwords = rd_u32(r);
+    uint32_t nwords, nfull;
+    if (rd_count(r, &nwords, 8)) return -1;
     for (uint32_t w = 0; w < nwords && !r->bad; w++) {
         uint64_t word;
         rd_get(r, &word, 8);
         for (int b = 0; b < 64 && !r->bad; b++) {
-            int id = (int)w * 64 + b;
+            int64_t id = (int64_t)w * 64 + b;
             if (!(word >> b & 1)) continue;
-            if (id >= e->ncache) return -1;
-            meta_t m = hvdl__cache_meta_for(e, id, from);
-            if (hvdl__coord_record(e, from, e->cache[id].name, &m, NULL, 0)) return -1;
+            if (id >= e->ncache) return rd_fail(r, "a cache bit for an entry that does not exist");
+            meta_t m = hvdl__cache_meta_for(e, (int)id, from);
+            if (hvdl__coord_record(e, from, e->cache[id].name, &m, NULL, 0)) return rd_fail(r, "out of memory");
         }
     }
-    uint32_t nfull = rd_u32(r);
+    if (rd_count(r, &nfull, 4 + (int64_t)sizeof(meta_t) + 4)) return -1;
     for (uint32_t i = 0; i < nfull && !r->bad; i++) {
-        char *name = rd_str(r);
+        char *name = rd_name(r);
         meta_t m;
-        rd_get(r, &m, sizeof m);
-        uint32_t n = rd_u32(r);
-        if (r->bad || n > (uint32_t)e->size || m.process_set < 0 || m.process_set >= HVDL_MAX_SETS) {
+        uint32_t n = 0;
+        if (!name || rd_meta(e, r, &m) || rd_count(r, &n, 8) || n > (uint32_t)e->size) {
             free(name);
-            return -1;
+            return rd_fail(r, "more splits than ranks");
         }
         int64_t splits[n ? n : 1];
         rd_get(r, splits, 8 * (int64_t)n);
-        int rc = r->bad ? -1 : hvdl__coord_record(e, from, name, &m, n ? splits : NULL, (int)n);
+        group_t *g = e->sets[m.process_set];
+        const char *why = r->bad ? NULL : hvdl__splits_problem(&m, splits, n, g ? g->n : -1);
+        int rc = r->bad || why ? rd_fail(r, why) : hvdl__coord_record(e, from, name, &m, n ? splits : NULL, (int)n);
         free(name);
-        if (rc) return -1;
+        if (rc) return rd_fail(r, "out of memory");
     }
+    if (!r->bad && r->left) return rd_fail(r, "bytes after its last field");
     return r->bad ? -1 : 0;
 }
 
@@ -130,27 +157,34 @@ int hvdl__write_response(engine_t *e, buf_t *b, const response_t *r) {
 static char *read_tensor(engine_t *e, reader_t *r, meta_t *m, int64_t *dim0, int n) {
     uint32_t tag = rd_u32(r);
     if (tag != FULL_TAG) {
-        if (r->bad || tag >= (uint32_t)e->ncache) { r->bad = 1; return NULL; }
+        if (r->bad || tag >= (uint32_t)e->ncache) { rd_fail(r, "a cache id that does not exist"); return NULL; }
         *m = e->cache[tag].meta;
         if (dim0 && e->cache[tag].dim0s) memcpy(dim0, e->cache[tag].dim0s, 8 * (size_t)n);
         return strdup(e->cache[tag].name);
     }
-    char *name = rd_str(r);
-    int id = (int)rd_u32(r);
-    rd_get(r, m, sizeof *m);
+    char *name = rd_name(r);
+    int32_t id = (int32_t)rd_u32(r);
+    rd_meta(e, r, m);
     if (dim0) rd_get(r, dim0, 8 * (int64_t)n);
-    if (!r->bad && id >= 0 && hvdl__cache_store(e, id, name, m, dim0)) r->bad = 1;
+    /* Ids are dense and only the global set is cached (its entries hold size dims). */
+    if (!r->bad && id != -1 && (id < 0 || id > e->ncache || !hvdl__cacheable(m) || n != e->size))
+        rd_fail(r, "a cache id out of order or for an uncacheable tensor");
+    if (!r->bad && id >= 0 && hvdl__cache_store(e, id, name, m, dim0)) rd_fail(r, "out of memory");
+    if (r->bad) { free(name); return NULL; }
     return name;
 }
 
 static int read_response(engine_t *e, reader_t *r, response_t *x) {
+    uint32_t nt;
     x->kind = (int)rd_u32(r);
-    rd_get(r, &x->meta, sizeof x->meta);
-    uint32_t nt = rd_u32(r);
-    int ps = x->meta.process_set;
-    if (r->bad || nt > 1u << 24 || ps < 0 || ps >= HVDL_MAX_SETS || !e->sets[ps]) return -1;
-    int n = e->sets[ps]->n;
-    if (hvdl__response_alloc(x, (int)nt, n, x->meta.op)) return -1;
+    if (!r->bad && (x->kind < RESP_OK || x->kind > RESP_SHUTDOWN)) return rd_fail(r, "an unknown response kind");
+    if (rd_meta(e, r, &x->meta) || rd_count(r, &nt, 4)) return -1;
+    group_t *g = e->sets[x->meta.process_set];
+    if (!g || g->me < 0) return rd_fail(r, "a response for a process set this rank is not in");
+    int n = g->n;
+    if (x->meta.op == HVDL_OP_ALLGATHER && (int64_t)nt * n > r->left / 8)
+        return rd_fail(r, "a count larger than the frame holds");
+    if (hvdl__response_alloc(x, (int)nt, n, x->meta.op)) return rd_fail(r, "out of memory");
     for (uint32_t i = 0; i < nt && !r->bad; i++) {
         char *name = read_tensor(e, r, &x->metas[i], x->dim0 ? x->dim0 + (int64_t)i * n : NULL, n);
         if (name) x->names[x->ntensors++] = name;
@@ -161,12 +195,12 @@ static int read_response(engine_t *e, reader_t *r, response_t *x) {
 }
 
 int hvdl__read_responses(engine_t *e, reader_t *r, response_t **out, int *count) {
-    uint32_t n = rd_u32(r);
-    if (r->bad || n > 1u << 24) return -1;
+    uint32_t n;
+    if (rd_count(r, &n, 4 + (int64_t)sizeof(meta_t) + 4)) return -1;
     response_t *rs = calloc(n ? n : 1, sizeof *rs);
-    if (!rs) return -1;
+    if (!rs) return rd_fail(r, "out of memory");
     for (uint32_t i = 0; i < n; i++) {
-        if (read_response(e, r, &rs[i])) {
+        if (read_response(e, r, &rs[i]) || (i == n - 1 && r->left && rd_fail(r, "bytes after its last field"))) {
             for (uint32_t k = 0; k <= i; k++) hvdl__response_free(&rs[k]);
             free(rs);
             return -1;

@@ -83,8 +83,9 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
     req.prescale, req.postscale = prescale, postscale
     req.input = ffi.cast("void *", input_ptr)
     req.output = ffi.cast("void *", output_ptr)
-    c_name = ffi.new("char[]", name.encode())
-    req.name = c_name
+    encoded = name.encode()
+    c_name = ffi.new("char[]", encoded)
+    req.name, req.name_len = c_name, len(encoded)
     if splits is not None:
         c_splits = ffi.new("int64_t[]", [int(v) for v in splits])
         req.splits = c_splits

@@ -1,0 +1,327 @@
+/*
+ * Start-up connections: who connects to whom, and the hello that proves a connection
+ * comes from this job's rank `from_rank`, meant for this rank, on the expected channel.
+ *
+ * Topology: a full mesh of data sockets (rank j connects to every i < j) and a star of
+ * control sockets (every worker connects to rank 0). A hello is accepted only in that
+ * direction: a data hello from a higher rank, a control hello only by rank 0.
+ *
+ * The hello with a job key (HMAC-SHA256 challenge-response, mutual):
+ *
+ *   connector -> acceptor  hello {magic, version, from, to, channel, keyed=1,
+ *                                 the acceptor's nonce, challenge Cc (32 random bytes)}
+ *   acceptor -> connector  reply {magic, challenge Ca, HMAC(key, "hvdl accept " || hello || Ca)}
+ *   connector -> acceptor  HMAC(key, "hvdl connect" || hello || Ca)
+ *
+ * Each side checks the other's HMAC before trusting the connection; the key never
+ * crosses the wire, the labels keep one side's answer from being replayed as the
+ * other's, and fresh challenges keep an old answer from being replayed at all. Without
+ * a key (a single rank, or a caller that has none) the hello carries keyed=0 and the
+ * nonce from the acceptor's blob is the only check, as before.
+ *
+ * The acceptor reads every pending hello at once (poll over all of them), each with its
+ * own deadline, so silent or slow connections never hold up the genuine ones; when the
+ * table of pending connections is full the oldest is dropped. Nothing is read from a
+ * connection before its hello has passed. The listener is closed once every peer is in.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "auth.h"
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+enum { CH_DATA = 0, CH_CONTROL = 1 };
+#define HELLO_SECONDS 10.0     /* one connection's hello must complete within this */
+#define CHALLENGE 32
+
+typedef struct hello {
+    uint32_t magic, version, from_rank, to_rank, channel, keyed;
+    uint64_t nonce;                     /* the acceptor's, from its blob */
+    uint8_t challenge[CHALLENGE];       /* the connector's (zeros when keyed = 0) */
+} hello_t;
+
+typedef struct reply {
+    uint32_t magic, pad;
+    uint8_t challenge[CHALLENGE];       /* the acceptor's */
+    uint8_t proof[HVDL_SHA256_BYTES];   /* the acceptor's answer to the connector's */
+} reply_t;
+
+static const char LABEL_ACCEPT[] = "hvdl accept ", LABEL_CONNECT[] = "hvdl connect";
+_Static_assert(sizeof LABEL_ACCEPT == sizeof LABEL_CONNECT, "labels of one length");
+
+static int random_bytes(uint8_t *p, size_t n) {
+    while (n) {
+        ssize_t k = getrandom(p, n, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static void proof(engine_t *e, const char *label, const hello_t *h, const uint8_t *acceptor_challenge,
+                  uint8_t out[HVDL_SHA256_BYTES]) {
+    const void *parts[3] = {label, h, acceptor_challenge};
+    size_t lens[3] = {sizeof LABEL_ACCEPT - 1, sizeof *h, CHALLENGE};
+    hvdl__hmac_sha256(e->key, (size_t)e->key_len, 3, parts, lens, out);
+}
+
+/* ---- connecting ---- */
+
+/* connect() bounded by the deadline; the socket is left non-blocking. */
+static int connect_by(int fd, const struct sockaddr_in *a, double deadline) {
+    if (hvdl__set_nonblocking(fd)) return -1;
+    if (connect(fd, (const struct sockaddr *)a, sizeof *a) == 0) return 0;
+    if (errno != EINPROGRESS) return -1;
+    struct pollfd pf = {fd, POLLOUT, 0};
+    int ms = (int)((deadline - hvdl_now()) * 1000);
+    if (ms <= 0 || poll(&pf, 1, ms) <= 0) { errno = ETIMEDOUT; return -1; }
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) { errno = err ? err : errno; return -1; }
+    return 0;
+}
+
+/* Our side of the hello on a connected socket: 0, or -1 after hvdl__fail. */
+static int hello_as_connector(engine_t *e, int fd, int peer, int channel, double deadline) {
+    peer_t *p = &e->peers[peer];
+    hello_t h = {WIRE_MAGIC, WIRE_VERSION, (uint32_t)e->rank, (uint32_t)peer, (uint32_t)channel,
+                 e->key_len > 0, p->nonce, {0}};
+    if (e->key_len && random_bytes(h.challenge, CHALLENGE)) {
+        hvdl__fail(e, HVDL_ERR_SYSTEM, "no random bytes for the connection handshake: %s", strerror(errno));
+        return -1;
+    }
+    if (hvdl__io_full(fd, &h, sizeof h, 1, deadline)) goto lost;
+    if (!e->key_len) return 0;
+    reply_t r;
+    uint8_t want[HVDL_SHA256_BYTES], mine[HVDL_SHA256_BYTES];
+    if (hvdl__io_full(fd, &r, sizeof r, 0, deadline)) {
+        hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s, %s:%d) closed the connection during the "
+                   "handshake: the ranks were not given the same job key, or that port is not "
+                   "this job's rank %d", peer, p->host, p->ip, p->port, peer);
+        return -1;
+    }
+    proof(e, LABEL_ACCEPT, &h, r.challenge, want);
+    if (r.magic != WIRE_MAGIC || !hvdl__equal_ct(want, r.proof, sizeof want)) {
+        hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s, %s:%d) did not prove that it holds the "
+                   "job key: the ranks were not given the same key, or another process answers "
+                   "on that port", peer, p->host, p->ip, p->port);
+        return -1;
+    }
+    proof(e, LABEL_CONNECT, &h, r.challenge, mine);
+    if (hvdl__io_full(fd, mine, sizeof mine, 1, deadline)) goto lost;
+    return 0;
+lost:
+    hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s, %s:%d) dropped the connection during the "
+               "handshake: %s", peer, p->host, p->ip, p->port, strerror(errno));
+    return -1;
+}
+
+static int connect_to(engine_t *e, int peer, int channel, double deadline) {
+    peer_t *p = &e->peers[peer];
+    /* Peers on our own node are reached over loopback whatever address they advertise. */
+    const char *ip = strcmp(p->host, e->host) ? p->ip : "127.0.0.1";
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
+    if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) {
+        hvdl__fail(e, HVDL_ERR_INVALID, "rank %d (host %s) advertised a bad address '%s'",
+                   peer, p->host, ip);
+        return -1;
+    }
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        hvdl__tune_socket(e, fd);
+        if (connect_by(fd, &a, deadline) == 0) {
+            /* Connected: the hello either passes or fails the job (no retry, so a
+             * mismatched key is reported at once rather than after the deadline). */
+            if (hello_as_connector(e, fd, peer, channel, deadline) == 0) return fd;
+            close(fd);
+            return -1;
+        }
+        int err = errno;
+        close(fd);
+        if (hvdl_now() > deadline) {
+            hvdl__fail(e, HVDL_ERR_PEER_LOST, "could not connect to rank %d (host %s, %s:%d) within "
+                       "%.0f s (HOROVODLIKE_START_TIMEOUT): %s", peer, p->host, ip, p->port,
+                       e->cfg.start_timeout, strerror(err));
+            return -1;
+        }
+        usleep(20000);
+    }
+}
+
+/* ---- accepting ---- */
+
+typedef struct pending_conn {
+    int fd;
+    double deadline;
+    int proving;                        /* hello read, reply sent; reading the proof */
+    size_t got;                         /* bytes of the current message read so far */
+    hello_t h;
+    uint8_t challenge[CHALLENGE];       /* ours, sent in the reply */
+    uint8_t answer[HVDL_SHA256_BYTES];
+    char who[64];                       /* the remote address, for messages */
+} pending_conn_t;
+
+typedef struct acceptor {
+    pending_conn_t *v;
+    int n, cap;
+    int rejected;                       /* how many were turned away (logs are capped) */
+} acceptor_t;
+
+static void drop(acceptor_t *a, int i, const char *why) {
+    if (why && a->rejected++ < 8)
+        hvdl__log(HVDL_LOG_WARNING, "rejected a connection from %s: %s", a->v[i].who, why);
+    close(a->v[i].fd);
+    a->v[i] = a->v[--a->n];
+}
+
+/* Why this hello is not one we expect, or NULL. */
+static const char *hello_problem(engine_t *e, const hello_t *h) {
+    if (h->magic != WIRE_MAGIC || h->version != WIRE_VERSION)
+        return "not a horovodlike hello (another program, or another horovodlike version)";
+    if (h->keyed != (uint32_t)(e->key_len > 0))
+        return h->keyed ? "it offers a job key and this rank has none" : "it has no job key and this job has one";
+    if (h->to_rank != (uint32_t)e->rank) return "it was meant for another rank";
+    if (h->nonce != e->nonce) return "its nonce is not this rank's (not meant for this job)";
+    if (h->from_rank >= (uint32_t)e->size || h->from_rank == (uint32_t)e->rank) return "bad rank";
+    if (h->channel == CH_DATA && h->from_rank < (uint32_t)e->rank)
+        return "a data connection from a lower rank (they only connect upwards)";
+    if (h->channel == CH_CONTROL && e->rank != 0) return "a control connection to a worker";
+    if (h->channel > CH_CONTROL) return "unknown channel";
+    return NULL;
+}
+
+/* The connection passed: file it under its rank and channel. */
+static int admit(engine_t *e, acceptor_t *a, int i, int *expected) {
+    hello_t *h = &a->v[i].h;
+    int *slot = h->channel == CH_DATA ? &e->peers[h->from_rank].data_fd : &e->peers[h->from_rank].ctrl.fd;
+    if (*slot >= 0) { drop(a, i, "a second connection for the same rank and channel"); return 0; }
+    *slot = a->v[i].fd;
+    a->v[i] = a->v[--a->n];
+    (*expected)--;
+    return 0;
+}
+
+/* Read what connection i has; advance its hello. */
+static void advance(engine_t *e, acceptor_t *a, int i, int *expected) {
+    pending_conn_t *c = &a->v[i];
+    uint8_t *dst = c->proving ? c->answer : (uint8_t *)&c->h;
+    size_t want = c->proving ? sizeof c->answer : sizeof c->h;
+    ssize_t k = recv(c->fd, dst + c->got, want - c->got, 0);
+    if (k == 0) { drop(a, i, "closed before finishing its hello"); return; }
+    if (k < 0) {
+        if (errno != EAGAIN && errno != EINTR) drop(a, i, strerror(errno));
+        return;
+    }
+    if ((c->got += (size_t)k) < want) return;
+    c->got = 0;
+    if (!c->proving) {
+        const char *why = hello_problem(e, &c->h);
+        if (why) { drop(a, i, why); return; }
+        if (!e->key_len) { admit(e, a, i, expected); return; }
+        reply_t r = {WIRE_MAGIC, 0, {0}, {0}};
+        if (random_bytes(c->challenge, CHALLENGE)) { drop(a, i, "no random bytes"); return; }
+        memcpy(r.challenge, c->challenge, CHALLENGE);
+        proof(e, LABEL_ACCEPT, &c->h, c->challenge, r.proof);
+        /* 72 bytes into an empty socket buffer: all or nothing */
+        if (send(c->fd, &r, sizeof r, MSG_NOSIGNAL) != (ssize_t)sizeof r) { drop(a, i, "could not reply"); return; }
+        c->proving = 1;
+        return;
+    }
+    uint8_t want_proof[HVDL_SHA256_BYTES];
+    proof(e, LABEL_CONNECT, &c->h, c->challenge, want_proof);
+    if (!hvdl__equal_ct(want_proof, c->answer, sizeof want_proof)) {
+        drop(a, i, "wrong answer to the challenge (it does not hold this job's key)");
+        return;
+    }
+    admit(e, a, i, expected);
+}
+
+/* Take one connection off the listener into the table (dropping the oldest if full). */
+static void take(engine_t *e, acceptor_t *a, double deadline) {
+    struct sockaddr_in from;
+    socklen_t len = sizeof from;
+    int fd = accept4(e->listen_fd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    if (a->n == a->cap) {
+        int oldest = 0;
+        for (int i = 1; i < a->n; i++)
+            if (a->v[i].deadline < a->v[oldest].deadline) oldest = i;
+        drop(a, oldest, "too many connections waiting to say hello");
+    }
+    pending_conn_t *c = &a->v[a->n++];
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    double mine = hvdl_now() + (HELLO_SECONDS < e->cfg.start_timeout ? HELLO_SECONDS : e->cfg.start_timeout);
+    c->deadline = mine < deadline ? mine : deadline;
+    char ip[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
+    snprintf(c->who, sizeof c->who, "%s:%d", ip, ntohs(from.sin_port));
+}
+
+/* Accept until every expected connection has passed its hello; reject anything else. */
+static int accept_expected(engine_t *e, int expected, double deadline) {
+    acceptor_t a = {0};
+    a.cap = 2 * e->size + 64;
+    if (!(a.v = calloc((size_t)a.cap, sizeof *a.v))) return -1;
+    struct pollfd *pf = calloc((size_t)a.cap + 1, sizeof *pf);
+    int rc = pf ? 0 : -1;
+    while (!rc && expected > 0) {
+        double now = hvdl_now();
+        if (now >= deadline) {
+            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d: %d peer connection(s) never arrived within "
+                       "%.0f s of start-up (HOROVODLIKE_START_TIMEOUT)", e->rank, expected,
+                       e->cfg.start_timeout);
+            rc = -1;
+            break;
+        }
+        for (int i = 0; i < a.n;)           /* a hello past its deadline is dropped */
+            if (a.v[i].deadline <= now) drop(&a, i, "no complete hello in time");
+            else i++;
+        double next = deadline;
+        for (int i = 0; i < a.n; i++) {
+            pf[i] = (struct pollfd){a.v[i].fd, POLLIN, 0};
+            if (a.v[i].deadline < next) next = a.v[i].deadline;
+        }
+        pf[a.n] = (struct pollfd){e->listen_fd, POLLIN, 0};
+        int n = a.n;
+        if (poll(pf, (nfds_t)n + 1, (int)((next - now) * 1000) + 1) <= 0) continue;
+        /* Walk backwards: advance() may move the last entry into slot i. */
+        for (int i = n - 1; i >= 0; i--)
+            if (pf[i].revents) advance(e, &a, i, &expected);
+        if (pf[n].revents) take(e, &a, deadline);
+    }
+    while (a.n) drop(&a, a.n - 1, NULL);
+    free(a.v);
+    free(pf);
+    return rc;
+}
+
+int hvdl__connect_all(engine_t *e) {
+    double deadline = hvdl_now() + e->cfg.start_timeout;
+    for (int i = 0; i < e->rank; i++) {
+        if ((e->peers[i].data_fd = connect_to(e, i, CH_DATA, deadline)) < 0) return -1;
+    }
+    if (e->rank > 0 && (e->peers[0].ctrl.fd = connect_to(e, 0, CH_CONTROL, deadline)) < 0)
+        return -1;
+    int expected = e->size - 1 - e->rank + (e->rank == 0 ? e->size - 1 : 0);
+    if (accept_expected(e, expected, deadline)) return -1;
+    /* Every peer is in: nobody else may connect (nor have the kernel queue data for us). */
+    close(e->listen_fd);
+    e->listen_fd = -1;
+    for (int i = 0; i < e->size; i++) {
+        if (e->peers[i].data_fd >= 0) hvdl__set_nonblocking(e->peers[i].data_fd);
+        if (e->peers[i].ctrl.fd >= 0) hvdl__set_nonblocking(e->peers[i].ctrl.fd);
+    }
+    return 0;
+}

@@ -1,0 +1,687 @@
+"""The engine against hostile and broken peers, caused for real.
+
+Real ranks are started here with the engine's own API (engine.prepare with a job key,
+blobs exchanged through files, engine.start), so the test decides everything a peer
+could do. A hostile local process is played by this test:
+
+  * without the key it can find the engine port (in /proc/net/tcp, as anyone can), but
+    it cannot pass the hello, and silent or garbage connections cannot hold start-up up;
+  * with the key it can pose as a rank (FakeRank below speaks the handshake in Python)
+    and send malformed control frames: the real rank must fail with an error naming
+    it, never crash;
+  * a SIGSTOPped rank (worker or rank 0, between ops or inside a collective) is named,
+    the same by every survivor, within HOROVODLIKE_PEER_TIMEOUT_SECONDS.
+
+Every test has a timeout and kills what it started; no /dev/shm entry is left behind.
+"""
+import glob
+import hashlib
+import hmac
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from harness import REPO
+
+HOST = socket.gethostname()
+KEY = bytes(range(1, 33))
+
+# The wire layout (engine/handshake.c, engine/net.c, engine/wire.c).
+MAGIC, VERSION = 0x4876444C, 2
+HELLO = struct.Struct("<IIIIIIQ32s")        # magic version from to channel keyed nonce challenge
+REPLY = struct.Struct("<II32s32s")          # magic pad challenge proof
+FRAME = struct.Struct("<IIq")               # magic type len
+META = struct.Struct("<6i8q2d")             # op dtype reduce root set ndim shape[8] pre post
+MSG_REQUESTS, MSG_RESPONSES, MSG_BYE, MSG_ABORT, MSG_PING, MSG_PONG, MSG_HEARTBEAT = range(1, 8)
+CH_DATA, CH_CONTROL = 0, 1
+FULL_TAG = 0xFFFFFFFF
+
+
+# ------------------------------------------------------------- RFC 4231 vectors
+
+RFC4231 = [
+    (b"\x0b" * 20, b"Hi There",
+     "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"),
+    (b"Jefe", b"what do ya want for nothing?",
+     "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"),
+    (b"\xaa" * 20, b"\xdd" * 50,
+     "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"),
+    (bytes(range(1, 26)), b"\xcd" * 50,
+     "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"),
+    (b"\x0c" * 20, b"Test With Truncation", "a3b6167473100ee06e0c796c2955552b"),
+    (b"\xaa" * 131, b"Test Using Larger Than Block-Size Key - Hash Key First",
+     "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"),
+    (b"\xaa" * 131, b"This is a test using a larger than block-size key and a larger than "
+     b"block-size data. The key needs to be hashed before being used by the HMAC algorithm.",
+     "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"),
+]
+
+
+def _engine_hmac(key, msg):
+    from horovodlike._engine import ffi, lib
+    out = ffi.new("unsigned char[32]")
+    assert lib.hvdl_hmac_sha256(key, len(key), msg, len(msg), out) == 0
+    return bytes(ffi.buffer(out, 32))
+
+
+@pytest.mark.parametrize("case", range(len(RFC4231)), ids=lambda i: f"rfc4231-{i + 1}")
+def test_engine_hmac_sha256_matches_rfc4231(case):
+    key, msg, want = RFC4231[case]
+    assert _engine_hmac(key, msg).hex()[:len(want)] == want
+
+
+def test_engine_hmac_sha256_matches_python_on_every_padding_length():
+    for n in range(0, 200):          # every message length around the 55/56/64 borders
+        key, msg = os.urandom(n % 97), os.urandom(n)
+        assert _engine_hmac(key, msg) == hmac.new(key, msg, hashlib.sha256).digest(), n
+
+
+# ------------------------------------------------------------------ real ranks
+
+RANK = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from horovodlike.common import engine
+    rank, size, d = int(os.environ["T_RANK"]), int(os.environ["T_SIZE"]), os.environ["T_DIR"]
+    key = bytes.fromhex(os.environ.get("T_KEY", ""))
+    iters, idle = int(os.environ.get("T_ITERS", "3")), float(os.environ.get("T_IDLE", "0"))
+    elems = int(os.environ.get("T_ELEMS", "1000"))
+    blob = engine.prepare(os.environ["T_HOST"], "127.0.0.1", "127.0.0.1", key)
+    with open(f"{d}/blob.{rank}.tmp", "wb") as f:
+        f.write(blob)
+    os.rename(f"{d}/blob.{rank}.tmp", f"{d}/blob.{rank}")
+    print("blob", blob.hex(), flush=True)
+    blobs = []
+    for r in range(size):
+        while not os.path.exists(f"{d}/blob.{r}"):
+            time.sleep(0.01)
+        with open(f"{d}/blob.{r}", "rb") as f:
+            blobs.append(f.read())
+    time.sleep(float(os.environ.get("T_PRESTART_SLEEP", "0")))
+    t = time.monotonic()
+    try:
+        engine.start(rank, size, blobs)
+    except Exception as e:
+        print("start-failed", type(e).__name__, e, flush=True)
+        sys.exit(3)
+    print(f"started {time.monotonic() - t:.3f}", flush=True)
+    x = np.ones(elems, np.float32)
+    try:
+        for i in range(iters):
+            h = engine.enqueue(engine.ALLREDUCE, f"x{i % 2}", engine.DTYPES["float32"], x.shape,
+                               x.ctypes.data, x.ctypes.data)
+            while not engine.wait(h, 1.0):
+                pass
+            engine.release(h)
+            print(f"op {i} {x[0]}", flush=True)
+            x[:] = 1
+        until = time.monotonic() + idle
+        while time.monotonic() < until and engine.is_running():
+            time.sleep(0.05)
+        h = engine.enqueue(engine.BARRIER, "end")
+        while not engine.wait(h, 1.0):
+            pass
+        engine.release(h)
+    except Exception as e:
+        print("op-failed", type(e).__name__, e, flush=True)
+        sys.exit(0)
+    engine.shutdown()
+    print("done", flush=True)
+""")
+
+
+class Job:
+    """Real rank processes (some ranks may be played by the test) sharing a blob folder."""
+
+    def __init__(self, tmp_path, size, key=KEY, env=None):
+        self.dir, self.size, self.key = tmp_path, size, key
+        (tmp_path / "rank.py").write_text(RANK)
+        self.env = {k: str(v) for k, v in (env or {}).items()}
+        self.procs = {}
+
+    def spawn(self, rank, **env):
+        e = dict(os.environ, T_RANK=str(rank), T_SIZE=str(self.size), T_DIR=str(self.dir),
+                 T_KEY=self.key.hex(), T_HOST=HOST, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        e.update(self.env)
+        e.update({k: str(v) for k, v in env.items()})
+        self.procs[rank] = subprocess.Popen([sys.executable, str(self.dir / "rank.py")],
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            env=e, text=True, start_new_session=True)
+        return self.procs[rank]
+
+    def blob(self, rank, timeout=20):
+        path = self.dir / f"blob.{rank}"
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            assert time.monotonic() < deadline, f"rank {rank} published no blob"
+            time.sleep(0.01)
+        return path.read_bytes()
+
+    def publish(self, rank, blob):
+        (self.dir / f"blob.{rank}.tmp").write_bytes(blob)
+        os.rename(self.dir / f"blob.{rank}.tmp", self.dir / f"blob.{rank}")
+
+    def wait(self, rank, timeout):
+        out, err = self.procs[rank].communicate(timeout=timeout)
+        return self.procs[rank].returncode, out, err
+
+    def cleanup(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.communicate()
+        nonce = struct.unpack_from("<Q", self.blob(0, 0), 8)[0] if (self.dir / "blob.0").exists() else None
+        if nonce is not None:
+            leaked = glob.glob(f"/dev/shm/hvdl-{nonce:016x}-*")
+            for f in leaked:
+                os.unlink(f)
+            assert not leaked, f"shared memory left behind: {leaked}"
+
+
+@pytest.fixture
+def job_factory(tmp_path):
+    jobs = []
+
+    def make(size, **kw):
+        jobs.append(Job(tmp_path, size, **kw))
+        return jobs[-1]
+    yield make
+    for j in jobs:
+        j.cleanup()
+
+
+def blob_fields(blob):
+    magic, version, nonce, port = struct.unpack_from("<IIQi", blob)
+    assert (magic, version) == (MAGIC, VERSION)
+    return nonce, port
+
+
+# ------------------------------------------------------------ a rank in Python
+
+def _recv(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+class FakeRank:
+    """Plays one rank of a job with the real handshake, then sends what the test wants."""
+
+    def __init__(self, rank, size, key, like_blob):
+        self.rank, self.size, self.key = rank, size, key
+        self.nonce = struct.unpack("<Q", os.urandom(8))[0]
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        port = self.listener.getsockname()[1]
+        # same layout and agreed settings as a real rank's blob, with our nonce and port
+        b = bytearray(like_blob)
+        struct.pack_into("<Qi", b, 8, self.nonce, port)
+        self.blob = bytes(b)
+        self.ctrl = {}       # rank -> control socket
+        self.data = {}
+
+    def _proof(self, label, hello, challenge):
+        return hmac.new(self.key, label + hello + challenge, hashlib.sha256).digest()
+
+    def connect(self, peer, peer_blob, channel):
+        nonce, port = blob_fields(peer_blob)
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        hello = HELLO.pack(MAGIC, VERSION, self.rank, peer, channel, 1, nonce, os.urandom(32))
+        s.sendall(hello)
+        magic, _, challenge, proof = REPLY.unpack(_recv(s, REPLY.size))
+        assert magic == MAGIC
+        assert hmac.compare_digest(proof, self._proof(b"hvdl accept ", hello, challenge)), \
+            "the real rank's proof is wrong"
+        s.sendall(self._proof(b"hvdl connect", hello, challenge))
+        (self.ctrl if channel == CH_CONTROL else self.data)[peer] = s
+        return s
+
+    def accept(self, expected):
+        self.listener.settimeout(20)
+        for _ in range(expected):
+            s, _ = self.listener.accept()
+            s.settimeout(20)
+            hello = _recv(s, HELLO.size)
+            magic, _, frm, to, channel, keyed, nonce, _ = HELLO.unpack(hello)
+            assert (magic, to, keyed, nonce) == (MAGIC, self.rank, 1, self.nonce)
+            challenge = os.urandom(32)
+            s.sendall(REPLY.pack(MAGIC, 0, challenge, self._proof(b"hvdl accept ", hello, challenge)))
+            assert hmac.compare_digest(_recv(s, 32), self._proof(b"hvdl connect", hello, challenge))
+            (self.ctrl if channel == CH_CONTROL else self.data)[frm] = s
+
+    def clock_sync_as_worker(self):
+        s = self.ctrl[0]
+        for _ in range(5):
+            s.sendall(FRAME.pack(MAGIC, MSG_PING, 0))
+            magic, typ, n = FRAME.unpack(_recv(s, FRAME.size))
+            assert (magic, typ, n) == (MAGIC, MSG_PONG, 8)
+            _recv(s, 8)
+
+    def clock_sync_as_root(self, worker):
+        s = self.ctrl[worker]
+        for _ in range(5):
+            assert FRAME.unpack(_recv(s, FRAME.size)) == (MAGIC, MSG_PING, 0)
+            s.sendall(FRAME.pack(MAGIC, MSG_PONG, 8) + struct.pack("<d", time.time() * 1e6))
+
+    def read_frame(self, peer, skip=(MSG_HEARTBEAT,)):
+        s = self.ctrl[peer]
+        while True:
+            magic, typ, n = FRAME.unpack(_recv(s, FRAME.size))
+            payload = _recv(s, n)
+            if typ not in skip:
+                return typ, payload
+
+    def send(self, peer, raw):
+        self.ctrl[peer].sendall(raw)
+
+    def close(self):
+        for s in list(self.ctrl.values()) + list(self.data.values()) + [self.listener]:
+            s.close()
+
+
+def frame(typ, payload, magic=MAGIC, length=None):
+    return FRAME.pack(magic, typ, len(payload) if length is None else length) + payload
+
+
+def meta(op=0, dtype=7, reduce_op=0, root=0, pset=0, shape=(1000,), pre=1.0, post=1.0, ndim=None):
+    dims = list(shape) + [0] * (8 - len(shape))
+    return META.pack(op, dtype, reduce_op, root, pset, len(shape) if ndim is None else ndim,
+                     *dims, pre, post)
+
+
+def string(s):
+    return struct.pack("<I", len(s)) + s
+
+
+def requests(*full, nwords=0, words=b""):
+    body = struct.pack("<I", nwords) + words + struct.pack("<I", len(full))
+    for name, m, splits in full:
+        body += string(name) + m + struct.pack("<I", len(splits)) + b"".join(
+            struct.pack("<q", v) for v in splits)
+    return body
+
+
+def _listening_ports(pid):
+    """The TCP ports a process listens on, found the way any local user can: /proc/net/tcp
+    lists every socket with its inode, and the process's fds name their inodes."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = []
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:            # 0A = LISTEN
+                ports.append(int(cols[1].split(":")[1], 16))
+    return ports
+
+
+# --------------------------------------------------------- without the key
+
+def _wrong_answer(port, nonce, channel=CH_CONTROL):
+    """A hello with the right nonce and a guessed answer to the challenge."""
+    s = socket.create_connection(("127.0.0.1", port))
+    hello = HELLO.pack(MAGIC, VERSION, 1, 0, channel, 1, nonce, os.urandom(32))
+    s.sendall(hello)
+    s.settimeout(10)
+    reply = _recv(s, REPLY.size)          # a challenge comes back; the answer is a guess
+    s.sendall(hmac.new(os.urandom(32), hello + reply[8:40], hashlib.sha256).digest())
+    return s
+
+
+def _closed_by_peer(s):
+    s.settimeout(10)
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.timeout(120)
+def test_silent_and_garbage_connections_do_not_delay_start_up(job_factory):
+    """Rank 0 waits in its accept phase (rank 1 starts its engine 3 s late). A local
+    process without the key finds the engine port and fills it with silent connections,
+    garbage, a keyless hello and a wrong answer to the challenge. Rank 1's start-up must
+    then take no longer than usual, every intruder is turned away, and the port is
+    closed once the job is up."""
+    job = job_factory(2, env={"HOROVODLIKE_SHM": "0"})
+    job.spawn(0)
+    nonce, port = blob_fields(job.blob(0))
+    assert _listening_ports(job.procs[0].pid) == [port]
+    job.spawn(1, T_PRESTART_SLEEP=3)
+    job.blob(1)
+    time.sleep(0.5)                       # rank 0 is now in its accept phase
+    intruders = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]   # silent
+    for s in intruders[:5]:
+        s.sendall(os.urandom(64))                                                      # garbage
+    intruders[5].sendall(HELLO.pack(MAGIC, VERSION, 1, 0, CH_DATA, 0, nonce, bytes(32)))  # keyless
+    wrong = _wrong_answer(port, nonce)
+    assert _closed_by_peer(wrong), "a wrong answer must be turned away at once"
+    for s in intruders[:6]:
+        assert _closed_by_peer(s), "garbage must be turned away at once"
+    for r in (0, 1):
+        rc, out, err = job.wait(r, timeout=60)
+        assert rc == 0 and "done" in out, f"rank {r}: rc={rc}\n{out}\n{err}"
+        if r == 1:
+            took = float(out.split("started ")[1].split()[0])
+            assert took < 3, f"rank 1's start-up took {took:.1f}s with intruders at rank 0"
+    for s in intruders:                   # the silent ones were closed when start-up ended
+        assert _closed_by_peer(s)
+        s.close()
+    wrong.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+@pytest.mark.timeout(120)
+def test_rejections_are_logged_with_the_reason(job_factory):
+    job = job_factory(2, env={"HOROVODLIKE_SHM": "0"})
+    job.spawn(0)
+    nonce, port = blob_fields(job.blob(0))
+    job.spawn(1, T_PRESTART_SLEEP=2)
+    job.blob(1)
+    time.sleep(0.5)
+    s = _wrong_answer(port, nonce, CH_DATA)
+    assert _closed_by_peer(s)
+    s.close()
+    rc, out, err = job.wait(0, timeout=60)
+    job.wait(1, timeout=60)
+    assert rc == 0 and "done" in out, err
+    assert "rejected a connection from 127.0.0.1" in err and "does not hold this job's key" in err, err
+
+
+@pytest.mark.timeout(120)
+def test_ranks_with_different_keys_fail_at_once_naming_the_peer(job_factory):
+    job = job_factory(2, env={"HOROVODLIKE_SHM": "0", "HOROVODLIKE_START_TIMEOUT": "5"})
+    job.spawn(0)
+    job.spawn(1, T_KEY=os.urandom(32).hex())
+    rc, out, err = job.wait(1, timeout=60)
+    assert rc == 3 and "start-failed" in out, out + err
+    assert "rank 0 (host" in out and "job key" in out, out
+    rc0, out0, _ = job.wait(0, timeout=60)
+    assert "start-failed" in out0 and "never arrived within 5 s" in out0, out0
+
+
+@pytest.mark.timeout(60)
+def test_start_timeout_governs_the_connect_phase(job_factory):
+    """Rank 1 publishes a blob and never connects: rank 0 gives up after
+    HOROVODLIKE_START_TIMEOUT, not after a fixed minute."""
+    job = job_factory(2, env={"HOROVODLIKE_START_TIMEOUT": "3"})
+    job.spawn(0)
+    fake = FakeRank(1, 2, KEY, job.blob(0))
+    t = time.monotonic()
+    job.publish(1, fake.blob)
+    try:
+        rc, out, _ = job.wait(0, timeout=30)
+    finally:
+        fake.close()
+    took = time.monotonic() - t
+    assert rc == 3 and "never arrived within 3 s" in out, out
+    assert took < 10, f"rank 0 gave up after {took:.1f}s"
+
+
+# --------------------------------------------------------------- with the key
+
+def _fake_worker_job(job_factory, **env):
+    """A 2-rank job: real rank 0, rank 1 played by the test, past the handshake."""
+    job = job_factory(2, env={"HOROVODLIKE_SHM": "0", **env})
+    job.spawn(0)
+    blob0 = job.blob(0)
+    fake = FakeRank(1, 2, KEY, blob0)
+    job.publish(1, fake.blob)
+    fake.connect(0, blob0, CH_DATA)
+    fake.connect(0, blob0, CH_CONTROL)
+    fake.clock_sync_as_worker()
+    return job, fake
+
+
+NAME = b"x0"
+MALFORMED_TO_ROOT = {
+    "bad-magic": frame(MSG_REQUESTS, requests(), magic=0xDEADBEEF),
+    "huge-length": FRAME.pack(MAGIC, MSG_REQUESTS, 1 << 40),
+    "negative-length": FRAME.pack(MAGIC, MSG_REQUESTS, -8),
+    "unknown-type": frame(99, b""),
+    "ping-after-start": frame(MSG_PING, b""),
+    "responses-from-a-worker": frame(MSG_RESPONSES, struct.pack("<I", 0)),
+    "nwords-beyond-frame": frame(MSG_REQUESTS, struct.pack("<I", 0xFFFFFFFF) + bytes(8)),
+    "cache-bit-unknown": frame(MSG_REQUESTS, requests(nwords=1, words=struct.pack("<Q", 1 << 40))),
+    "nfull-beyond-frame": frame(MSG_REQUESTS, struct.pack("<II", 0, 0x7FFFFFFF)),
+    "bad-op": frame(MSG_REQUESTS, requests((NAME, meta(op=77), []))),
+    "bad-dtype": frame(MSG_REQUESTS, requests((NAME, meta(dtype=-1), []))),
+    "bad-reduce-op": frame(MSG_REQUESTS, requests((NAME, meta(reduce_op=1 << 30), []))),
+    "bad-ndim": frame(MSG_REQUESTS, requests((NAME, meta(ndim=1000), []))),
+    "bad-process-set": frame(MSG_REQUESTS, requests((NAME, meta(pset=-5), []))),
+    "negative-dim": frame(MSG_REQUESTS, requests((NAME, meta(shape=(-4,)), []))),
+    "overflowing-size": frame(MSG_REQUESTS, requests((NAME, meta(shape=(1 << 40, 1 << 40)), []))),
+    "bad-root": frame(MSG_REQUESTS, requests((NAME, meta(op=2, root=9), []))),
+    "too-many-splits": frame(MSG_REQUESTS, requests((NAME, meta(op=4, shape=(4,)), [1] * 4))),
+    "bad-splits": frame(MSG_REQUESTS, requests((NAME, meta(op=4, shape=(4,)), [9, -5]))),
+    "nul-in-name": frame(MSG_REQUESTS, requests((b"x\x000", meta(), []))),
+    "empty-name": frame(MSG_REQUESTS, requests((b"", meta(), []))),
+    "name-past-end": frame(MSG_REQUESTS, struct.pack("<III", 0, 1, 1 << 31) + b"abc"),
+    "truncated-meta": frame(MSG_REQUESTS, struct.pack("<II", 0, 1) + string(NAME) + meta()[:50]),
+    "trailing-bytes": frame(MSG_REQUESTS, requests((NAME, meta(), [])) + b"junk"),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(MALFORMED_TO_ROOT))
+def test_malformed_frame_to_rank0_fails_the_job_naming_the_sender(job_factory, case):
+    job, fake = _fake_worker_job(job_factory)
+    try:
+        fake.send(0, MALFORMED_TO_ROOT[case])
+        rc, out, err = job.wait(0, timeout=60)
+    finally:
+        fake.close()
+    assert rc == 0, f"rank 0 crashed or hung (rc={rc})\n{out}\n{err}"
+    assert "op-failed" in out, out + err
+    assert f"rank 1 (host {HOST}) was lost: sent a malformed" in out, out
+
+
+def response(kind=0, m=None, tensors=(), tail=b""):
+    body = struct.pack("<I", kind) + (m or meta()) + struct.pack("<I", len(tensors))
+    for t in tensors:
+        body += t
+    return body + tail
+
+
+def full_tensor(name=NAME, m=None, cache_id=-1, dim0=b""):
+    return struct.pack("<I", FULL_TAG) + string(name) + struct.pack("<i", cache_id) + (m or meta()) + dim0
+
+
+def responses(*rs):
+    return struct.pack("<I", len(rs)) + b"".join(rs)
+
+
+MALFORMED_TO_WORKER = {
+    "bigger-than-the-buffer": responses(response(tensors=[full_tensor(m=meta(shape=(1 << 30,)))])),
+    "another-dtype": responses(response(m=meta(dtype=8), tensors=[full_tensor(m=meta(dtype=8))])),
+    "unknown-kind": responses(response(kind=9, tensors=[full_tensor()])),
+    "unknown-cache-id": responses(response(tensors=[struct.pack("<I", 12345)])),
+    "cache-id-gap": responses(response(tensors=[full_tensor(cache_id=77)])),
+    "unknown-process-set": responses(response(m=meta(pset=7), tensors=[full_tensor(m=meta(pset=7))])),
+    "never-submitted": responses(response(tensors=[full_tensor(name=b"nobody.asked")])),
+    "count-beyond-frame": struct.pack("<I", 0x10000000),
+    "ntensors-beyond-frame": responses(response()[:-4] + struct.pack("<I", 0xFFFFFF)),
+    "allgather-for-an-allreduce": responses(response(m=meta(op=1), tensors=[
+        full_tensor(m=meta(op=1), dim0=struct.pack("<qq", 1 << 62, -1))])),
+    "broadcast-root-outside": responses(response(m=meta(op=2, root=1), tensors=[full_tensor(m=meta(op=2))])),
+    "requests-to-a-worker": None,     # sent as MSG_REQUESTS below
+}
+
+
+def _fake_root_job(job_factory):
+    """A 2-rank job: rank 0 played by the test, real rank 1 past the handshake."""
+    job = job_factory(2, env={"HOROVODLIKE_SHM": "0"})
+    job.spawn(1)
+    blob1 = job.blob(1)
+    fake = FakeRank(0, 2, KEY, blob1)
+    job.publish(0, fake.blob)
+    fake.accept(2)                 # rank 1's data and control connections
+    fake.clock_sync_as_root(1)
+    return job, fake
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(MALFORMED_TO_WORKER))
+def test_malformed_response_to_a_worker_fails_it_naming_rank0(job_factory, case):
+    job, fake = _fake_root_job(job_factory)
+    try:
+        typ, payload = fake.read_frame(1)
+        assert typ == MSG_REQUESTS
+        if case == "requests-to-a-worker":
+            fake.send(1, frame(MSG_REQUESTS, requests()))
+        else:
+            fake.send(1, frame(MSG_RESPONSES, MALFORMED_TO_WORKER[case]))
+        rc, out, err = job.wait(1, timeout=60)
+    finally:
+        fake.close()
+    assert rc == 0, f"rank 1 crashed or hung (rc={rc})\n{out}\n{err}"
+    assert "op-failed" in out, out + err
+    assert f"rank 0 (host {HOST}) was lost: sent a" in out, out
+
+
+# ------------------------------------------------------------------- liveness
+
+PEER_TIMEOUT = 3
+
+
+def _stop_and_watch(job, victim, survivors):
+    """SIGSTOP the victim; every survivor must fail within the peer timeout (plus a
+    margin), all naming the victim."""
+    os.kill(job.procs[victim].pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    named = {}
+    for r in survivors:
+        rc, out, err = job.wait(r, timeout=PEER_TIMEOUT + 30)
+        took = time.monotonic() - stopped_at
+        assert rc == 0 and "op-failed" in out, f"rank {r}: rc={rc}\n{out}\n{err}"
+        line = [l for l in out.splitlines() if l.startswith("op-failed")][0]
+        named[r] = line.split(" was lost")[0].split()[-3:]
+        assert f"rank {victim} (host {HOST}) was lost" in line, f"rank {r} blamed the wrong rank: {line}"
+        assert took < PEER_TIMEOUT + 6, f"rank {r} needed {took:.1f}s to notice"
+    return named
+
+
+def _running_job(job_factory, size, **env):
+    job = job_factory(size, env={"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(PEER_TIMEOUT), **env})
+    for r in range(size):
+        job.spawn(r)
+    return job
+
+
+def _wait_for_line(proc, needle, timeout=60):
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"never saw {needle!r}: {''.join(lines)}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
+def test_stopped_rank_between_ops_is_named_by_every_survivor(job_factory, victim):
+    """Idle ranks (no op in flight) notice a SIGSTOPped peer, rank 0 included."""
+    job = _running_job(job_factory, 3, T_ITERS=1, T_IDLE=60)
+    for r in range(3):
+        _wait_for_line(job.procs[r], "op 0")
+    _stop_and_watch(job, victim, [r for r in range(3) if r != victim])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", ["shm", "tcp"])
+@pytest.mark.parametrize("victim", [2, 0], ids=["worker", "coordinator"])
+def test_stopped_rank_inside_a_collective_is_named_by_every_survivor(job_factory, path, victim):
+    """A rank stopped in the middle of big allreduces (shared memory, or a TCP ring
+    whose neighbours wait on it) is the rank every survivor names."""
+    env = {"HOROVODLIKE_SHM": "1" if path == "shm" else "0",
+           "HOROVODLIKE_ALLREDUCE_ALGORITHM": "shm" if path == "shm" else "ring"}
+    job = _running_job(job_factory, 3, T_ITERS=100000, T_ELEMS=4 << 20, **env)
+    for r in range(3):
+        _wait_for_line(job.procs[r], "op 2")
+    _stop_and_watch(job, victim, [r for r in range(3) if r != victim])
+
+
+# ------------------------------------------------------------- start-up edges
+
+@pytest.mark.timeout(120)
+def test_shm_segment_is_not_left_behind_when_local_rank0_dies_during_attach(job_factory):
+    """Ranks 0 and 1 share this host; rank 2 (played here, on "another host") holds rank
+    1 in its accept phase, so rank 0 creates the segment and waits alone. Killing rank 0
+    then must not leave /dev/shm/hvdl-* behind once rank 1 goes on."""
+    job = job_factory(3, env={"HOROVODLIKE_SHM": "1", "HOROVODLIKE_START_TIMEOUT": "20"})
+    job.spawn(0)
+    job.spawn(1)
+    blob0, blob1 = job.blob(0), job.blob(1)
+    fake = FakeRank(2, 3, KEY, blob0)
+    b = bytearray(fake.blob)
+    b[-128:] = b"elsewhere".ljust(128, b"\0")          # another host: not a local rank
+    job.publish(2, bytes(b))
+    try:
+        fake.connect(0, blob0, CH_DATA)
+        fake.connect(0, blob0, CH_CONTROL)
+        nonce0 = blob_fields(blob0)[0]
+        deadline = time.monotonic() + 20
+        while not glob.glob(f"/dev/shm/hvdl-{nonce0:016x}-*"):
+            assert time.monotonic() < deadline, "rank 0 never created its segment"
+            time.sleep(0.01)
+        os.killpg(job.procs[0].pid, signal.SIGKILL)
+        job.procs[0].wait()
+        fake.connect(1, blob1, CH_DATA)                   # rank 1 goes on to attach
+        rc, out, err = job.wait(1, timeout=60)
+    finally:
+        fake.close()
+    assert rc == 3 and "start-failed" in out, out + err
+    assert not glob.glob(f"/dev/shm/hvdl-{nonce0:016x}-*"), "the segment's name was left behind"
+
+
+@pytest.mark.timeout(60)
+def test_ranks_with_different_shm_settings_fail_naming_the_variable(job_factory):
+    job = job_factory(2)
+    job.spawn(0, HOROVODLIKE_SHM="1")
+    job.spawn(1, HOROVODLIKE_SHM="0")
+    for r in (0, 1):
+        rc, out, _ = job.wait(r, timeout=30)
+        assert rc == 3 and "start-failed" in out and "HOROVODLIKE_SHM" in out, out
+        assert "Success" not in out, out
+
+
+def test_a_name_with_a_nul_byte_is_refused(tmp_path):
+    script = textwrap.dedent("""
+        import numpy as np
+        from horovodlike.common import engine
+        engine.start(0, 1, [engine.prepare("h", "127.0.0.1", "127.0.0.1", b"k" * 32)])
+        x = np.ones(4, np.float32)
+        try:
+            engine.enqueue(engine.ALLREDUCE, "a\\0b", engine.DTYPES["float32"], x.shape,
+                           x.ctypes.data, x.ctypes.data)
+        except ValueError as e:
+            print("refused:", e)
+        engine.shutdown()
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert "refused:" in res.stdout and "NUL" in res.stdout, res.stdout + res.stderr
