@@ -287,6 +287,8 @@ enum {
 void hvdl__liveness_start(engine_t *e);
 int hvdl__liveness_tick(engine_t *e);               /* -1 once the engine has failed */
 int hvdl__liveness_ms(const engine_t *e);            /* until the next tick is due */
+void hvdl__liveness_say_done(engine_t *e);          /* the loop ended cleanly: half-close */
+void hvdl__liveness_farewell(engine_t *e);          /* rank 0: wait for every half-close */
 double hvdl__heartbeat_interval(const engine_t *e);
 /* Every wait calls this with the time it has at hand: one comparison when nothing is due. */
 static inline int hvdl__liveness_check(engine_t *e, double now) {

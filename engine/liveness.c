@@ -17,7 +17,10 @@
  * Cost on the hot path: one comparison of the clock against next_tick.
  */
 #include "internal.h"
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
+#include <sys/socket.h>
 
 double hvdl__heartbeat_interval(const engine_t *e) {
     double hb = e->cfg.peer_timeout / 4;
@@ -60,4 +63,41 @@ int hvdl__liveness_ms(const engine_t *e) {
     if (e->size < 2) return -1;
     double left = e->next_tick - hvdl_now();
     return left <= 0 ? 0 : (int)(left * 1000) + 1;
+}
+
+/* ---- the end of a job ----
+ *
+ * A rank that stops after the others agreed to shut down would otherwise leave the job
+ * hanging with nobody to name it: the engines are done and no heartbeat runs. So when an
+ * engine's loop ends cleanly it half-closes its control connections at once (from the
+ * engine thread, whatever the user's script does next), and rank 0, in shutdown(),
+ * waits up to HOROVODLIKE_PEER_TIMEOUT_SECONDS for every worker's half-close. A worker
+ * whose engine never answers is stopped or hung: rank 0 names it, and the launcher ends
+ * the job naming it too. A healthy job pays one round trip. */
+
+void hvdl__liveness_say_done(engine_t *e) {
+    for (int i = 0; i < e->size; i++)
+        if (i != e->rank && e->peers[i].ctrl.fd >= 0) shutdown(e->peers[i].ctrl.fd, SHUT_WR);
+}
+
+void hvdl__liveness_farewell(engine_t *e) {
+    if (e->rank != 0 || e->failed || e->size < 2) return;
+    double deadline = hvdl_now() + e->cfg.peer_timeout;
+    char sink[4096];
+    for (int w = 1; w < e->size; w++) {
+        int fd = e->peers[w].ctrl.fd;
+        int done = fd < 0;
+        while (!done) {
+            double left = deadline - hvdl_now();
+            if (left <= 0) break;
+            struct pollfd pf = {fd, POLLIN, 0};
+            if (poll(&pf, 1, (int)(left * 1000) + 1) <= 0) continue;
+            ssize_t k = recv(fd, sink, sizeof sink, 0);   /* late frames: no longer needed */
+            done = k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR);
+        }
+        if (!done)
+            hvdl__log(HVDL_LOG_ERROR, "rank %d (host %s) was lost: it did not finish shutting "
+                      "down within %.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is "
+                      "stopped or hung", w, e->peers[w].host, e->cfg.peer_timeout);
+    }
 }

@@ -149,6 +149,7 @@ void *hvdl__loop(void *arg) {
     }
     /* From here on enqueue refuses (it checks this flag under mu), so every op that made
      * it in is completed below and none can slip in after. */
+    if (!e->failed) hvdl__liveness_say_done(e);
     pthread_mutex_lock(&e->mu);
     e->shutdown_requested = 1;
     if (!e->failed)

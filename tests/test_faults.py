@@ -59,6 +59,10 @@ VICTIM = textwrap.dedent("""
             hvd.allreduce(np.ones(4), name="warm")
             if me == victim:
                 hit()
+            else:
+                # The victim stops before the others shut down; one that stops after the
+                # job has shut down is only a process that has not exited yet.
+                time.sleep(1.0)
             hvd.shutdown()
         print("FINISHED", flush=True)
     except hvd.HorovodInternalError as e:
