@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite (multi-process tests under horovodlikerun and
-# mpirun). Extra arguments go to pytest.
+# mpirun). Extra arguments go to pytest. With no arguments, the multi-rank tests of every
+# data path then run once more against an engine built with ASan and UBSan
+# (scripts/sanitize.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-exec python -m pytest -q -p no:cacheprovider "$@" tests
+python -m pytest -q -p no:cacheprovider "$@" tests
+if [ "$#" -eq 0 ]; then
+    echo "test: the engine under AddressSanitizer and UndefinedBehaviorSanitizer"
+    bash "$ROOT/scripts/sanitize.sh"
+fi
