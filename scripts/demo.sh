@@ -4,9 +4,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-TRACE="$(mktemp -d)/timeline.json"
+WORK="$(mktemp -d)"
+TRACE="$WORK/timeline.json"
 echo "demo: HOROVOD_TIMELINE=$TRACE horovodlikerun -np 2 python examples/pytorch_digits.py --epochs 10"
-HOROVOD_TIMELINE="$TRACE" horovodlikerun -np 2 python examples/pytorch_digits.py --epochs 10
+HOROVOD_TIMELINE="$TRACE" horovodlikerun -np 2 python examples/pytorch_digits.py --epochs 10 \
+    --checkpoint-dir "$WORK/checkpoints"
 echo
 echo "demo: where the time went (python -m timeline_viewer $TRACE --brief)"
 python -m timeline_viewer "$TRACE" --brief
