@@ -104,7 +104,8 @@ for label, make_opt in CONFIGS:
 # SparseAdam: sparse gradients (nn.Embedding(sparse=True)) are reduced by allgather.
 for label, make_opt, sparse_as_dense in [
         ("SparseAdam", lambda p: torch.optim.SparseAdam(p, lr=0.05), False),
-        ("Adam sparse_as_dense", lambda p: torch.optim.Adam(p, lr=0.05), True)]:
+        # reduced as dense, then sparse again for the optimizer (as Horovod)
+        ("SparseAdam sparse_as_dense", lambda p: torch.optim.SparseAdam(p, lr=0.05), True)]:
     torch.manual_seed(7 + R)
     emb = nn.Embedding(10, 3, sparse=True)
     opt = make_opt(emb.parameters())
@@ -337,7 +338,17 @@ thvd.broadcast_optimizer_state(opt, root_rank=0)
 check(all("momentum_buffer" in opt.state[p] for p in model.parameters()),
       "fresh SGD momentum state created")
 t_equal(flat_params(model), before, "state creation leaves the parameters unchanged")
-check(all(p.grad is None for p in model.parameters()), "state creation leaves grads unset")
+check(all(p.grad is not None and not p.grad.any() for p in model.parameters()),
+      "state creation leaves zero gradients where there were none (as Horovod)")
+# model= names the sparse embeddings, whose zero gradients are then sparse (Horovod's
+# argument); anything else than a module is refused.
+emb = nn.Embedding(10, 3, sparse=True)
+thvd.broadcast_optimizer_state(torch.optim.SGD(emb.parameters(), lr=0.1),
+                               root_rank=0,
+                               model=emb)
+check(emb.weight.grad is not None and emb.weight.grad.is_sparse, "model=: sparse zero grads")
+check_raises(TypeError, lambda: thvd.broadcast_optimizer_state(opt, 0, model="net"),
+             "nn.Module", what="model= that is not a module")
 
 # ---------------------------------------------------- broadcast_parameters forms
 for form in ["state_dict", "named_parameters", "parameters"]:

@@ -47,8 +47,16 @@ def _base_step(optimizer):
     return getattr(optimizer, "_local_step", optimizer.step)
 
 
-def _zero_grad_like(p, optimizer):
-    if isinstance(optimizer, torch.optim.SparseAdam):
+def _sparse_params(model):
+    """Parameters of `model`'s sparse embeddings (their gradients are sparse)."""
+    if model is None:
+        return set()
+    return {id(p) for m in model.modules()
+            if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+
+
+def _zero_grad_like(p, optimizer, sparse):
+    if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
         return torch.sparse_coo_tensor(torch.empty((p.dim(), 0), dtype=torch.int64),
                                        torch.empty((0,) + tuple(p.shape[p.dim():]),
                                                    dtype=p.dtype), p.shape,
@@ -56,22 +64,24 @@ def _zero_grad_like(p, optimizer):
     return torch.zeros_like(p)
 
 
-def _initialize_state(optimizer):
+def _initialize_state(optimizer, sparse):
     """Create the state a fresh optimizer would have after its first step, as Horovod
-    does, by stepping once with zero gradients. Parameters and gradients are restored
-    afterwards, so weight decay and the like leave no trace."""
+    does, by stepping once with zero gradients. Parameter values are restored afterwards,
+    so weight decay and the like leave no trace; gradients a parameter had are restored,
+    and one that had none keeps the zero gradient, as in Horovod."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     saved = [(p, p.detach().clone(), p.grad) for p in params]
     try:
         for p in params:
-            p.grad = _zero_grad_like(p, optimizer)
+            p.grad = _zero_grad_like(p, optimizer, sparse)
         step = _base_step(optimizer)
         step(lambda: torch.zeros(()))
     finally:
         with torch.no_grad():
             for p, value, grad in saved:
                 p.copy_(value)
-                p.grad = grad
+                if grad is not None:
+                    p.grad = grad
 
 
 def _skeleton(value, tensors):
@@ -107,14 +117,20 @@ def _fill(value, tensors):
     return value
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank, model=None,
+                              process_set=global_process_set):
     """Make every rank's optimizer state (per-parameter state, scalars and tensors, and
     the param-group options such as lr) equal to root_rank's.
 
-    A fresh optimizer gets its state created first, as in Horovod. Works for every
-    torch.optim optimizer, LBFGS included: the state's structure and scalars travel
-    pickled, its tensors by in-place broadcast.
+    A fresh optimizer gets its state created first, as in Horovod, by a step with zero
+    gradients (sparse ones for SparseAdam, and for the sparse embeddings of `model`, as
+    Horovod's model= argument says); parameters that had no gradient keep the zeros.
+    Works for every torch.optim optimizer, LBFGS included: the state's structure and
+    scalars travel pickled, its tensors by in-place broadcast.
     """
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"broadcast_optimizer_state: model must be a torch.nn.Module, got "
+                        f"{type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -122,8 +138,10 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     if isinstance(optimizer, ShardedDistributedOptimizer):   # each rank holds a shard
         return optimizer.broadcast_state(root_rank)
     is_root = basics.rank() == root_rank
-    if is_root and not optimizer.state:
-        _initialize_state(optimizer)      # the other ranks take root's state as it is
+    if not optimizer.state:
+        # Every rank, as in Horovod (each is left with zero gradients); the others then
+        # take root's state.
+        _initialize_state(optimizer, _sparse_params(model))
     tensors = []
     skeleton = _skeleton(optimizer.state_dict(), tensors) if is_root else None
     skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state",

@@ -85,6 +85,7 @@ class _DistributedOptimizer:
         self._p_to_group = {}
         self._group_counts = {}
         self._buckets, self._bucket_of = [], {}
+        self._densified = set()     # sparse gradients reduced as dense (sparse_as_dense)
 
         ps, _ = resolve(process_set)
         if ps.included() and ps.size() > 1:
@@ -171,7 +172,7 @@ class _DistributedOptimizer:
         name = self._name(p)
         if p.grad.is_sparse:
             if self.sparse_as_dense:
-                p.grad = p.grad.to_dense()
+                self._densify(p)
             else:
                 handle = C.sparse_allreduce_async(p.grad, name=f"sparse.{name}", op=self.op,
                                                   process_set=self.process_set)
@@ -191,13 +192,19 @@ class _DistributedOptimizer:
                     raise ValueError("a parameter with a sparse gradient cannot be in a "
                                      "group; pass sparse_as_dense=True or leave it out of "
                                      "groups")
-                p.grad = p.grad.to_dense()
+                self._densify(p)
         compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in group])
         pre, post = self._scales()
         handle = C.grouped_allreduce_async_(list(compressed), name=self._name(group[0]),
                                             op=self.op, prescale_factor=pre,
                                             postscale_factor=post, process_set=self.process_set)
         return handle, ctxs
+
+    def _densify(self, p):
+        """sparse_as_dense: reduce p's sparse gradient as a dense one; synchronize()
+        makes it sparse again, as Horovod does, so sparse-only optimizers still work."""
+        p.grad = p.grad.to_dense()
+        self._densified.add(p)
 
     def _bucket_put(self, p):
         """p's gradient is final: put it into its bucket, and start the bucket's
@@ -206,7 +213,7 @@ class _DistributedOptimizer:
         self._handles.pop(p, None)       # the (None, None) of an accumulating pass
         if p.grad is not None and p.grad.is_sparse:
             if self.sparse_as_dense:
-                p.grad = p.grad.to_dense()
+                self._densify(p)
             else:
                 bucket.skip.add(p)
                 self._handles[p] = self._allreduce_grad_async(p)
@@ -256,11 +263,6 @@ class _DistributedOptimizer:
         """Finish every gradient's allreduce (starting those not started yet, with zeros
         for gradients this rank did not compute) and put the results into p.grad."""
         ps, _ = resolve(self.process_set)
-        if self.sparse_as_dense:             # also on one rank, where nothing is reduced
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None and p.grad.is_sparse:
-                        p.grad = p.grad.to_dense()
         if not ps.included():
             self._synchronized = True
             return
@@ -365,6 +367,10 @@ class _DistributedOptimizer:
         return super().zero_grad(*args, **kwargs)
 
     def _reset_step(self):
+        for p in self._densified:
+            if p.grad is not None and not p.grad.is_sparse:
+                p.grad = p.grad.to_sparse()
+        self._densified.clear()
         self._handles.clear()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
