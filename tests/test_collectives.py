@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from harness import RANK_PRELUDE, RankTimeout, launcher_matrix, run_ranks
+from harness import MPIRUN_SKIP_REASON, RANK_PRELUDE, RankTimeout, launcher_matrix, run_ranks
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(240)
@@ -609,3 +609,28 @@ def test_harness_kills_a_hung_job_on_timeout(launcher, np_):
         alive = [p for p in pids if _running(p)]
         time.sleep(0.1)
     assert not alive, f"ranks {alive} survived the timeout kill"
+
+
+COMM_SUBSET = RANK_PRELUDE + r'''
+from mpi4py import MPI
+me = MPI.COMM_WORLD.Get_rank()
+try:
+    hvd.init(comm=[2, 0])
+except ValueError as e:
+    print(f"refused {me}: {e}", flush=True)
+    sys.exit(0)
+out = hvd.allreduce(np.array([float(me)]), op=hvd.Sum, name="subset")
+ps = hvd.ProcessSet(MPI.COMM_WORLD)
+print(f"member {me} rank={hvd.rank()} size={hvd.size()} sum={out[0]} "
+      f"comm={ps.mpi_comm is MPI.COMM_WORLD}", flush=True)
+'''
+
+
+@pytest.mark.skipif(MPIRUN_SKIP_REASON is not None, reason=str(MPIRUN_SKIP_REASON))
+def test_init_on_a_list_of_world_ranks():
+    res = run_ranks(COMM_SUBSET, 3, "mpirun", timeout=120)
+    assert res.returncode == 0, res.describe()
+    lines = {r: " ".join(v) for r, v in res.rank_lines().items()}
+    assert "member 2 rank=0 size=2 sum=2.0 comm=True" in lines[2], res.describe()
+    assert "member 0 rank=1 size=2 sum=2.0 comm=True" in lines[0], res.describe()
+    assert "refused 1" in lines[1] and "not one of them" in lines[1], res.describe()

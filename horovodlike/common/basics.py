@@ -12,8 +12,8 @@ _atexit_registered = False
 def init(comm=None, process_sets=None):
     """Start horovodlike on this process (idempotent).
 
-    comm: an mpi4py communicator to run on (Horovod's argument); by default the launch
-    environment decides. process_sets: a list of ProcessSet (or rank lists) to register
+    comm: an mpi4py communicator to run on, or a list of MPI_COMM_WORLD ranks (Horovod's
+    argument); by default the launch environment decides. process_sets: a list of ProcessSet (or rank lists) to register
     on every rank, or "dynamic" to allow add_process_set() later.
     """
     global _topo, _atexit_registered
@@ -22,6 +22,8 @@ def init(comm=None, process_sets=None):
             return
         if _topo is not None:   # the engine failed: stop it before starting the next
             _stop_engine()
+        if isinstance(comm, (list, tuple)):
+            comm = _world_subset(comm)
         if comm is not None:
             launcher, rank, size = "mpi", comm.Get_rank(), comm.Get_size()
         else:
@@ -46,6 +48,25 @@ def init(comm=None, process_sets=None):
 
 
 _on_shutdown = []   # callbacks run once the engine has stopped (the layers above use it)
+
+
+def _world_subset(ranks):
+    """Horovod's init(comm=[ranks]): a communicator of those MPI_COMM_WORLD ranks, in the
+    order given. Every world rank takes part in making it; the others are refused."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ValueError("init(comm=[ranks]) needs mpi4py and an MPI launch") from None
+    world = MPI.COMM_WORLD
+    order = [int(r) for r in ranks]
+    if len(set(order)) != len(order) or any(not 0 <= r < world.Get_size() for r in order):
+        raise ValueError(f"init(comm={list(ranks)}): ranks must be distinct MPI_COMM_WORLD "
+                         f"ranks in [0, {world.Get_size()})")
+    me = world.Get_rank()
+    sub = world.Split(0 if me in order else MPI.UNDEFINED, order.index(me) if me in order else 0)
+    if sub == MPI.COMM_NULL:
+        raise ValueError(f"init(comm={order}): this process is MPI rank {me}, not one of them")
+    return sub
 
 
 def shutdown():

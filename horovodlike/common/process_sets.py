@@ -14,7 +14,9 @@ class ProcessSet:
     """A set of global ranks. Pass it as `process_set=` to any collective."""
 
     def __init__(self, ranks):
-        if hasattr(ranks, "Get_group"):            # an mpi4py communicator
+        # Horovod's ProcessSet(ranks_or_comm): the communicator stays reachable.
+        self.mpi_comm = ranks if hasattr(ranks, "Get_group") else None
+        if self.mpi_comm is not None:              # an mpi4py communicator
             from mpi4py import MPI
             world = MPI.COMM_WORLD.Get_group()
             ranks = MPI.Group.Translate_ranks(ranks.Get_group(),
