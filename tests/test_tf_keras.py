@@ -103,6 +103,24 @@ if R == 0:
     check(digest(plain.get_weights()) == digest(model.get_weights()), "plain load: weights")
 loaded = hvd_k.load_model(path)
 check(hasattr(loaded.optimizer, "register_local_var"), "hvd.load_model re-wraps")
+with warnings.catch_warnings(record=True) as caught:     # Horovod's argument, accepted
+    warnings.simplefilter("always")
+    legacy = hvd_k.load_model(path, legacy_opts=True)
+check(hasattr(legacy.optimizer, "register_local_var") and
+      any("legacy" in str(w.message) for w in caught), "load_model(legacy_opts=True)")
+best = hvd_k.callbacks.BestModelCheckpoint(monitor="loss", filepath=os.path.join(TMP, "b.keras"))
+check(best.monitor == "loss" and best.save_best_only, "BestModelCheckpoint, Horovod's signature")
+# local_variables stay as each rank has them; everything else comes from rank 0.
+model3 = make_model(300 + R)
+model3.compile(hvd_k.DistributedOptimizer(keras.optimizers.SGD(0.01)), LOSS)
+mine = model3.layers[-1].kernel      # initialised differently on every rank
+model3.fit(TOKENS[R::P][:16], LABELS[R::P][:16], batch_size=16, epochs=1, verbose=0,
+           callbacks=[hvd_k.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=mine)])
+check(P == 1 or not same_on_all_ranks(digest([mine.numpy()])), "local_variables not broadcast")
+check(same_on_all_ranks(digest([model3.layers[0].get_weights()[0]])), "the rest is broadcast")
+check_raises(ValueError, lambda: hvd_k.callbacks.BroadcastGlobalVariablesCallback(
+                 0, local_variables=[1.0]),
+             "tf.Variable", what="local_variables of the wrong type")
 check(int(loaded.optimizer.iterations) == int(model.optimizer.iterations),
       "hvd.load_model keeps optimizer state", int(loaded.optimizer.iterations))
 loaded.fit(TOKENS[R::P], LABELS[R::P], batch_size=16, epochs=1, verbose=0)

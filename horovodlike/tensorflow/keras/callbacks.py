@@ -8,6 +8,11 @@ from horovodlike.common import basics
 from .. import functions, mpi_ops
 
 
+def _is_variable(v):
+    import tensorflow as tf
+    return isinstance(v, (tf.Variable, keras.Variable))
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast the model's and the optimizer's variables from root_rank, once, so that
     every rank starts from the same state (random initialisation or a checkpoint).
@@ -17,11 +22,22 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     before the first step. A model that is still unbuilt then (no input shape known)
     is broadcast after the first batch instead, as Horovod does."""
 
-    def __init__(self, root_rank, device=''):
+    def __init__(self, root_rank, device='', local_variables=None):
+        """local_variables: variables each rank keeps as they are (Horovod's argument):
+        one variable or a collection of them."""
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
+        if local_variables is None:
+            local_variables = []
+        elif _is_variable(local_variables):
+            local_variables = [local_variables]
+        else:
+            local_variables = list(local_variables)
+        if not all(_is_variable(v) for v in local_variables):
+            raise ValueError("All local variables must be of tf.Variable type.")
+        self._local_ids = {id(v) for v in local_variables}
 
     def _broadcast(self):
         model = self.model
@@ -31,6 +47,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             if not opt.built:
                 opt.build(model.trainable_variables)
             variables += list(opt.variables)
+        variables = [v for v in variables if id(v) not in self._local_ids]
         functions.broadcast_variables(variables, root_rank=self.root_rank)
         self.broadcast_done = True
 
@@ -172,11 +189,14 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """ModelCheckpoint that keeps the best model only (Horovod's Spark estimator helper;
-    here it needs a filepath, since there is no estimator to supply one)."""
+    """ModelCheckpoint that keeps the best model only, with Horovod's signature. Horovod's
+    Spark estimator supplies the file; here it is `filepath` (a keyword after Horovod's
+    arguments), by default best.keras, or best.weights.h5 with save_weights_only."""
 
-    def __init__(self, filepath="best.keras", monitor='val_loss', verbose=0,
-                 save_weights_only=False, mode='auto', save_freq='epoch'):
+    def __init__(self, monitor='val_loss', verbose=0, save_weights_only=False, mode='auto',
+                 save_freq='epoch', filepath=None):
+        if filepath is None:
+            filepath = "best.weights.h5" if save_weights_only else "best.keras"
         super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
                          save_best_only=True, save_weights_only=save_weights_only, mode=mode,
                          save_freq=save_freq)

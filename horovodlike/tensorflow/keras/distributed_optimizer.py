@@ -11,6 +11,8 @@ anywhere, with or without horovodlike.
 The wrap is done in place (the optimizer object, any state it already has, and any
 reference to it are kept); Horovod returns a new optimizer built from the config.
 """
+import warnings
+
 import keras
 import tensorflow as tf
 
@@ -167,9 +169,15 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none):
+               compression=Compression.none, legacy_opts=False):
     """keras.models.load_model, then the model's optimizer (with its restored state) is
-    made distributed. Models saved with or without horovodlike both load."""
+    made distributed. Models saved with or without horovodlike both load.
+
+    legacy_opts: Horovod's switch for tf.keras.optimizers.legacy; Keras 3 has no legacy
+    optimizers, so the optimizer Keras restores is the one wrapped either way."""
+    if legacy_opts:
+        warnings.warn("load_model(legacy_opts=True): Keras 3 has no legacy optimizers; "
+                      "wrapping the optimizer Keras restored", stacklevel=2)
     objects = {cls.__name__: cls for cls in (custom_optimizers or [])}
     objects.update(custom_objects or {})
     model = keras.models.load_model(filepath, custom_objects=objects or None)
