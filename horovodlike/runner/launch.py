@@ -72,6 +72,8 @@ def build_parser():
     p.add_argument("--start-timeout", type=int, default=60,
                    help="seconds ranks wait for each other at startup")
     p.add_argument("--verbose", action="store_true")
+    from .elastic_driver import add_elastic_args
+    add_elastic_args(p)
     # REMAINDER keeps the user's own flags (even ones that look like ours).
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="command to run on every rank")
@@ -419,6 +421,9 @@ def _start_ranks(job, args, store_addr, job_id):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from .elastic_driver import is_elastic, run_elastic
+    if is_elastic(args):
+        return run_elastic(args)
     try:
         plan = compute_plan(args.host_list, args.num_proc)
     except ValueError as exc:
