@@ -167,6 +167,11 @@ class SamplerStateHandler(StateHandler):
         self.value.load_state_dict(broadcast_object(self.value.state_dict(),
                                                     name="elastic.sampler"))
 
+    def reset(self):
+        # The new ranks share the samples not yet processed, also when the sync is
+        # skipped (Horovod re-partitioned only in the sync).
+        self.value.reset()
+
 
 _handler_registry = [
     (torch.nn.Module, ModelStateHandler),
@@ -225,6 +230,12 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def reset(self):
+        for handler in self._handlers.values():
+            if hasattr(handler, "reset"):
+                handler.reset()
+        super().reset()
 
     def __setattr__(self, name, value):
         handlers = self.__dict__.get("_handlers")
