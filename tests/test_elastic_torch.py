@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent("""
     COMMIT = int(os.environ.get("EL_COMMIT", "4"))
     FAULT = os.environ.get("EL_FAULT", "")            # kind:host:epoch:batch
     HOSTS_AT = os.environ.get("EL_HOSTS_AT", "")      # epoch:batch:new host file (\\n as ;)
-    SLOW = float(os.environ.get("EL_SLOW", "0"))
+    SLOW = float(os.environ.get("EL_SLOW", "0"))      # seconds per batch ...
+    SLOW_BELOW = int(os.environ.get("EL_SLOW_BELOW", "1000"))   # ... while size < this
 
     digits = load_digits()
     x = torch.tensor((digits.data / 16.0).astype(np.float32))
@@ -96,7 +97,7 @@ SCRIPT = textwrap.dedent("""
                     state.commit()
                 else:
                     state.check_host_updates()
-                if SLOW:
+                if SLOW and hvd.size() < SLOW_BELOW:
                     time.sleep(SLOW)
             print(f"epoch-done worker={wid} epoch={state.epoch} size={hvd.size()}", flush=True)
             state.batch = 0
@@ -171,8 +172,9 @@ def test_discovered_hosts_join_with_the_committed_state(tmp_path):
     """(b) The discovery adds a host with 2 slots mid-run: the job grows from 2 to 4 and
     the new ranks start from the same parameters and optimizer state as the others."""
     res = run_elastic(SCRIPT, tmp_path, "a:1\nb:1\n", 2, 2, 4,
-                      env={"EL_HOSTS_AT": "1:2:a:1;b:1;c:2;", "EL_SLOW": "0.05"})
-    _assert_finished_together(res, 4)
+                      env={"EL_HOSTS_AT": "1:2:a:1;b:1;c:2;", "EL_EPOCHS": "6",
+                           "EL_SLOW": "0.2", "EL_SLOW_BELOW": "4"})
+    _assert_finished_together(res, 4, epochs=6)
     assert "hosts-changed" in res.stdout
     by_round = _starts_agree(res)
     grown = [s for key, starts in by_round.items() if key[0] == "4" for s in starts]
@@ -191,10 +193,11 @@ def test_removed_host_is_drained_even_below_min_np(tmp_path):
     deadlock: the old ranks skipped the sync the new one waited in)."""
     marker = str(tmp_path / "hosts.marker")
     res = run_elastic(SCRIPT, tmp_path, THREE, 3, 3, 3,
-                      env={"EL_HOSTS_AT": "1:5:a:1;b:1;", "EL_SLOW": "0.03"},
+                      env={"EL_HOSTS_AT": "1:5:a:1;b:1;", "EL_EPOCHS": "5",
+                           "EL_SLOW": "0.2", "EL_SLOW_BELOW": "3"},
                       extra=["--elastic-timeout", "60"],
                       on_marker=(marker, 4.0, "a:1\nb:1\nd:1\n"))
-    _assert_finished_together(res, 3)
+    _assert_finished_together(res, 3, epochs=5)
     assert "waiting for 3 slots (have 2)" in res.stderr, res.describe()
     assert "leaves the job: its slot was removed" in res.stderr, res.describe()
     assert "blacklisting" not in res.stderr

@@ -436,8 +436,8 @@ class ElasticDriver:
     def fill_slots(self):
         if not self.started or self.result is not None:
             return
-        live = [w for w in self.workers.values() if w.state in _LIVE]
-        room = self.s.max_np - len(live)
+        staying = [w for w in self.workers.values() if w.state in _LIVE and not w.removed]
+        room = self.s.max_np - len(staying)
         taken = {(w.host, w.slot) for w in self.workers.values()
                  if w.state in (STARTING, MEMBER, LEAVING, DONE)}
         for host in self.order:
