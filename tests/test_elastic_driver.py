@@ -185,3 +185,20 @@ def test_launcher_fails_at_once_when_discovery_fails(tmp_path):
                           script, PYTHON, "-c", "pass"], capture_output=True, text=True,
                          timeout=60, cwd=str(REPO))
     assert bad.returncode == 2 and "--min-np (3) <= -np (2)" in bad.stderr, bad
+
+
+def test_interrupt_keeps_uncommitted_attributes_through_the_sync():
+    """After HostsUpdatedInterrupt the sync hands on the state as it is, not the last
+    commit (Horovod moved plain attributes back to their committed values)."""
+    state = _Recorder(epoch=0)
+    attempts = iter([HostsUpdatedInterrupt(skip_sync=False), None])
+
+    def train(st):
+        st.epoch += 1
+        error = next(attempts)
+        if error is not None:
+            raise error
+        return st.epoch
+
+    assert proto.run_fn(train, lambda: None)(state) == 2
+    assert state.calls == ["sync", "sync"]

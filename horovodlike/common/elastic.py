@@ -406,6 +406,10 @@ def run_fn(func, reset):
                     state.restore()
                     skip_sync, reason = False, "failure"
                 except HostsUpdatedInterrupt as e:
+                    # Every rank stopped at the same step: what they have now is what
+                    # the next round starts from (also plain attributes changed since
+                    # the last commit, which a sync would otherwise take back).
+                    state.save()
                     skip_sync, reason = e.skip_sync, "interrupt"
                 if enabled():
                     _the_worker().reason = reason
