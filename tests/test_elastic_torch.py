@@ -265,3 +265,58 @@ def test_rank_exiting_zero_early_does_not_end_the_job(tmp_path):
     assert "worker 2 (rank 2, host c) finished" in res.stderr
     assert "blacklisting" not in res.stderr
     _starts_agree(res)
+
+
+PROCESS_SETS = textwrap.dedent("""
+    import os, signal, time
+    import torch
+    import horovodlike.torch as hvd
+
+    hvd.init(process_sets="dynamic")
+    host = os.environ["HOROVOD_HOSTNAME"]
+    sets = {"pair": hvd.add_process_set([0, 1])}
+    first = sets["pair"]
+
+    def on_reset():                 # the ranks changed: make the set again
+        sets["pair"] = hvd.add_process_set([0, 1])
+
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 20:
+            if host == "b" and state.step == 8:
+                os.kill(os.getpid(), signal.SIGKILL)
+            total = hvd.allreduce(torch.ones(2), name="all", op=hvd.Sum)
+            if hvd.rank() in (0, 1):
+                pair = hvd.allreduce(torch.ones(2), name="pair", op=hvd.Sum,
+                                     process_set=sets["pair"])
+                assert pair.tolist() == [2.0, 2.0], pair
+            state.step += 1
+            state.commit()
+            time.sleep(0.02)
+        return total
+
+    total = train(state)
+    try:
+        hvd.allreduce(torch.ones(1), name="stale", process_set=first)
+        refused = "no"
+    except ValueError as e:
+        refused = "yes" if "not registered" in str(e) else repr(e)
+    print(f"final rank={hvd.rank()} size={hvd.size()} total={int(total[0])} "
+          f"stale_refused={refused} pair={','.join(map(str, sets['pair'].ranks))}", flush=True)
+""")
+
+
+@pytest.mark.timeout(300)
+def test_process_sets_after_a_reset(tmp_path):
+    """After a reset rank() and size() describe the new round, a process set made before
+    is refused as unregistered, and one re-added in a reset callback works."""
+    res = run_elastic(PROCESS_SETS, tmp_path, THREE, 3, 2, 3, timeout=240)
+    assert res.returncode == 0, res.describe()
+    finals = sorted((r["rank"], r) for _, r in records(res, "final"))
+    assert [r for r, _ in finals] == ["0", "1"], res.describe()
+    for _, r in finals:
+        assert (r["size"], r["total"], r["stale_refused"], r["pair"]) == \
+            ("2", "2", "yes", "0,1"), r
