@@ -59,7 +59,8 @@ def _closed(sock):
 
 
 def test_a_client_without_the_key_cannot_connect_read_or_plant():
-    with StoreServer(key=KEY) as server:
+    reports = []
+    with StoreServer(key=KEY, on_reject=reports.append) as server:
         with StoreClient(server.address, key=KEY) as good:
             good.set("job/init0/blob/1", b"the real blob")
         with pytest.raises(StoreAuthError):
@@ -76,6 +77,7 @@ def test_a_client_without_the_key_cannot_connect_read_or_plant():
             assert good.get("job/init0/blob/1") == b"the real blob"
             with pytest.raises(TimeoutError):
                 good.get("job/init0/blob/0", timeout=0.2)
+    assert len(reports) == 2 and all("127.0.0.1:" in r for r in reports), reports
 
 
 def test_the_store_proves_the_key_too():
@@ -175,7 +177,7 @@ def test_address_entries_are_plain_bytes_checked_on_the_way_in():
 
 # ------------------------------------------------------------ the launcher
 
-LAUNCH_ENV = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+LAUNCH_ENV = {"PYTHONPATH": os.environ.get("PYTHONPATH") or str(REPO), "PYTHONUNBUFFERED": "1"}
 FAKE_REMOTE = ["-H", "a:1,b:1", "--ssh-command", "sh -c {command}"]
 
 

@@ -2,7 +2,7 @@
 import atexit
 import threading
 
-from . import bootstrap, engine
+from . import affinity, bootstrap, engine
 
 _lock = threading.Lock()
 _topo = None
@@ -33,9 +33,10 @@ def init(comm=None, process_sets=None):
         bind, advertise = bootstrap.listen_addresses(launcher, size, comm)
         blob = engine.prepare(bootstrap.hostname(), advertise, bind, key)
         peers = bootstrap.exchange(launcher, rank, size, blob, comm)
-        hosts = [h for h, _ in peers]
-        engine.start(rank, size, [b for _, b in peers])
-        _topo = bootstrap.topology(launcher, rank, hosts)
+        topo = bootstrap.topology(launcher, rank, [h for h, _ in peers])
+        with affinity.engine_thread_affinity(topo.local_rank, topo.local_size):
+            engine.start(rank, size, [b for _, b in peers])
+        _topo = topo
         from . import process_sets as _ps
         try:
             _ps.init_sets(process_sets)
@@ -112,7 +113,8 @@ def cross_size():
 
 
 def is_homogeneous():
-    return True
+    """True when every host runs the same number of ranks (Horovod's definition)."""
+    return _t().homogeneous
 
 
 def mpi_built():
@@ -129,7 +131,12 @@ def mpi_enabled():
 
 
 def mpi_threads_supported():
-    return mpi_built()
+    """Whether MPI runs with MPI_THREAD_MULTIPLE, so mpi4py may be used beside horovodlike
+    (Horovod's meaning). Like Horovod, a ValueError when MPI is not in use."""
+    if not mpi_enabled():
+        raise ValueError("Horovod has not been initialized or MPI has not been enabled.")
+    from mpi4py import MPI
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 def gloo_built():

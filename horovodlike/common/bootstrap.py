@@ -15,9 +15,10 @@ import fcntl
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
-from . import jobkey
+from . import jobkey, launch_env
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Topology:
     cross_size: int
     hostname: str
     launcher: str          # "horovodlikerun", "mpi", "slurm" or "single"
+    homogeneous: bool = True   # every host runs the same number of ranks
 
 
 def _env_int(*names):
@@ -67,6 +69,9 @@ def advertise_address() -> str:
 
 def detect():
     """(launcher, rank, size) from the environment, before any exchange."""
+    # torchrun / Kubeflow / Ray Train / Spark (or bare HOROVOD_*) variables become
+    # horovodlikerun's, with rank 0 serving the store (see launch_env).
+    launch_env.adopt()
     if os.environ.get("HOROVODLIKE_STORE_ADDR") and _env_int("HOROVOD_SIZE") is not None:
         return "horovodlikerun", _env_int("HOROVOD_RANK"), _env_int("HOROVOD_SIZE")
     mpi_size = _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
@@ -187,12 +192,21 @@ def _exchange_store(rank, size, payload):
         client = StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=timeout, key=_key)
     except TimeoutError as e:
         raise RuntimeError(f"horovodlike init: {e} (HOROVODLIKE_START_TIMEOUT)") from None
+    deadline = time.monotonic() + timeout
     try:
         client.set(prefix + str(rank), payload)
-        return [client.get(prefix + str(r), timeout=timeout) for r in range(size)]
-    except TimeoutError as e:
-        raise RuntimeError(f"horovodlike init: not every rank reached init within "
-                           f"{timeout:.0f} s (HOROVODLIKE_START_TIMEOUT): {e}") from None
+        out = []
+        for r in range(size):
+            try:
+                out.append(client.get(prefix + str(r),
+                                      timeout=max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                # Said the way the engine names a lost rank, so the launcher can tell
+                # which rank the job waited for.
+                raise RuntimeError(
+                    f"horovodlike init: rank {r} (host unknown) was lost: it did not "
+                    f"reach init within {timeout:.0f} s (HOROVODLIKE_START_TIMEOUT)") from None
+        return out
     finally:
         client.close()
 
@@ -244,5 +258,6 @@ def topology(launcher, rank, hosts):
     for r, h in enumerate(hosts):
         local_ranks.append(sum(1 for q in range(r) if hosts[q] == h))
     peers = [r for r in range(len(hosts)) if local_ranks[r] == local_rank]
+    per_host = {h: hosts.count(h) for h in hosts}
     return Topology(rank, len(hosts), local_rank, len(same_host), peers.index(rank),
-                    len(peers), me, launcher)
+                    len(peers), me, launcher, len(set(per_host.values())) == 1)

@@ -50,6 +50,7 @@ MAX_KEY_LEN = 4096
 MAX_VALUE_LEN = int(os.environ.get("HOROVODLIKE_STORE_MAX_VALUE_BYTES", 16 << 20))
 MAX_TOTAL = 16 * MAX_VALUE_LEN
 MAX_CONNECTIONS = 1024
+MAX_REPORTS = 10
 # An unauthenticated peer gets this long to finish the handshake.
 HANDSHAKE_SECONDS = 5.0
 # The longest GET wait a client may ask for (a day).
@@ -141,9 +142,11 @@ class _Handler(socketserver.BaseRequestHandler):
                 head = _RESP.pack(MAGIC, status, len(payload))
                 sock.sendall(head + payload + session.response_mac(head, payload))
                 session.seq += 1
-        except (_ProtocolError, UnicodeDecodeError, ConnectionError, OSError):
-            # Dropping the connection is the rejection; the server and the
-            # other clients are unaffected.
+        except (_ProtocolError, UnicodeDecodeError) as e:
+            # Dropping the connection is the rejection; the server and the other
+            # clients are unaffected. Whoever runs the store hears about it.
+            self.server.store.rejected(self.client_address, str(e) or "bad key")
+        except (ConnectionError, OSError):
             return
 
     def _handshake(self, sock):
@@ -151,7 +154,12 @@ class _Handler(socketserver.BaseRequestHandler):
         sn = os.urandom(NONCE)
         sock.settimeout(HANDSHAKE_SECONDS)
         sock.sendall(_HELLO.pack(MAGIC, VERSION, sn))
-        reply = _recv_exact(sock, 4 + NONCE + MAC)
+        try:
+            reply = _recv_exact(sock, 4 + NONCE + MAC)
+        except socket.timeout:
+            raise _ProtocolError(f"no handshake within {HANDSHAKE_SECONDS:g} s") from None
+        except ConnectionError:
+            raise _ProtocolError("closed during the handshake") from None
         if reply is None or reply[:4] != MAGIC:
             raise _ProtocolError("not a store client")
         cn, proof = reply[4:4 + NONCE], reply[4 + NONCE:]
@@ -198,8 +206,11 @@ class _TCPServer(socketserver.ThreadingTCPServer):
 class StoreServer:
     """Threaded TCP key-value store; bind happens at construction. key: the job key."""
 
-    def __init__(self, host="127.0.0.1", port=0, key=None):
+    def __init__(self, host="127.0.0.1", port=0, key=None, on_reject=None):
+        """on_reject(message) hears about connections dropped for failing the
+        handshake or sending a bad frame (at most MAX_REPORTS of them)."""
         self.key = _check_key(key)
+        self._on_reject, self._reports = on_reject, 0
         self._data = {}
         self._bytes = 0
         self._cond = threading.Condition()
@@ -245,6 +256,15 @@ class StoreServer:
 
     def __exit__(self, *exc):
         self.close()
+
+    def rejected(self, peer, why):
+        with self._cond:
+            self._reports += 1
+            n = self._reports
+        if self._on_reject is not None and n <= MAX_REPORTS:
+            more = " (further rejections are not reported)" if n == MAX_REPORTS else ""
+            self._on_reject(f"store: dropped a connection from {peer[0]}:{peer[1]}: "
+                            f"{why}{more}")
 
     def _dispatch(self, op, key, value):
         if op == OP_SET:

@@ -37,6 +37,7 @@ from ..common import elastic as proto
 from ..common import jobkey
 from ..common.store import StoreClient, StoreServer
 from . import launch
+from .rank_output import RankOutput
 
 DISCOVER_HOSTS_FREQUENCY_SECS = 1.0
 DISCOVERY_SCRIPT_TIMEOUT = 60.0
@@ -134,6 +135,8 @@ class Settings:
         slots = getattr(args, "slots", None)
         if slots is not None and slots < 1:
             raise ValueError(f"--slots-per-host must be at least 1, got {slots}")
+        if getattr(args, "use_mpi", False):
+            raise ValueError("elastic mode runs on horovodlikerun's own launcher; drop --mpi")
         script = getattr(args, "host_discovery_script", None)
         if script:
             self.discovery = ScriptDiscovery(script, slots)
@@ -250,7 +253,7 @@ class ElasticDriver:
     def __init__(self, settings, args):
         self.s = settings
         self.args = args
-        self.out = launch._Output()
+        self.out = launch._Output(RankOutput.from_args(args))   # --output-filename: per worker
         self.key = jobkey.generate()
         self.job_id = uuid.uuid4().hex[:12]
         self.prefix = proto.prefix(self.job_id)
@@ -285,7 +288,7 @@ class ElasticDriver:
             return 1
         bind, advertised = launch.store_bind_and_advertise(
             [launch.RankSlot(0, _ANY_HOST, 0, 1, 0, 1)])
-        store = StoreServer(bind, 0, key=self.key).start()
+        store = StoreServer(bind, 0, key=self.key, on_reject=self.out.say).start()
         self.store_addr = f"{advertised}:{store.port}"
         local = "127.0.0.1" if bind in ("0.0.0.0", "") else bind
         self.local_store = f"{local}:{store.port}"

@@ -10,6 +10,7 @@ import argparse
 import errno
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 
 from ..common import jobkey
 from ..common.store import StoreServer
+from . import args as cli
+from .rank_output import RankOutput
 
 PROG = "horovodlikerun"
 DEFAULT_SSH_COMMAND = (
@@ -49,31 +52,14 @@ class RankSlot:
 def build_parser():
     p = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
-        description="Launch a horovodlike data-parallel job.")
-    p.add_argument("-np", "--num-proc", dest="num_proc", type=int, required=True,
-                   help="total number of ranks")
-    p.add_argument("-H", "--hosts", default=None,
-                   help="host1:slots,host2:slots (default localhost:NP)")
+        usage=f"{PROG} -np N [-H host1:n,host2:n | -hostfile FILE] [options] command ...",
+        description="Launch a horovodlike data-parallel job. Takes horovodrun's "
+                    "command line.")
+    cli.add_arguments(p)
     p.add_argument("--ssh-command", default=os.environ.get(
         "HOROVODLIKE_SSH_COMMAND", DEFAULT_SSH_COMMAND),
         help="template used to start a rank on a remote host; "
              "{host} and {command} are substituted")
-    p.add_argument("--fusion-threshold-mb", type=float)
-    p.add_argument("--cycle-time-ms", type=float)
-    p.add_argument("--cache-capacity", type=int)
-    p.add_argument("--timeline-filename")
-    p.add_argument("--timeline-mark-cycles", action="store_true")
-    p.add_argument("--no-stall-check", action="store_true")
-    p.add_argument("--stall-check-warning-time-seconds", type=int)
-    p.add_argument("--stall-check-shutdown-time-seconds", type=int)
-    p.add_argument("--log-level", type=str.upper, choices=[
-        "TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"])
-    p.add_argument("--hierarchical-allreduce", action="store_true")
-    p.add_argument("--start-timeout", type=int, default=60,
-                   help="seconds ranks wait for each other at startup")
-    p.add_argument("--verbose", action="store_true")
-    from .elastic_driver import add_elastic_args
-    add_elastic_args(p)
     # REMAINDER keeps the user's own flags (even ones that look like ours).
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="command to run on every rank")
@@ -85,12 +71,12 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
+    cli.finish(parser, args)
     if not args.command:
         parser.error("no command given to run")
-    if args.num_proc < 1:
-        parser.error("-np must be at least 1")
     try:
         args.host_list = parse_hosts(args.hosts or f"localhost:{args.num_proc}")
+        cli.check_nics(args.nics, all(is_local_host(h) for h, _ in args.host_list))
     except ValueError as exc:
         parser.error(str(exc))
     return args
@@ -133,31 +119,9 @@ def is_local_host(host):
     return host in _LOCAL_NAMES or host == socket.gethostname()
 
 
-def _fmt(x):
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
-
-
 def tuning_env(args):
-    """Map Horovod's tuning flags to the env vars the engine reads."""
-    env = {"HOROVODLIKE_START_TIMEOUT": str(args.start_timeout)}
-    pairs = [
-        ("HOROVOD_FUSION_THRESHOLD", args.fusion_threshold_mb,
-         lambda v: str(int(v * 1048576))),
-        ("HOROVOD_CYCLE_TIME", args.cycle_time_ms, _fmt),
-        ("HOROVOD_CACHE_CAPACITY", args.cache_capacity, str),
-        ("HOROVOD_TIMELINE", args.timeline_filename, str),
-        ("HOROVOD_STALL_CHECK_TIME_SECONDS",
-         args.stall_check_warning_time_seconds, str),
-        ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-         args.stall_check_shutdown_time_seconds, str),
-        ("HOROVOD_LOG_LEVEL", args.log_level, str),
-    ]
-    env.update({name: conv(v) for name, v, conv in pairs if v is not None})
-    flags = [("HOROVOD_TIMELINE_MARK_CYCLES", args.timeline_mark_cycles),
-             ("HOROVOD_STALL_CHECK_DISABLE", args.no_stall_check),
-             ("HOROVOD_HIERARCHICAL_ALLREDUCE", args.hierarchical_allreduce)]
-    env.update({name: "1" for name, on in flags if on})
-    return env
+    """Horovod's flags as the env vars the ranks read (see args.job_env)."""
+    return cli.job_env(args)
 
 
 def host_name(slot):
@@ -252,8 +216,9 @@ def describe_exit(slot, code):
 class _Output:
     """Serialises prefixed lines from many reader threads onto our streams."""
 
-    def __init__(self):
+    def __init__(self, lines=None):
         self._lock = threading.Lock()
+        self.lines = lines or RankOutput()  # line format and per-rank copies
 
     def write(self, stream, text):
         data = text.encode("utf-8", "replace")
@@ -273,12 +238,22 @@ class _Output:
     def say(self, message):
         self.write(sys.stderr, f"{PROG}: {message}\n")
 
-    def pump(self, rank, name, pipe, stream):
-        prefix = f"[{rank}]<{name}>:"
-        with pipe:
+    def pump(self, rank, name, pipe, stream, observe=None):
+        with pipe, self.lines.open(rank, name) as copy:
             for raw in iter(lambda: pipe.readline(_READ_LIMIT), b""):
                 line = raw[:-1] if raw.endswith(b"\n") else raw
-                self.write(stream, prefix + line.decode("utf-8", "replace") + "\n")
+                if observe is not None:
+                    observe(rank, line)
+                text = self.lines.line(rank, name, line.decode("utf-8", "replace"))
+                self.write(stream, text)
+                if copy is not None:
+                    copy.write(text)
+
+
+# How the engine names a rank it lost (engine/loop.c, hvdl__peer_lost). The rank that
+# stopped may never exit itself (SIGSTOP, a hang), so the launcher learns the culprit
+# from the survivors' words rather than from who exited first.
+_LOST = re.compile(rb"rank (\d+) \(host [^)]*\) was lost")
 
 
 class Job:
@@ -291,6 +266,8 @@ class Job:
         self.procs = {}
         self.events = queue.SimpleQueue()  # safe to put() from a signal handler
         self.threads = []
+        self.pumps = {}                    # rank -> its output threads
+        self.lost = None                   # (culprit, reporting rank), the first one named
 
     def spawn(self, slot, argv, env):
         """Start one rank behind its rank_shim. Its stdin carries the job key and then
@@ -304,14 +281,35 @@ class Job:
             proc.stdin.flush()
         except OSError:
             pass   # it died at once; _reap reports how
-        self._thread(self.out.pump, slot.rank, "stdout", proc.stdout, sys.stdout)
-        self._thread(self.out.pump, slot.rank, "stderr", proc.stderr, sys.stderr)
+        self.pumps[slot.rank] = [
+            self._thread(self.out.pump, slot.rank, "stdout", proc.stdout, sys.stdout,
+                         self._observe),
+            self._thread(self.out.pump, slot.rank, "stderr", proc.stderr, sys.stderr,
+                         self._observe)]
         self._thread(self._reap, slot.rank, proc)
 
     def _thread(self, target, *args):
         t = threading.Thread(target=target, args=args, daemon=True)
         t.start()
         self.threads.append(t)
+        return t
+
+    def _observe(self, rank, line):
+        m = _LOST.search(line) if self.lost is None else None
+        if m and int(m.group(1)) in self.procs:
+            self.lost = (int(m.group(1)), rank)
+
+    def _blame(self, rank, code):
+        """The launcher's one line about a failed job: the lost rank when a survivor
+        named one, then how `rank` ended."""
+        for t in self.pumps.get(rank, ()):
+            t.join(timeout=1.0)   # its last lines may name the culprit
+        message, exit_code = describe_exit(self.plan[rank], code)
+        if self.lost is not None and self.lost[0] != rank:
+            culprit, reporter = self.lost
+            message = (f"rank {culprit} (host {host_name(self.plan[culprit])}) was lost, "
+                       f"as rank {reporter} reported; {message}")
+        return message, exit_code
 
     def _reap(self, rank, proc):
         self.events.put(("exit", rank, proc.wait()))
@@ -343,9 +341,21 @@ class Job:
             if event[0] == "exit":
                 _, rank, code = event
                 pending.discard(rank)
-                if code == 0 or stopping:
+                if stopping:
                     continue
-                message, exit_code = describe_exit(self.plan[rank], code)
+                if code == 0:
+                    if self.lost is None or self.lost[0] not in pending:
+                        continue
+                    # A survivor finished, but a rank it named as lost never will
+                    # (it hangs or is stopped): end the job and say so.
+                    culprit = self.plan[self.lost[0]]
+                    self.out.say(f"rank {culprit.rank} (host {host_name(culprit)}) was "
+                                 f"lost, as rank {self.lost[1]} reported; ending the job")
+                    exit_code = 1
+                    self.signal_all(signal.SIGTERM)
+                    stopping, deadline = True, time.monotonic() + GRACE_SECONDS
+                    continue
+                message, exit_code = self._blame(rank, code)
                 self.out.say(message)
                 self.signal_all(signal.SIGTERM)
             else:
@@ -424,15 +434,17 @@ def main(argv=None):
     from .elastic_driver import is_elastic, run_elastic
     if is_elastic(args):
         return run_elastic(args)
+    if args.use_mpi:
+        return cli.run_mpi(args, tuning_env(args))
     try:
         plan = compute_plan(args.host_list, args.num_proc)
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    out = _Output()
+    out = _Output(RankOutput.from_args(args))
     bind_host, advertised = store_bind_and_advertise(plan)
     key = jobkey.generate()
-    store = StoreServer(bind_host, 0, key=key).start()
+    store = StoreServer(bind_host, 0, key=key, on_reject=out.say).start()
     store_addr = f"{advertised}:{store.port}"
     job = Job(plan, out, key)
     saved = _install_handlers(job.on_signal)

@@ -16,7 +16,7 @@ from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchEr
 
 from . import _keras2_compat
 from . import elastic  # noqa: F401
-from ._graph import XLANotSupportedError
+from ._errors import XLANotSupportedError
 from ._tensors import UnsupportedTensorError
 from .compression import Compression
 from .functions import (allgather_object, broadcast_, broadcast_object, broadcast_object_fn,

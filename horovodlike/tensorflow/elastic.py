@@ -34,7 +34,8 @@ def run(func):
         try:
             return func(state, *args, **kwargs)
         except tf.errors.OpError as e:
-            if "HorovodInternalError" in (e.message or ""):
+            if not isinstance(e, HorovodInternalError) and \
+                    "HorovodInternalError" in (e.message or ""):
                 raise HorovodInternalError(e.message) from e
             raise
     return _common.run_fn(wrapper, _reset)
