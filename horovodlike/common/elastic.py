@@ -172,8 +172,7 @@ def init(process_sets=None):
     """basics.init() under the elastic driver: join the next round and start the engine
     with the rank and size it assigns. A round whose engine cannot start (a member died
     during start-up) is given up and the next one joined."""
-    from . import basics, engine
-    from . import ops as _ops
+    from . import basics, engine, request
     if basics.is_initialized() and engine.is_running():
         return
     w = _the_worker()
@@ -188,7 +187,7 @@ def init(process_sets=None):
         os.environ.update({"HOROVOD_RANK": str(a.rank), "HOROVOD_SIZE": str(a.size),
                            ROUND_ENV: str(a.round)})
         # Unnamed ops are numbered per process: start every member of the round at zero.
-        _ops._counters.clear()
+        request.counters.reset()
         _joining.active = True
         try:
             basics.init(process_sets=sets)
