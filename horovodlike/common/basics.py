@@ -17,6 +17,9 @@ def init(comm=None, process_sets=None):
     on every rank, or "dynamic" to allow add_process_set() later.
     """
     global _topo, _atexit_registered
+    from . import elastic     # horovodlikerun's elastic mode: the driver assigns rank and size
+    if comm is None and elastic.enabled() and not elastic.joining():
+        return elastic.init(process_sets)
     with _lock:
         if _topo is not None and engine.is_running():
             return

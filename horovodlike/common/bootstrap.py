@@ -183,7 +183,11 @@ def listen_addresses(launcher, size, comm=None):
 def _exchange_store(rank, size, payload):
     from .store import StoreClient
     timeout = float(os.environ.get("HOROVODLIKE_START_TIMEOUT", "60"))
-    prefix = f"{os.environ.get('HOROVODLIKE_JOB_ID', 'job')}/init{_generation}/blob/"
+    # Elastic mode: every member of a round uses the round the driver assigned (the
+    # driver writes into these keys too, see runner/elastic_driver.py).
+    round_ = os.environ.get("HOROVODLIKE_ELASTIC_ROUND")
+    prefix = f"{os.environ.get('HOROVODLIKE_JOB_ID', 'job')}/" + \
+        (f"elastic{round_}" if round_ else f"init{_generation}") + "/blob/"
     try:
         client = StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=timeout, key=_key)
     except TimeoutError as e:

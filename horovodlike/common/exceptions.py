@@ -16,4 +16,9 @@ class TensorMismatchError(RuntimeError):
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's elastic-mode signal; kept so scripts that import it still load."""
+    """Elastic mode: the set of hosts changed. hvd.elastic.run re-forms the job without
+    restoring the last commit. skip_sync is Horovod's field (see docs/elastic.md)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the hosts of this elastic job changed")
+        self.skip_sync = skip_sync

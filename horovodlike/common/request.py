@@ -59,6 +59,11 @@ class Counters:
             c = self._next.setdefault((kind, sid), itertools.count())
             return str(next(c))
 
+    def reset(self):
+        """Number from 0 again (every member of a new elastic round does)."""
+        with self._lock:
+            self._next.clear()
+
 
 counters = Counters()          # the process-wide numbering (eager calls)
 

@@ -3,8 +3,8 @@
 Every option string of ``horovodrun`` parses here. Each one either does what it does in
 Horovod (or the nearest thing this launcher has), or, for features that do not exist in
 horovodlike (autotuning, NCCL streams, torus allreduce, jsrun), is accepted and prints
-one line saying what is ignored and why. Elastic flags are refused with a clear error
-until elastic training exists.
+one line saying what is ignored and why. The elastic flags start elastic mode
+(runner/elastic_driver.py).
 
 The flow: :func:`add_arguments` declares the options (every default is ``None`` so that
 "given on the command line" can be told from "not given"), :func:`finish` applies a
@@ -48,9 +48,6 @@ IGNORED = {
     "disable_cache": "horovodlikerun keeps no cache of start-up checks, so every run "
                      "already checks afresh",
 }
-# Elastic training belongs to its own piece of work; these are refused until it exists.
-ELASTIC = ["min_num_proc", "max_num_proc", "slots", "elastic_timeout", "reset_limit",
-           "cooldown_range", "host_discovery_script"]
 # Flags that only mean something with --mpi.
 _MPI_ONLY = {"mpi_args": "--mpi-args", "tcp_flag": "--tcp", "binding_args": "--binding-args"}
 
@@ -172,13 +169,8 @@ def add_arguments(p):
     g.add_argument("--autotune-gaussian-process-noise",
                    dest="autotune_gaussian_process_noise", type=float, help="ignored")
 
-    g = p.add_argument_group("elastic arguments (not yet supported)")
-    g.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=int)
-    g.add_argument("--max-np", "--max-num-proc", dest="max_num_proc", type=int)
-    g.add_argument("--slots-per-host", dest="slots", type=int)
-    g.add_argument("--elastic-timeout", dest="elastic_timeout", type=int)
-    g.add_argument("--reset-limit", dest="reset_limit", type=int)
-    g.add_argument("--blacklist-cooldown-range", dest="cooldown_range", type=int, nargs=2)
+    from .elastic_driver import add_elastic_args     # docs/elastic.md
+    add_elastic_args(p.add_argument_group("elastic arguments"))
 
     g = p.add_argument_group("timeline arguments")
     g.add_argument("--timeline-filename", dest="timeline_filename",
@@ -240,8 +232,6 @@ def add_arguments(p):
                    help="host1:slots,host2:slots (default: localhost:NP)")
     g.add_argument("-hostfile", "--hostfile", dest="hostfile",
                    help="file with one '<hostname> slots=<n>' line per host")
-    g.add_argument("--host-discovery-script", dest="host_discovery_script",
-                   help="elastic training: not yet supported")
 
     g = p.add_argument_group("controller arguments").add_mutually_exclusive_group()
     g.add_argument("--gloo", dest="use_gloo", action=_Const,
@@ -270,11 +260,6 @@ def finish(parser, args, say=None):
             apply_config(args, load_config(args.config_file))
         except (OSError, ValueError) as exc:
             parser.error(f"--config-file {args.config_file}: {exc}")
-    given = [d for d in ELASTIC if getattr(args, d, None) is not None]
-    if given:
-        flags = ", ".join(_flag(parser, d) for d in given)
-        parser.error(f"{flags}: elastic training is not yet supported by horovodlikerun "
-                     f"(run a fixed -np job)")
     if args.num_proc is None:
         parser.error("-np/--num-proc is required")
     if args.num_proc < 1:

@@ -431,6 +431,9 @@ def _start_ranks(job, args, store_addr, job_id):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from .elastic_driver import is_elastic, run_elastic
+    if is_elastic(args):
+        return run_elastic(args)
     if args.use_mpi:
         return cli.run_mpi(args, tuning_env(args))
     try:

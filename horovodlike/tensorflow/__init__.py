@@ -15,6 +15,7 @@ from horovodlike.common.basics import (ccl_built, cross_rank, cross_size, cuda_b
 from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
 
 from . import _keras2_compat
+from . import elastic  # noqa: F401
 from ._errors import XLANotSupportedError
 from ._tensors import UnsupportedTensorError
 from .compression import Compression

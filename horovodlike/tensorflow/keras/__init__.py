@@ -21,6 +21,7 @@ from ..functions import allgather_object, broadcast_object, broadcast_variables
 from ..mpi_ops import (Average, ProcessSet, Sum, add_process_set, global_process_set,
                        remove_process_set)
 from . import callbacks
+from . import elastic  # noqa: F401
 from .distributed_optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model
 
 

@@ -1,0 +1,424 @@
+"""Elastic training: Horovod's `hvd.elastic` API and the worker's side of the driver.
+
+A job run by ``horovodlikerun --min-np/--max-np/--host-discovery-script`` goes through
+*rounds*. In every round the driver (runner/elastic_driver.py) gives each member a rank
+and a size; the members start an engine together (the blob exchange is keyed by the
+round, so a process from an older round can never join a newer one); the training
+function runs. When a member is lost, its peers' collectives raise
+HorovodInternalError; when the driver finds hosts to add or remove it tells the
+members, who raise HostsUpdatedInterrupt at their next ``commit()`` or
+``check_host_updates()``. Either way ``run`` shuts the engine down, asks the driver for
+the next round, and starts again from a state every member agrees on:
+
+    HorovodInternalError    restore the last commit, join the next round, sync from rank 0
+    HostsUpdatedInterrupt   keep the state, join the next round, sync if anyone is new
+
+What the worker and the driver say to each other goes through the job's authenticated
+store, as short text values (never pickles), under ``<job id>/elastic/``:
+
+    ready_seq, ready/<n>     "<worker> <last round> <reason>": this worker waits for a round
+    current                  the newest round's number
+    r<round>/w<worker>       "assign <rank> <size> <sync> <update seq>", "skip" (not in this
+                             round: wait for the next) or "exit <why>"
+    update/<k>               the k-th host update (1 removed, 2 added, 3 both)
+"""
+import functools
+import os
+import queue
+import sys
+import threading
+
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+__all__ = ["State", "ObjectState", "run_fn", "HorovodInternalError", "HostsUpdatedInterrupt",
+           "enabled", "init"]
+
+WORKER_ENV = "HOROVODLIKE_ELASTIC_WORKER"    # this process's worker id (set by the driver)
+ROUND_ENV = "HOROVODLIKE_ELASTIC_ROUND"      # the round the engine runs in (read by bootstrap)
+TIMEOUT_ENV = "HOROVOD_ELASTIC_TIMEOUT"
+DEFAULT_TIMEOUT = 600
+
+# HostUpdateResult's values in Horovod.
+NO_UPDATE, REMOVED, ADDED, MIXED = 0, 1, 2, 3
+REASONS = ("new", "failure", "interrupt")
+# A round this many times in a row whose engine cannot start ends the worker.
+MAX_FAILED_STARTS = 5
+_MAX_VALUE = 512
+
+
+def prefix(job_id):
+    return f"{job_id}/elastic"
+
+
+def enabled():
+    """True in a process that horovodlikerun's elastic driver started."""
+    return bool(os.environ.get(WORKER_ENV)) and bool(os.environ.get("HOROVODLIKE_STORE_ADDR"))
+
+
+def elastic_timeout():
+    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+
+
+def parse_ready(raw):
+    """(worker, last round, reason) from a ready/<n> value; ValueError if malformed."""
+    if len(raw) > _MAX_VALUE:
+        raise ValueError("ready record too long")
+    wid, last, reason = raw.decode("ascii").split()
+    if reason not in REASONS:
+        raise ValueError(f"unknown reason {reason!r}")
+    return int(wid), int(last), reason
+
+
+class Assignment:
+    """What the driver told this worker for one round."""
+    __slots__ = ("round", "rank", "size", "sync", "update_seq")
+
+    def __init__(self, round_, rank, size, sync, update_seq):
+        self.round, self.rank, self.size = round_, rank, size
+        self.sync, self.update_seq = sync, update_seq
+
+    def encode(self):
+        return f"assign {self.rank} {self.size} {int(self.sync)} {self.update_seq}".encode()
+
+    @classmethod
+    def decode(cls, round_, fields):
+        rank, size, sync, seq = (int(f) for f in fields)
+        if not (0 <= rank < size) or sync not in (0, 1) or seq < 0:
+            raise ValueError("assignment out of range")
+        return cls(round_, rank, size, bool(sync), seq)
+
+
+# ---------------------------------------------------------------- the worker's side
+
+class _Worker:
+    """This process's membership in an elastic job (one per process)."""
+
+    def __init__(self):
+        from . import jobkey
+        from .store import StoreClient
+        self.wid = int(os.environ[WORKER_ENV])
+        self.prefix = prefix(os.environ.get("HOROVODLIKE_JOB_ID", "job"))
+        self.key = jobkey.from_env()
+        self.addr = os.environ["HOROVODLIKE_STORE_ADDR"]
+        self.client = StoreClient(self.addr, timeout=60.0, key=self.key)
+        self.assignment = None       # the round this process last joined
+        self.reason = "new"          # why it asks for the next one
+        self.process_sets = None     # what later rounds pass to init(): None or "dynamic"
+        self.updates = None
+
+    def _current(self):
+        try:
+            return int(self.client.get(f"{self.prefix}/current", timeout=0))
+        except TimeoutError:
+            return -1
+
+    def join(self):
+        """Say this worker is ready; wait for the driver's next round; return the
+        Assignment. A worker the driver leaves out for good exits here (status 0)."""
+        import time
+        last = self.assignment.round if self.assignment else -1
+        current = self._current()     # read before saying ready: no round is missed
+        seq = self.client.add(f"{self.prefix}/ready_seq", 1)
+        self.client.set(f"{self.prefix}/ready/{seq}",
+                        f"{self.wid} {last} {self.reason}".encode())
+        n = max(current, last) + 1
+        deadline = time.monotonic() + elastic_timeout() + 60.0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(
+                    f"horovodlike elastic: worker {self.wid} waited more than "
+                    f"{elastic_timeout():.0f} s ({TIMEOUT_ENV}) for the driver to form "
+                    f"round {n}")
+            try:
+                raw = self.client.get(f"{self.prefix}/r{n}/w{self.wid}", timeout=min(left, 60.0))
+            except TimeoutError:
+                continue
+            kind, _, rest = raw.decode("ascii", "replace")[:_MAX_VALUE].partition(" ")
+            if kind == "skip":
+                n += 1
+            elif kind == "exit":
+                sys.stderr.write(f"horovodlike elastic: worker {self.wid} leaves the job: "
+                                 f"{rest}\n")
+                sys.stderr.flush()
+                raise SystemExit(0)
+            elif kind == "assign":
+                return Assignment.decode(n, rest.split())
+            else:
+                raise RuntimeError(f"horovodlike elastic: the driver sent {raw[:80]!r}")
+
+
+_worker = None
+_joining = threading.local()
+
+
+def _the_worker():
+    global _worker
+    if _worker is None:
+        _worker = _Worker()
+    return _worker
+
+
+def joining():
+    """True while init() below is starting the engine for a round (basics.init's guard)."""
+    return getattr(_joining, "active", False)
+
+
+def current_assignment():
+    return _worker.assignment if _worker is not None else None
+
+
+def init(process_sets=None):
+    """basics.init() under the elastic driver: join the next round and start the engine
+    with the rank and size it assigns. A round whose engine cannot start (a member died
+    during start-up) is given up and the next one joined."""
+    from . import basics, engine, request
+    if basics.is_initialized() and engine.is_running():
+        return
+    w = _the_worker()
+    if w.assignment is None:
+        w.process_sets = "dynamic" if process_sets == "dynamic" else None
+    failures = 0
+    while True:
+        a = w.join()
+        # Static process sets are ranks of the first round; in later rounds those ranks
+        # mean other processes, so every member starts with none (or "dynamic").
+        sets = process_sets if a.round == 0 else w.process_sets
+        os.environ.update({"HOROVOD_RANK": str(a.rank), "HOROVOD_SIZE": str(a.size),
+                           ROUND_ENV: str(a.round)})
+        # Unnamed ops are numbered per process: start every member of the round at zero.
+        request.counters.reset()
+        _joining.active = True
+        try:
+            basics.init(process_sets=sets)
+            w.assignment = a
+            w.reason = "new"
+            return
+        except (RuntimeError, TimeoutError, ConnectionError) as e:
+            failures += 1
+            basics.shutdown()
+            w.assignment = a
+            w.reason = "failure"
+            if failures >= MAX_FAILED_STARTS:
+                raise
+            sys.stderr.write(f"horovodlike elastic: round {a.round} did not start "
+                             f"({e}); waiting for the next one\n")
+        finally:
+            _joining.active = False
+
+
+def _drop_process_sets():
+    """After a reset the ranks mean something else: user process sets are unregistered
+    (passing one raises 'not registered'); re-add them in a reset callback."""
+    from . import process_sets as ps
+    for s in list(ps._sets.values()):
+        s.process_set_id = None
+    ps._sets.clear()
+
+
+def reset():
+    """Shut the engine down and start it again in the driver's next round (what every
+    framework's elastic.run does between attempts)."""
+    from . import basics
+    _drop_process_sets()
+    basics.shutdown()
+    basics.init()
+
+
+class _Notifications:
+    """Delivers the driver's host updates to the states inside elastic.run (Horovod's
+    WorkerNotificationManager). A daemon thread waits on the store for update k+1."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._listeners = set()
+        self._thread = None
+
+    def init(self):
+        with self._lock:
+            if self._thread is not None or not enabled():
+                return
+            self._thread = threading.Thread(target=self._watch, args=(_the_worker(),),
+                                            name="horovodlike-elastic-updates", daemon=True)
+            self._thread.start()
+
+    def _watch(self, w):
+        from .store import StoreClient
+        try:
+            client = StoreClient(w.addr, timeout=60.0, key=w.key)
+        except (OSError, TimeoutError):
+            return
+        k = 1
+        while True:
+            try:
+                raw = client.get(f"{w.prefix}/update/{k}", timeout=3600.0)
+                flags = int(raw[:16])
+            except TimeoutError:
+                continue
+            except (OSError, RuntimeError, ValueError):
+                return                          # the launcher is gone; so are we, soon
+            self.handle_hosts_updated(k, flags)
+            k += 1
+
+    def register_listener(self, listener):
+        with self._lock:
+            self._listeners.add(listener)
+
+    def remove_listener(self, listener):
+        with self._lock:
+            self._listeners.discard(listener)
+
+    def handle_hosts_updated(self, timestamp, update_res):
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.on_hosts_updated(timestamp, update_res)
+
+
+notification_manager = _Notifications()
+
+
+# ---------------------------------------------------------------- Horovod's API
+
+class State:
+    """State tracked in memory across workers: committed, restored after a failure and
+    broadcast from rank 0 after a reset.
+
+    bcast_object: broadcasts a picklable object from rank 0. get_rank: this rank.
+    """
+
+    def __init__(self, bcast_object, get_rank):
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._host_messages = queue.Queue()
+        self._last_updated_timestamp = _round_update_seq()
+        self._reset_callbacks = []
+
+    def register_reset_callbacks(self, callbacks):
+        """Functions to call after every reset (new membership), before the state is
+        synchronized: rescale the learning rate, re-partition data, re-add process sets."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        self._host_messages = queue.Queue()
+        self._last_updated_timestamp = _round_update_seq(self._last_updated_timestamp)
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp, update_res):
+        self._host_messages.put((timestamp, update_res))
+
+    def commit(self):
+        """Save the state in memory, then check_host_updates(). Costs a copy of the state
+        and one small broadcast; see docs/elastic.md for measured costs."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self):
+        """Raise HostsUpdatedInterrupt on every rank at once if the driver announced a
+        change of hosts. All ranks must call it together (it is a collective)."""
+        last = prev = self._last_updated_timestamp
+        update = NO_UPDATE
+        while not self._host_messages.empty():
+            timestamp, res = self._host_messages.get()
+            if timestamp > last:
+                last = timestamp
+                update |= int(res)
+        # Rank 0's view decides, so every rank raises at the same step.
+        prev, self._last_updated_timestamp, update = _broadcast_ints((prev, last, update))
+        if self._last_updated_timestamp > prev:
+            raise HostsUpdatedInterrupt(update == REMOVED)
+
+    def save(self):
+        """Save the state to host memory."""
+        raise NotImplementedError()
+
+    def restore(self):
+        """Restore the last committed state, undoing uncommitted changes."""
+        raise NotImplementedError()
+
+    def sync(self):
+        """Make every rank's state rank 0's."""
+        raise NotImplementedError()
+
+    def reset(self):
+        """Called after a reset, before sync (for subclasses)."""
+
+
+def _round_update_seq(default=0):
+    a = current_assignment()
+    return a.update_seq if a is not None else default
+
+
+def _broadcast_ints(values):
+    import numpy as np
+    from . import basics
+    from . import ops as _ops
+    arr = np.asarray(values, np.int64)
+    if basics.size() > 1:
+        arr = _ops.broadcast(arr, 0, name="elastic.check_host_updates")
+    return [int(v) for v in arr]
+
+
+class ObjectState(State):
+    """State made of plain Python objects, given as keyword arguments and exposed as
+    attributes (``state.epoch``, ``state.batch``)."""
+
+    def __init__(self, bcast_object, get_rank, **kwargs):
+        self._bcast_object = bcast_object
+        self._saved_state = kwargs
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self):
+        self._saved_state = {attr: getattr(self, attr) for attr in self._saved_state}
+
+    def restore(self):
+        self._set_attrs()
+
+    def sync(self):
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self):
+        for attr, value in self._saved_state.items():
+            setattr(self, attr, value)
+
+
+def run_fn(func, reset):
+    """Horovod's hvd.elastic.run machinery: call func(state, ...) until it returns,
+    re-forming the job after each HorovodInternalError or HostsUpdatedInterrupt."""
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        notification_manager.init()
+        notification_manager.register_listener(state)
+        skip_sync = False
+        try:
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError:
+                    state.restore()
+                    skip_sync, reason = False, "failure"
+                except HostsUpdatedInterrupt as e:
+                    # Every rank stopped at the same step: what they have now is what
+                    # the next round starts from (also plain attributes changed since
+                    # the last commit, which a sync would otherwise take back).
+                    state.save()
+                    skip_sync, reason = e.skip_sync, "interrupt"
+                if enabled():
+                    _the_worker().reason = reason
+                reset()
+                a = current_assignment()
+                if a is not None:
+                    # The driver decides for the whole round (anyone new, anyone restored),
+                    # so survivors never skip a sync that new members wait in.
+                    skip_sync = not a.sync
+                state.on_reset()
+        finally:
+            notification_manager.remove_listener(state)
+    return wrapper
