@@ -29,6 +29,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_p
                       process_set_included_op, rank_op, reducescatter, remove_process_set,
                       size_op)
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNormalization
 
 
 _keras2_compat.install()
