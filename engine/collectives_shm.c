@@ -166,7 +166,7 @@ int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype,
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
         share_of(len, esz, s->nlocal, s->me, &off, &n);
-        memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, mine, (size_t)n);
+        if (n) memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, mine, (size_t)n);
         mine += n;
         hvdl__shm_post(e);
         if (hvdl__shm_wait_all(e)) return -1;
