@@ -166,8 +166,10 @@ int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype,
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
         share_of(len, esz, s->nlocal, s->me, &off, &n);
-        if (n) memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, mine, (size_t)n);
-        mine += n;
+        if (n) {   /* a rank's share may be empty (and `shares` NULL) for tiny buffers */
+            memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, mine, (size_t)n);
+            mine += n;
+        }
         hvdl__shm_post(e);
         if (hvdl__shm_wait_all(e)) return -1;
         piece_copy_out(s, (uint8_t *)buf + lo, len, esz, which);

@@ -14,7 +14,8 @@ from .common.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, all
                          allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
                          broadcast_async, join, poll, reducescatter, reducescatter_async,
                          synchronize)
-from .common.process_sets import (ProcessSet, add_process_set, global_process_set,
-                                  remove_process_set)
+from .common.dynamic_sets import add_process_set, remove_process_set
+from .common.process_sets import ProcessSet, global_process_set
+from .runner.run_fn import run
 
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@ are involved: one build serves every PyTorch and TensorFlow version.
 """
 import glob
 import os
+import sys
 
 from cffi import FFI
 
@@ -19,19 +20,37 @@ def _cdef_text():
     return text.split("/* CDEF-BEGIN */", 1)[1].split("/* CDEF-END */", 1)[0]
 
 
-ffibuilder = FFI()
-ffibuilder.cdef(_cdef_text())
-ffibuilder.set_source(
-    "horovodlike._engine",
-    '#include "horovodlike.h"',
-    # Relative paths: setuptools requires them, and setup.py runs from the repo root.
-    sources=sorted(os.path.relpath(p, os.path.dirname(HERE))
-                   for p in glob.glob(os.path.join(ENGINE, "*.c"))),
-    include_dirs=["engine"],
-    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                        "-fvisibility=hidden"],
-    libraries=["pthread"],
-)
+# HOROVODLIKE_SANITIZE=1 builds a checking engine (scripts/sanitize.sh): every
+# out-of-bounds access, use after free and undefined behaviour aborts loudly.
+_SANITIZE = (["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+              "-fno-sanitize-recover=undefined", "-g"]
+             if os.environ.get("HOROVODLIKE_SANITIZE") == "1" else [])
+
+def make_builder(absolute=False):
+    """The cffi builder. setup.py needs source paths relative to the repo root (it runs
+    there); a build into another directory (cffi changes into it) needs absolute ones."""
+    root = os.path.dirname(HERE)
+    path = (lambda p: p) if absolute else (lambda p: os.path.relpath(p, root))
+    builder = FFI()
+    builder.cdef(_cdef_text())
+    builder.set_source(
+        "horovodlike._engine",
+        '#include "horovodlike.h"',
+        sources=sorted(path(p) for p in glob.glob(os.path.join(ENGINE, "*.c"))),
+        include_dirs=[path(ENGINE)],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra",
+                            "-Wno-unused-parameter", "-fvisibility=hidden"] + _SANITIZE,
+        extra_link_args=_SANITIZE,
+        libraries=["pthread"],
+    )
+    return builder
+
+
+ffibuilder = make_builder()
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    # python horovodlike/_build_engine.py [OUT_DIR]: OUT_DIR/horovodlike/_engine*.so
+    if len(sys.argv) > 1:
+        make_builder(absolute=True).compile(tmpdir=sys.argv[1], verbose=True)
+    else:
+        ffibuilder.compile(verbose=True)

@@ -49,7 +49,11 @@ ALL_LAUNCHERS = LAUNCHERS + ["python"]
 # Variables that make horovodlike believe it is rank r of a job; never inherited.
 _IDENTITY_PREFIXES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_", "HOROVOD_CROSS_",
                       "HOROVOD_HOSTNAME", "HOROVODLIKE_STORE_ADDR", "HOROVODLIKE_JOB_ID",
-                      "OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_")
+                      "HOROVODLIKE_JOB_KEY", "HOROVODLIKE_BIND_ADDR",
+                      "OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_",
+                      # torchrun / Kubeflow / Ray Train variables (launch_env adopts them)
+                      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_")
 
 
 def _search_path():

@@ -373,7 +373,12 @@ topo = dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
             local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
             cross_size=hvd.cross_size(), is_initialized=hvd.is_initialized(),
             mpi_built=hvd.mpi_built(), gloo_built=hvd.gloo_built(),
-            nccl_built=hvd.nccl_built(), hostname=os.environ.get("HOROVOD_HOSTNAME"))
+            nccl_built=hvd.nccl_built(), hostname=os.environ.get("HOROVOD_HOSTNAME"),
+            homogeneous=hvd.is_homogeneous())
+try:
+    topo["threads"] = hvd.mpi_threads_supported()
+except ValueError:
+    topo["threads"] = "not-mpi"
 print("topo=" + _json.dumps(topo), flush=True)
 everyone = hvd.allgather(np.array([[hvd.rank(), hvd.local_rank(), hvd.local_size(),
                                     hvd.cross_rank(), hvd.cross_size()]], dtype=np.int32))
@@ -456,8 +461,12 @@ def _check_topology(res, np_, hosts=None):
 def test_topology(launcher, np_):
     res = run_ok(script(TOPOLOGY), np_, launcher)
     _check_topology(res, np_)
+    values = [json.loads(v) for v in res.rank_values("topo").values()]
+    assert all(v["homogeneous"] for v in values)
     if launcher == "mpirun":
-        assert all(json.loads(v)["mpi_built"] for v in res.rank_values("topo").values())
+        assert all(v["mpi_built"] and isinstance(v["threads"], bool) for v in values)
+    else:
+        assert all(v["threads"] == "not-mpi" for v in values)
 
 
 def test_fake_hosts_topology_and_collectives():
@@ -468,6 +477,14 @@ def test_fake_hosts_topology_and_collectives():
     topo = _check_topology(res, 4, hosts=["a", "a", "b", "b"])
     assert [topo[r]["hostname"] for r in range(4)] == ["a", "a", "b", "b"]
     assert [(topo[r]["local_size"], topo[r]["cross_size"]) for r in range(4)] == [(2, 2)] * 4
+    assert all(topo[r]["homogeneous"] for r in range(4))
+
+
+def test_uneven_hosts_are_not_homogeneous():
+    res = run_ok(script(TOPOLOGY), 3, "horovodlikerun",
+                 launcher_args=["-H", "a:2,b:1", "--ssh-command", "sh -c {command}"])
+    topo = {r: json.loads(v) for r, v in res.rank_values("topo").items()}
+    assert [topo[r]["homogeneous"] for r in range(3)] == [False] * 3
 
 
 INIT_SHUTDOWN = r'''

@@ -18,7 +18,8 @@ import time
 import pytest
 
 from harness import MPIRUN_SKIP_REASON, RANK_PRELUDE, REPO, run_ranks
-from horovodlike.runner.store import StoreServer
+from horovodlike.common import jobkey
+from horovodlike.common.store import StoreServer
 
 HOST = socket.gethostname()
 
@@ -53,7 +54,8 @@ def _spawn_job(script, np_, tmp_path, extra_env=None):
     """N real rank processes sharing a rendezvous store, as horovodlikerun would start them."""
     path = tmp_path / "rank.py"
     path.write_text(script)
-    store = StoreServer().start()
+    key = jobkey.generate()
+    store = StoreServer(key=key).start()
     job = f"kill{time.time_ns()}"
     procs = []
     for r in range(np_):
@@ -61,6 +63,7 @@ def _spawn_job(script, np_, tmp_path, extra_env=None):
                    HOROVOD_LOCAL_RANK=str(r), HOROVOD_LOCAL_SIZE=str(np_),
                    HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1", HOROVOD_HOSTNAME=HOST,
                    HOROVODLIKE_STORE_ADDR=store.address, HOROVODLIKE_JOB_ID=job,
+                   HOROVODLIKE_JOB_KEY=key.hex(), HOROVODLIKE_BIND_ADDR="127.0.0.1",
                    PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **(extra_env or {}))
         for k in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_SIZE"):
             env.pop(k, None)

@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from horovodlike.runner.launch import compute_plan, parse_hosts  # noqa: E402
-from horovodlike.runner.store import StoreClient, StoreServer  # noqa: E402
+from horovodlike.common import jobkey  # noqa: E402
+from horovodlike.common.store import StoreClient, StoreServer  # noqa: E402
+
+KEY = jobkey.generate()
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(120)
@@ -31,7 +34,7 @@ if importlib.util.find_spec("pytest_timeout") is not None:
 ENV_KEYS = ["HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
             "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
             "HOROVOD_HOSTNAME", "HOROVODLIKE_STORE_ADDR", "HOROVODLIKE_JOB_ID",
-            "PYTHONUNBUFFERED", "MY_TEST_VAR"]
+            "HOROVODLIKE_JOB_KEY", "PYTHONUNBUFFERED", "MY_TEST_VAR"]
 PRINT_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) "
              f"for k in {ENV_KEYS!r}}} | {{'cwd': os.getcwd()}}))")
 
@@ -305,7 +308,7 @@ def test_signal_to_launcher_is_forwarded_to_ranks(sig):
 def test_store_exchange_across_ranks():
     script = """
         import os
-        from horovodlike.runner.store import StoreClient
+        from horovodlike.common.store import StoreClient
         rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
         job = os.environ["HOROVODLIKE_JOB_ID"]
         with StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=30) as c:
@@ -322,7 +325,7 @@ def test_store_exchange_across_ranks():
 
 
 def test_store_get_timeout_names_key_and_address():
-    with StoreServer() as server, StoreClient(server.address, timeout=5) as c:
+    with StoreServer(key=KEY) as server, StoreClient(server.address, timeout=5, key=KEY) as c:
         start = time.monotonic()
         with pytest.raises(TimeoutError) as info:
             c.get("never/set", timeout=0.3)
@@ -334,8 +337,9 @@ def test_store_get_timeout_names_key_and_address():
 
 
 def test_store_blocking_get_wakes_on_set_and_handles_odd_values():
-    with StoreServer() as server:
-        with StoreClient(server.address) as waiter, StoreClient(server.address) as setter:
+    with StoreServer(key=KEY) as server:
+        with StoreClient(server.address, key=KEY) as waiter, \
+                StoreClient(server.address, key=KEY) as setter:
             result = []
             t = threading.Thread(target=lambda: result.append(waiter.get("ключ")))
             t.start()
@@ -349,15 +353,17 @@ def test_store_blocking_get_wakes_on_set_and_handles_odd_values():
 
 
 def test_store_rejects_stray_connections():
-    with StoreServer() as server, StoreClient(server.address) as good:
+    with StoreServer(key=KEY) as server, StoreClient(server.address, key=KEY) as good:
         good.set("k", b"v")
         host, port = server.address.rsplit(":", 1)
-        for junk in (b"GET / HTTP/1.0\r\n\r\n", b"HVLS" + b"\xff" * 13):
+        for junk in (b"GET / HTTP/1.0\r\n\r\n" + b"x" * 60, b"HVLS" + b"\xff" * 100):
             with socket.create_connection((host, int(port)), timeout=5) as s:
                 s.sendall(junk)
-                assert s.recv(100) == b""  # dropped without a reply
+                hello = s.recv(37, socket.MSG_WAITALL)
+                assert hello[:4] == b"HVLS"      # the server's challenge, then nothing
+                assert s.recv(100) == b""        # dropped without a reply
         assert good.get("k") == b"v"
-        with StoreClient(server.address) as fresh:
+        with StoreClient(server.address, key=KEY) as fresh:
             assert fresh.get("k") == b"v"
 
 
@@ -369,14 +375,14 @@ def test_store_client_retries_until_server_appears():
     result = []
 
     def connect():
-        with StoreClient(f"127.0.0.1:{port}", timeout=10) as c:
+        with StoreClient(f"127.0.0.1:{port}", timeout=10, key=KEY) as c:
             result.append(c.get("k", timeout=5))
 
     t = threading.Thread(target=connect)
     t.start()
     time.sleep(0.5)
-    with StoreServer("127.0.0.1", port) as server:
-        with StoreClient(server.address) as setter:
+    with StoreServer("127.0.0.1", port, key=KEY) as server:
+        with StoreClient(server.address, key=KEY) as setter:
             setter.set("k", b"late")
         t.join(timeout=10)
     assert result == [b"late"]

@@ -148,6 +148,8 @@ def test_events_nest_and_are_ordered(tmp_path):
                        for c in colls), e
         if r == 0:
             assert all(len(n["args"]["ready_us"]) == 3 for n in neg.values())
+    # Horovod's tools open exactly HOROVOD_TIMELINE: there sits rank 0's trace.
+    assert os.path.samefile(base, rank_files(base, 3)[0])
 
 
 RESTART = RANK_PRELUDE + textwrap.dedent("""

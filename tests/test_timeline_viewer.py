@@ -163,6 +163,15 @@ def test_summary_names_the_delayed_rank(trace, capsys):
     assert rep.fusion.ops and rep.fusion.ops[0].threshold > 0
 
 
+def test_brief_is_the_title_and_the_answer_only(trace, capsys):
+    rc, full, _ = run_cli(capsys, trace, "--top", "5")
+    rc_brief, brief, _ = run_cli(capsys, trace, "--brief")
+    assert rc == rc_brief == 0
+    assert full.startswith(brief.rstrip("\n")), brief
+    assert f"rank {SLOW_RANK} was last to submit" in brief
+    assert len(brief.splitlines()) < len(full.splitlines()) // 2
+
+
 def test_rank0_ready_us_stands_in_for_missing_files(trace):
     rep = analyze_paths([trace.parent / "timeline.rank0.json"])
     st = rep.stragglers

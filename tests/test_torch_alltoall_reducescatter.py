@@ -68,7 +68,7 @@ check_raises(ValueError, lambda: thvd.alltoall(torch.ones(3), splits=[3 + P] + [
 check_raises(ValueError, lambda: thvd.alltoall(torch.ones(3), splits=[-1] + [0] * (P - 2) + [4]
                                                if P > 1 else [-1]),
              what="alltoall negative split")
-check_raises(TypeError, lambda: thvd.alltoall(torch.ones(P), splits=[1.0] * P), "integer",
+check_raises(ValueError, lambda: thvd.alltoall(torch.ones(P), splits=[1.0] * P), "integer",
              what="alltoall float splits")
 check_raises(ValueError, lambda: thvd.alltoall(torch.tensor(1.0)), "dimension",
              what="alltoall of a scalar")

@@ -22,6 +22,8 @@ def build_parser():
                    help="write one Chrome/Perfetto trace with every rank (pid = rank)")
     p.add_argument("--text", nargs="?", const="-", default="-", metavar="OUT.txt",
                    help="write the text summary to a file instead of stdout")
+    p.add_argument("--brief", action="store_true",
+                   help="print only the first paragraph: who is late and where the time goes")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="print no summary (only write the files asked for)")
     p.add_argument("--top", type=int, default=10, metavar="N",
@@ -48,7 +50,7 @@ def main(argv=None):
 
     if not args.quiet:
         from .render_text import render_text
-        text = render_text(rep)
+        text = render_text(rep, brief=args.brief)
         if args.text == "-":
             try:
                 sys.stdout.write(text)

@@ -217,9 +217,9 @@ def sections(rep):
     return out
 
 
-def render_text(rep):
+def render_text(rep, brief=False):
     out = [title_line(rep), ""] + headline(rep)
-    for sec in sections(rep):
+    for sec in ([] if brief else sections(rep)):
         out += ["", sec.title]
         if sec.headers:
             out += table(sec.headers, sec.rows, sec.right)

@@ -2,7 +2,7 @@
 import atexit
 import threading
 
-from . import bootstrap, engine
+from . import affinity, bootstrap, engine
 
 _lock = threading.Lock()
 _topo = None
@@ -20,33 +20,46 @@ def init(comm=None, process_sets=None):
     with _lock:
         if _topo is not None and engine.is_running():
             return
+        if _topo is not None:   # the engine failed: stop it before starting the next
+            _stop_engine()
         if comm is not None:
             launcher, rank, size = "mpi", comm.Get_rank(), comm.Get_size()
         else:
             launcher, rank, size = bootstrap.detect()
-        blob = engine.prepare(bootstrap.hostname(), bootstrap.advertise_address())
+        key = bootstrap.job_key(launcher, rank, comm)
+        bind, advertise = bootstrap.listen_addresses(launcher, size, comm)
+        blob = engine.prepare(bootstrap.hostname(), advertise, bind, key)
         peers = bootstrap.exchange(launcher, rank, size, blob, comm)
-        hosts = [h for h, _ in peers]
-        engine.start(rank, size, [b for _, b in peers])
-        _topo = bootstrap.topology(launcher, rank, hosts)
+        topo = bootstrap.topology(launcher, rank, [h for h, _ in peers])
+        with affinity.engine_thread_affinity(topo.local_rank, topo.local_size):
+            engine.start(rank, size, [b for _, b in peers])
+        _topo = topo
         from . import process_sets as _ps
         try:
             _ps.init_sets(process_sets)
         except Exception:
-            engine.shutdown()
-            _topo = None
+            _stop_engine()
             raise
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
 
 
+_on_shutdown = []   # callbacks run once the engine has stopped (the layers above use it)
+
+
 def shutdown():
     """Stop the engine. Any rank's shutdown ends every rank's engine, as in Horovod."""
-    global _topo
     with _lock:
-        engine.shutdown()
-        _topo = None
+        _stop_engine()
+
+
+def _stop_engine():
+    global _topo
+    engine.shutdown()
+    _topo = None
+    for fn in _on_shutdown:
+        fn()
 
 
 def start_timeline(file_path, mark_cycles=False):
@@ -97,7 +110,8 @@ def cross_size():
 
 
 def is_homogeneous():
-    return True
+    """True when every host runs the same number of ranks (Horovod's definition)."""
+    return _t().homogeneous
 
 
 def mpi_built():
@@ -114,7 +128,12 @@ def mpi_enabled():
 
 
 def mpi_threads_supported():
-    return mpi_built()
+    """Whether MPI runs with MPI_THREAD_MULTIPLE, so mpi4py may be used beside horovodlike
+    (Horovod's meaning). Like Horovod, a ValueError when MPI is not in use."""
+    if not mpi_enabled():
+        raise ValueError("Horovod has not been initialized or MPI has not been enabled.")
+    from mpi4py import MPI
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 def gloo_built():

@@ -7,12 +7,18 @@ Three ways a process is started, checked in this order:
                    through an mpi4py allgather.
   plain python     one rank, nothing to exchange.
 The engine never rendezvouses itself; it only hands us an opaque blob and takes all of
-them back (as NCCL's bootstrap does).
+them back (as NCCL's bootstrap does). What crosses the wire is plain bytes with a fixed
+layout (`pack_peer`), never a pickle, and every store connection is authenticated with
+the job's key (`jobkey`).
 """
+import fcntl
 import os
-import pickle
 import socket
+import struct
+import time
 from dataclasses import dataclass
+
+from . import jobkey, launch_env
 
 
 @dataclass
@@ -25,6 +31,7 @@ class Topology:
     cross_size: int
     hostname: str
     launcher: str          # "horovodlikerun", "mpi", "slurm" or "single"
+    homogeneous: bool = True   # every host runs the same number of ranks
 
 
 def _env_int(*names):
@@ -62,6 +69,9 @@ def advertise_address() -> str:
 
 def detect():
     """(launcher, rank, size) from the environment, before any exchange."""
+    # torchrun / Kubeflow / Ray Train / Spark (or bare HOROVOD_*) variables become
+    # horovodlikerun's, with rank 0 serving the store (see launch_env).
+    launch_env.adopt()
     if os.environ.get("HOROVODLIKE_STORE_ADDR") and _env_int("HOROVOD_SIZE") is not None:
         return "horovodlikerun", _env_int("HOROVOD_RANK"), _env_int("HOROVOD_SIZE")
     mpi_size = _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
@@ -73,43 +83,158 @@ def detect():
 
 
 _generation = 0   # init -> shutdown -> init uses fresh store keys
+_key = None       # this job's key, once known (kept across shutdown/init)
+
+# One rank's entry in the exchange: hostname length, hostname (UTF-8), engine blob.
+HOST_MAX = 255
+
+
+def pack_peer(host: str, blob: bytes) -> bytes:
+    raw = host.encode("utf-8")
+    if not raw or len(raw) > HOST_MAX or b"\0" in raw:
+        raise ValueError(f"host name {host!r} must be 1..{HOST_MAX} bytes without NUL")
+    return bytes([len(raw)]) + raw.ljust(HOST_MAX, b"\0") + blob
+
+
+def unpack_peer(raw: bytes, blob_bytes: int, who: str):
+    """(hostname, blob) from pack_peer's bytes; anything malformed names `who`."""
+    if len(raw) != 1 + HOST_MAX + blob_bytes:
+        raise RuntimeError(f"horovodlike init: {who} sent a {len(raw)}-byte address entry; "
+                           f"expected {1 + HOST_MAX + blob_bytes}")
+    n = raw[0]
+    try:
+        host = raw[1:1 + n].decode("utf-8")
+    except UnicodeDecodeError:
+        host = ""
+    if not host or "\0" in host:
+        raise RuntimeError(f"horovodlike init: {who} sent a malformed host name")
+    return host, raw[1 + HOST_MAX:]
+
+
+def job_key(launcher, rank, comm=None):
+    """The job's key: from horovodlikerun's environment, or made by rank 0 and broadcast
+    by MPI. A single process makes its own."""
+    global _key
+    if _key is not None and launcher != "mpi":
+        return _key
+    if launcher == "horovodlikerun":
+        _key = jobkey.from_env()
+        if _key is None:
+            raise RuntimeError(f"horovodlike init: {jobkey.ENV} is not set; the launcher "
+                               f"gives every rank the job's key (was HOROVODLIKE_STORE_ADDR "
+                               f"copied into this environment by hand?)")
+    elif launcher == "single" and comm is None:
+        _key = jobkey.generate()
+    else:
+        import numpy as np
+        buf = np.frombuffer(bytearray(jobkey.generate()), np.uint8) if rank == 0 else \
+            np.zeros(jobkey.KEY_BYTES, np.uint8)
+        _mpi_comm(comm).Bcast(buf, root=0)
+        _key = buf.tobytes()
+    return _key
+
+
+def _iface_address(name):
+    """IPv4 address of a network interface (SIOCGIFADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            req = struct.pack("256s", name.encode()[:15])
+            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])
+        except OSError as e:
+            raise RuntimeError(f"horovodlike init: network interface {name!r} "
+                               f"(HOROVOD_GLOO_IFACE) has no IPv4 address: {e}") from None
+
+
+def _all_local(launcher, size, comm=None):
+    if launcher == "single" and comm is None:
+        return True
+    if launcher == "horovodlikerun" and comm is None:
+        return False   # the launcher says so itself, in HOROVODLIKE_BIND_ADDR
+    # MPI knows which ranks share this node (a collective call: every rank makes it).
+    comm = _mpi_comm(comm)
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() == size
+    finally:
+        node.Free()
+
+
+def listen_addresses(launcher, size, comm=None):
+    """(bind, advertise): where the engine listens and what peers are told.
+
+    As narrow as the job allows: loopback when every rank is on this host (the launcher
+    says so in HOROVODLIKE_BIND_ADDR, or MPI's local size equals the world size);
+    otherwise the interface HOROVOD_GLOO_IFACE names, or else the one address that
+    reaches the launcher -- never every interface."""
+    forced = os.environ.get("HOROVODLIKE_BIND_ADDR")
+    if forced:
+        return forced, forced if forced not in ("0.0.0.0", "") else advertise_address()
+    iface = os.environ.get("HOROVOD_GLOO_IFACE") or os.environ.get("HOROVODLIKE_IFACE")
+    if iface:
+        addr = _iface_address(iface.split(",")[0].strip())
+        return addr, addr
+    if _all_local(launcher, size, comm):
+        return "127.0.0.1", "127.0.0.1"
+    addr = advertise_address()
+    return addr, addr
 
 
 def _exchange_store(rank, size, payload):
-    from horovodlike.runner.store import StoreClient
+    from .store import StoreClient
     timeout = float(os.environ.get("HOROVODLIKE_START_TIMEOUT", "60"))
     prefix = f"{os.environ.get('HOROVODLIKE_JOB_ID', 'job')}/init{_generation}/blob/"
-    client = StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=timeout)
+    try:
+        client = StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=timeout, key=_key)
+    except TimeoutError as e:
+        raise RuntimeError(f"horovodlike init: {e} (HOROVODLIKE_START_TIMEOUT)") from None
+    deadline = time.monotonic() + timeout
     try:
         client.set(prefix + str(rank), payload)
-        return [client.get(prefix + str(r), timeout=timeout) for r in range(size)]
-    except TimeoutError as e:
-        raise RuntimeError(f"horovodlike init: not every rank reached init within "
-                           f"{timeout:.0f} s (HOROVODLIKE_START_TIMEOUT): {e}") from None
+        out = []
+        for r in range(size):
+            try:
+                out.append(client.get(prefix + str(r),
+                                      timeout=max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                # Said the way the engine names a lost rank, so the launcher can tell
+                # which rank the job waited for.
+                raise RuntimeError(
+                    f"horovodlike init: rank {r} (host unknown) was lost: it did not "
+                    f"reach init within {timeout:.0f} s (HOROVODLIKE_START_TIMEOUT)") from None
+        return out
     finally:
         client.close()
 
 
-def _exchange_mpi(rank, size, payload, comm):
+def _mpi_comm(comm):
     try:
         from mpi4py import MPI
     except ImportError:
         raise RuntimeError("horovodlike was started by an MPI launcher but mpi4py is not "
                            "installed; pip install mpi4py, or use horovodlikerun") from None
-    comm = comm or MPI.COMM_WORLD
+    return comm or MPI.COMM_WORLD
+
+
+def _exchange_mpi(rank, size, payload, comm):
+    import numpy as np
+    comm = _mpi_comm(comm)
     if comm.Get_size() != size or comm.Get_rank() != rank:
         raise RuntimeError(
             f"the launcher says this is rank {rank} of {size}, but MPI says rank "
             f"{comm.Get_rank()} of {comm.Get_size()}. mpi4py is probably built against a "
             f"different MPI than the mpirun that started this job (every process would "
             f"think it is alone); use the mpirun that belongs to mpi4py's MPI")
-    return comm.allgather(payload)
+    # Fixed-size buffers (no pickles): every entry has the same length.
+    out = np.zeros((size, len(payload)), np.uint8)
+    comm.Allgather(np.frombuffer(payload, np.uint8), out)
+    return [row.tobytes() for row in out]
 
 
 def exchange(launcher, rank, size, blob, comm=None):
     """Every rank's (hostname, blob), in rank order."""
     global _generation
-    payload = pickle.dumps((hostname(), blob))
+    payload = pack_peer(hostname(), blob)
     if launcher == "single" and comm is None:
         out = [payload]
     elif launcher == "horovodlikerun" and comm is None:
@@ -117,7 +242,7 @@ def exchange(launcher, rank, size, blob, comm=None):
     else:
         out = _exchange_mpi(rank, size, payload, comm)
     _generation += 1
-    return [pickle.loads(p) for p in out]
+    return [unpack_peer(p, len(blob), f"rank {r}") for r, p in enumerate(out)]
 
 
 def topology(launcher, rank, hosts):
@@ -129,5 +254,6 @@ def topology(launcher, rank, hosts):
     for r, h in enumerate(hosts):
         local_ranks.append(sum(1 for q in range(r) if hosts[q] == h))
     peers = [r for r in range(len(hosts)) if local_ranks[r] == local_rank]
+    per_host = {h: hosts.count(h) for h in hosts}
     return Topology(rank, len(hosts), local_rank, len(same_host), peers.index(rank),
-                    len(peers), me, launcher)
+                    len(peers), me, launcher, len(set(per_host.values())) == 1)

@@ -71,6 +71,8 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
             root_rank=0, prescale=1.0, postscale=1.0, process_set=0, splits=None) -> int:
     """Queue one request; pointers are integer addresses of contiguous buffers that the
     caller keeps alive until the handle is released."""
+    if "\0" in name:
+        raise ValueError(f"tensor name {name!r} contains a NUL character")
     if len(shape) > MAX_DIMS:
         raise ValueError(f"'{name}': {len(shape)} dimensions; at most {MAX_DIMS} are supported")
     req = ffi.new("hvdl_request *")

@@ -1,48 +1,28 @@
 """Collectives on numpy arrays with Horovod's signatures, and the handle machinery the
 framework bindings reuse.
 
-Naming follows Horovod: `name=x` becomes "allreduce.x"; unnamed ops are numbered per op
+Naming, like every rule about a call's arguments, is request.py's: `name=x` becomes
+"allreduce.x"; unnamed ops are numbered per op and per process set
 ("allreduce.noname.3"), so they match across ranks only if every rank makes the same
 sequence of calls. Buffers are passed to the engine by address (zero copy) and kept
-alive in `_pending` until their handle is synchronized.
+alive in `_pending` until the engine has released the op: an exception that interrupts
+a wait (Ctrl-C, a watchdog's alarm) leaves them there, so the engine never writes into
+freed memory and the same handle can be waited on again.
+
+Handles are ours, not the engine's: a process-wide counter, so a handle from before
+shutdown() can never name an op after the next init().
 """
 import itertools
-import threading
-import warnings
 
 import numpy as np
 
-from . import basics, engine
-from .process_sets import global_process_set, set_id
+from . import basics, engine, request
 
 Average, Sum, Adasum, Min, Max, Product = (engine.AVERAGE, engine.SUM, engine.ADASUM,
                                            engine.MIN, engine.MAX, engine.PRODUCT)
 
-_counters = {}
-_counter_lock = threading.Lock()
-_pending = {}       # handle -> (keep-alive objects, finisher(engine.Result) -> output)
-
-
-def op_name(kind, name, set_key=0):
-    """Horovod's naming. Unnamed ops are numbered per op kind and per process set, so
-    ranks that run different unnamed ops in their own sets still agree on the numbering
-    of the global ones."""
-    if name is not None:
-        return f"{kind}.{name}"
-    with _counter_lock:
-        c = _counters.setdefault((kind, set_key), itertools.count())
-        return f"{kind}.noname.{next(c)}"
-
-
-def resolve_op(op, average, what="allreduce"):
-    """Horovod's op/average arguments: op wins; average= is the deprecated spelling."""
-    if op is not None and average is not None:
-        raise ValueError(f"{what}: pass op= or average=, not both")
-    if average is not None:
-        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average if op is None else op
+_pending = {}       # handle -> (engine handle, keep-alive objects, finisher(Result) -> output)
+_handles = itertools.count(1)
 
 
 def dtype_code(dtype, what):
@@ -56,6 +36,9 @@ def dtype_code(dtype, what):
 def _as_array(tensor, what):
     if not isinstance(tensor, np.ndarray):
         raise TypeError(f"{what} expects a numpy array, got {type(tensor).__name__}")
+    if not tensor.dtype.isnative:
+        raise TypeError(f"{what}: the array's byte order ({tensor.dtype.str}) is not this "
+                        f"machine's; pass x.astype(x.dtype.newbyteorder('='))")
     if not tensor.flags.c_contiguous:
         raise ValueError(f"{what}: the array is not C-contiguous; pass "
                          f"np.ascontiguousarray(x)")
@@ -65,47 +48,72 @@ def _as_array(tensor, what):
 def submit(keep, finish, **request):
     """Enqueue a request; remember what must stay alive and how to finish it."""
     basics._t()
-    if request.get("process_set"):
-        # Names are scoped per process set, as in Horovod (each set negotiates apart).
-        request["name"] = f"{request['name']}@set{request['process_set']}"
-    handle = engine.enqueue(**request)
-    _pending[handle] = (keep, finish)
+    engine_handle = engine.enqueue(**request)
+    handle = next(_handles)
+    _pending[handle] = (engine_handle, keep, finish)
     return handle
+
+
+def _entry(handle):
+    try:
+        return _pending[handle]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown or already synchronized handle {handle}") from None
 
 
 def poll(handle):
     """True once the op behind handle has finished (it does not wait)."""
-    return engine.poll(handle)
+    return engine.poll(_entry(handle)[0])
 
 
 def synchronize(handle):
-    """Wait for the op, free its handle and return its output (or raise its error)."""
-    if handle not in _pending:
-        raise ValueError(f"unknown or already synchronized handle {handle}")
+    """Wait for the op, free its handle and return its output (or raise its error).
+
+    If the wait is interrupted, the op goes on and its buffers stay alive; call
+    synchronize(handle) again to collect it."""
+    engine_handle, _, finish = _entry(handle)
+    # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
+    while not engine.wait(engine_handle, 0.5):
+        pass
+    # Only now has the engine finished with the buffers; release frees the op either way.
     try:
-        # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
-        while not engine.wait(handle, 0.5):
-            pass
-        result = engine.release(handle)
+        result = engine.release(engine_handle)
     finally:
-        keep, finish = _pending.pop(handle)
+        del _pending[handle]
     return finish(result)
 
 
+def _forget_all():
+    """After the engine has stopped: no op can touch a buffer any more."""
+    _pending.clear()
+
+
+basics._on_shutdown.append(_forget_all)
+
+
 # ---- numpy collectives ----
+# Each checks its array, asks request.py for a checked, named request, and allocates
+# the output.
+
+def _same_shape(x, req):
+    """Submit an op whose output has the input's shape, into a new array."""
+    code = dtype_code(x.dtype, req.kind)
+    out = np.empty_like(x)
+    return submit((x, out), lambda _: out,
+                  **req.fields(code, x.shape, x.ctypes.data, out.ctypes.data))
+
+
+def _gathered(x, res):
+    flat = np.frombuffer(res.buffer(), dtype=x.dtype)
+    return flat.reshape((res.first_dim,) + x.shape[1:])
+
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
     x = _as_array(tensor, "allreduce")
-    # Validate before naming: a refused call must not use up an unnamed op's number.
-    code, reduce_op = dtype_code(x.dtype, "allreduce"), resolve_op(op, average)
-    out = np.empty_like(x)
-    return submit((x, out), lambda _: out, op=engine.ALLREDUCE,
-                  name=op_name("allreduce", name, set_id(process_set)),
-                  dtype=code, shape=x.shape,
-                  input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
-                  reduce_op=reduce_op, prescale=float(prescale_factor),
-                  postscale=float(postscale_factor), process_set=set_id(process_set))
+    dtype_code(x.dtype, "allreduce")
+    return _same_shape(x, request.allreduce(name, op, average, prescale_factor,
+                                            postscale_factor, process_set))
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -116,18 +124,9 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 def allgather_async(tensor, name=None, process_set=None):
     x = _as_array(tensor, "allgather")
-    if x.ndim == 0:
-        raise ValueError("allgather needs at least one dimension to concatenate on")
-
-    def finish(res):
-        flat = np.frombuffer(res.buffer(), dtype=x.dtype)
-        return flat.reshape((res.first_dim,) + x.shape[1:])
-
     code = dtype_code(x.dtype, "allgather")
-    return submit((x,), finish, op=engine.ALLGATHER,
-                  name=op_name("allgather", name, set_id(process_set)),
-                  dtype=code, shape=x.shape,
-                  input_ptr=x.ctypes.data, process_set=set_id(process_set))
+    req = request.allgather(name, process_set, x.ndim)
+    return submit((x,), lambda res: _gathered(x, res), **req.fields(code, x.shape, x.ctypes.data))
 
 
 def allgather(tensor, name=None, process_set=None):
@@ -135,16 +134,10 @@ def allgather(tensor, name=None, process_set=None):
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """root_rank is a global rank, also with a process set (as in Horovod)."""
     x = _as_array(tensor, "broadcast")
-    if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
-        raise TypeError(f"broadcast: root_rank must be an int, got {root_rank!r}")
-    code = dtype_code(x.dtype, "broadcast")
-    out = np.empty_like(x)
-    return submit((x, out), lambda _: out, op=engine.BROADCAST,
-                  name=op_name("broadcast", name, set_id(process_set)),
-                  dtype=code, shape=x.shape,
-                  input_ptr=x.ctypes.data, output_ptr=out.ctypes.data, root_rank=int(root_rank),
-                  process_set=set_id(process_set))
+    dtype_code(x.dtype, "broadcast")
+    return _same_shape(x, request.broadcast(root_rank, name, process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
@@ -152,30 +145,18 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 
 def barrier(process_set=None):
-    synchronize(submit((), lambda _: None, op=engine.BARRIER,
-                       name=op_name("barrier", None, set_id(process_set)),
-                       process_set=set_id(process_set)))
-
-
-def reducescatter_rows(rows, process_set=None):
-    """Rows of a reducescatter result on this rank: lower ranks take the remainder."""
-    ps = process_set or global_process_set
-    n, i = ps.size(), ps.rank()
-    return rows // n + (1 if i < rows % n else 0)
+    synchronize(submit((), lambda _: None, **request.barrier(process_set).fields()))
 
 
 def reducescatter_async(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     x = _as_array(tensor, "reducescatter")
-    if x.ndim == 0:
-        raise ValueError("reducescatter needs at least one dimension to scatter on")
-    out = np.empty((reducescatter_rows(x.shape[0], process_set),) + x.shape[1:], x.dtype)
-    return submit((x, out), lambda _: out, op=engine.REDUCESCATTER,
-                  name=op_name("reducescatter", name, set_id(process_set)),
-                  dtype=dtype_code(x.dtype, "reducescatter"),
-                  shape=x.shape, input_ptr=x.ctypes.data, output_ptr=out.ctypes.data,
-                  reduce_op=resolve_op(op, None, "reducescatter"), prescale=float(prescale_factor),
-                  postscale=float(postscale_factor), process_set=set_id(process_set))
+    code = dtype_code(x.dtype, "reducescatter")
+    req = request.reducescatter(name, op, prescale_factor, postscale_factor, process_set,
+                                x.ndim)
+    out = np.empty((req.rows(x.shape[0]),) + x.shape[1:], x.dtype)
+    return submit((x, out), lambda _: out,
+                  **req.fields(code, x.shape, x.ctypes.data, out.ctypes.data))
 
 
 def reducescatter(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
@@ -186,22 +167,14 @@ def reducescatter(tensor, op=None, name=None, process_set=None, prescale_factor=
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     x = _as_array(tensor, "alltoall")
-    if x.ndim == 0:
-        raise ValueError("alltoall needs at least one dimension to split on")
-    n = (process_set or global_process_set).size()
-    if splits is not None:
-        splits = [int(v) for v in np.asarray(splits).reshape(-1)]
-        if len(splits) != n:
-            raise ValueError(f"alltoall: {len(splits)} splits given for {n} ranks")
+    code = dtype_code(x.dtype, "alltoall")
+    req = request.alltoall(splits, x.shape[0] if x.ndim else None, name, process_set, x.ndim)
 
     def finish(res):
-        out = np.frombuffer(res.buffer(), dtype=x.dtype).reshape((res.first_dim,) + x.shape[1:])
-        return out if splits is None else (out, np.array(res.recv_splits, np.int32))
+        out = _gathered(x, res)
+        return (out, np.array(res.recv_splits or [], np.int32)) if req.splits_given else out
 
-    return submit((x,), finish, op=engine.ALLTOALL,
-                  name=op_name("alltoall", name, set_id(process_set)),
-                  dtype=dtype_code(x.dtype, "alltoall"), shape=x.shape, input_ptr=x.ctypes.data,
-                  splits=splits, process_set=set_id(process_set))
+    return submit((x,), finish, **req.fields(code, x.shape, x.ctypes.data, splits=req.splits))
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -213,4 +186,4 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 def join(device=-1):
     """Say this rank is out of data: it contributes zeros to others' allreduces until
     every rank has joined. Returns the last rank to join."""
-    return synchronize(submit((), lambda res: int(res.value), op=engine.JOIN, name="join"))
+    return synchronize(submit((), lambda res: int(res.value), **request.join().fields()))

@@ -2,12 +2,10 @@
 
 The engine identifies a set by a small integer that must mean the same ranks on every
 rank, so ids are handed out here in call order — every rank adds and removes sets in the
-same order, as Horovod requires — and each dynamic addition is first agreed on with an
-allgather, so a rank that proposes different members gets an error instead of a hang.
+same order, as Horovod requires. Adding and removing sets after init are collectives,
+and live above the collectives in dynamic_sets.
 """
 import os
-
-import numpy as np
 
 from . import basics, engine
 
@@ -99,39 +97,13 @@ def init_sets(process_sets):
         _register(ps if isinstance(ps, ProcessSet) else ProcessSet(ps))
 
 
-def _agree(ranks, what):
-    from . import ops
-    mine = np.full(basics.size() + 1, -1, np.int64)
-    mine[0] = len(ranks)
-    mine[1:1 + len(ranks)] = ranks
-    every = ops.allgather(mine[None, :], name=f"process_set.{what}.{_next_id}")
-    if not (every == every[0]).all():
-        raise ValueError(f"ranks proposed different process sets to {what}: "
-                         f"{[list(row[1:1 + row[0]]) for row in every]}")
+def dynamic():
+    """True when sets may be added and removed after init (see dynamic_sets)."""
+    return _dynamic
 
 
-def add_process_set(process_set):
-    """Register a set on every rank (a collective: all ranks call it, same order)."""
-    if not _dynamic:
-        raise ValueError("add_process_set() needs HOROVOD_DYNAMIC_PROCESS_SETS=1 or "
-                         "hvd.init(process_sets='dynamic')")
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.process_set_id is not None:
-        raise ValueError(f"{ps} is already registered")
-    _agree(ps.ranks, "add")
-    return _register(ps)
-
-
-def remove_process_set(process_set):
-    """Unregister a set on every rank (a collective). Returns True if it existed."""
-    if not _dynamic:
-        raise ValueError("remove_process_set() needs HOROVOD_DYNAMIC_PROCESS_SETS=1 or "
-                         "hvd.init(process_sets='dynamic')")
-    sid = set_id(process_set)
-    if sid == 0:
-        raise ValueError("the global process set cannot be removed")
-    _agree([sid], "remove")
+def _unregister(sid):
     engine.process_set_remove(sid)
-    _sets.pop(sid, None)
-    process_set.process_set_id = None
-    return True
+    ps = _sets.pop(sid, None)
+    if ps is not None:
+        ps.process_set_id = None

@@ -1,8 +1,9 @@
 """Job launcher (``horovodlikerun``) and the rendezvous store it serves."""
 
-from .store import StoreClient, StoreServer
+from ..common.store import StoreClient, StoreServer
+from .run_fn import run
 
-__all__ = ["StoreClient", "StoreServer", "main"]
+__all__ = ["StoreClient", "StoreServer", "main", "run"]
 
 
 def main(argv=None):

@@ -7,9 +7,12 @@ one rank fails so that a crash never leaves peers hanging in a collective.
 """
 
 import argparse
+import errno
 import os
 import queue
+import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +22,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .store import StoreServer
+from ..common import jobkey
+from ..common.store import StoreServer
+from . import args as cli
+from .rank_output import RankOutput
 
 PROG = "horovodlikerun"
 DEFAULT_SSH_COMMAND = (
@@ -29,7 +35,7 @@ _LOCAL_NAMES = ("localhost", "127.0.0.1")
 # Variables that describe the launcher's own shell session; exporting them to
 # a remote shell would be wrong or would break it.
 _NOT_EXPORTED = {"OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT",
-                 "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK"}
+                 "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", jobkey.ENV}
 _READ_LIMIT = 64 * 1024
 
 
@@ -46,29 +52,14 @@ class RankSlot:
 def build_parser():
     p = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
-        description="Launch a horovodlike data-parallel job.")
-    p.add_argument("-np", "--num-proc", dest="num_proc", type=int, required=True,
-                   help="total number of ranks")
-    p.add_argument("-H", "--hosts", default=None,
-                   help="host1:slots,host2:slots (default localhost:NP)")
+        usage=f"{PROG} -np N [-H host1:n,host2:n | -hostfile FILE] [options] command ...",
+        description="Launch a horovodlike data-parallel job. Takes horovodrun's "
+                    "command line.")
+    cli.add_arguments(p)
     p.add_argument("--ssh-command", default=os.environ.get(
         "HOROVODLIKE_SSH_COMMAND", DEFAULT_SSH_COMMAND),
         help="template used to start a rank on a remote host; "
              "{host} and {command} are substituted")
-    p.add_argument("--fusion-threshold-mb", type=float)
-    p.add_argument("--cycle-time-ms", type=float)
-    p.add_argument("--cache-capacity", type=int)
-    p.add_argument("--timeline-filename")
-    p.add_argument("--timeline-mark-cycles", action="store_true")
-    p.add_argument("--no-stall-check", action="store_true")
-    p.add_argument("--stall-check-warning-time-seconds", type=int)
-    p.add_argument("--stall-check-shutdown-time-seconds", type=int)
-    p.add_argument("--log-level", type=str.upper, choices=[
-        "TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"])
-    p.add_argument("--hierarchical-allreduce", action="store_true")
-    p.add_argument("--start-timeout", type=int, default=60,
-                   help="seconds ranks wait for each other at startup")
-    p.add_argument("--verbose", action="store_true")
     # REMAINDER keeps the user's own flags (even ones that look like ours).
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="command to run on every rank")
@@ -80,12 +71,12 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
+    cli.finish(parser, args)
     if not args.command:
         parser.error("no command given to run")
-    if args.num_proc < 1:
-        parser.error("-np must be at least 1")
     try:
         args.host_list = parse_hosts(args.hosts or f"localhost:{args.num_proc}")
+        cli.check_nics(args.nics, all(is_local_host(h) for h, _ in args.host_list))
     except ValueError as exc:
         parser.error(str(exc))
     return args
@@ -128,31 +119,9 @@ def is_local_host(host):
     return host in _LOCAL_NAMES or host == socket.gethostname()
 
 
-def _fmt(x):
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
-
-
 def tuning_env(args):
-    """Map Horovod's tuning flags to the env vars the engine reads."""
-    env = {"HOROVODLIKE_START_TIMEOUT": str(args.start_timeout)}
-    pairs = [
-        ("HOROVOD_FUSION_THRESHOLD", args.fusion_threshold_mb,
-         lambda v: str(int(v * 1048576))),
-        ("HOROVOD_CYCLE_TIME", args.cycle_time_ms, _fmt),
-        ("HOROVOD_CACHE_CAPACITY", args.cache_capacity, str),
-        ("HOROVOD_TIMELINE", args.timeline_filename, str),
-        ("HOROVOD_STALL_CHECK_TIME_SECONDS",
-         args.stall_check_warning_time_seconds, str),
-        ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-         args.stall_check_shutdown_time_seconds, str),
-        ("HOROVOD_LOG_LEVEL", args.log_level, str),
-    ]
-    env.update({name: conv(v) for name, v, conv in pairs if v is not None})
-    flags = [("HOROVOD_TIMELINE_MARK_CYCLES", args.timeline_mark_cycles),
-             ("HOROVOD_STALL_CHECK_DISABLE", args.no_stall_check),
-             ("HOROVOD_HIERARCHICAL_ALLREDUCE", args.hierarchical_allreduce)]
-    env.update({name: "1" for name, on in flags if on})
-    return env
+    """Horovod's flags as the env vars the ranks read (see args.job_env)."""
+    return cli.job_env(args)
 
 
 def host_name(slot):
@@ -202,16 +171,35 @@ def _exportable(name):
 
 
 def store_bind_and_advertise(plan):
-    """Loopback-only when every rank is local; otherwise reachable from peers."""
+    """Loopback-only when every rank is local; otherwise reachable from peers.
+
+    Multi-host: the interface HOROVOD_GLOO_IFACE names, else the advertised address
+    when it is one of ours; every interface only when neither is known (the store
+    authenticates every connection with the job key either way)."""
     if all(is_local_host(s.host) for s in plan):
         return "127.0.0.1", "127.0.0.1"
+    iface = os.environ.get("HOROVOD_GLOO_IFACE") or os.environ.get("HOROVODLIKE_IFACE")
+    if iface:
+        from ..common.bootstrap import _iface_address
+        addr = _iface_address(iface.split(",")[0].strip())
+        return addr, os.environ.get("HOROVODLIKE_STORE_HOST") or addr
     advertised = os.environ.get("HOROVODLIKE_STORE_HOST")
     if not advertised:
         try:
             advertised = socket.gethostbyname(socket.gethostname())
         except OSError:
             advertised = socket.gethostname()
-    return "0.0.0.0", advertised
+    return ("0.0.0.0" if advertised.startswith("127.") or not _is_own_address(advertised)
+            else advertised), advertised
+
+
+def _is_own_address(addr):
+    try:
+        with socket.socket() as s:
+            s.bind((addr, 0))
+        return True
+    except OSError:
+        return False
 
 
 def describe_exit(slot, code):
@@ -228,8 +216,9 @@ def describe_exit(slot, code):
 class _Output:
     """Serialises prefixed lines from many reader threads onto our streams."""
 
-    def __init__(self):
+    def __init__(self, lines=None):
         self._lock = threading.Lock()
+        self.lines = lines or RankOutput()  # line format and per-rank copies
 
     def write(self, stream, text):
         data = text.encode("utf-8", "replace")
@@ -249,37 +238,78 @@ class _Output:
     def say(self, message):
         self.write(sys.stderr, f"{PROG}: {message}\n")
 
-    def pump(self, rank, name, pipe, stream):
-        prefix = f"[{rank}]<{name}>:"
-        with pipe:
+    def pump(self, rank, name, pipe, stream, observe=None):
+        with pipe, self.lines.open(rank, name) as copy:
             for raw in iter(lambda: pipe.readline(_READ_LIMIT), b""):
                 line = raw[:-1] if raw.endswith(b"\n") else raw
-                self.write(stream, prefix + line.decode("utf-8", "replace") + "\n")
+                if observe is not None:
+                    observe(rank, line)
+                text = self.lines.line(rank, name, line.decode("utf-8", "replace"))
+                self.write(stream, text)
+                if copy is not None:
+                    copy.write(text)
+
+
+# How the engine names a rank it lost (engine/loop.c, hvdl__peer_lost). The rank that
+# stopped may never exit itself (SIGSTOP, a hang), so the launcher learns the culprit
+# from the survivors' words rather than from who exited first.
+_LOST = re.compile(rb"rank (\d+) \(host [^)]*\) was lost")
 
 
 class Job:
     """The running set of ranks and the policy for ending them."""
 
-    def __init__(self, plan, out):
+    def __init__(self, plan, out, key):
         self.plan = plan
         self.out = out
+        self.key = key
         self.procs = {}
         self.events = queue.SimpleQueue()  # safe to put() from a signal handler
         self.threads = []
+        self.pumps = {}                    # rank -> its output threads
+        self.lost = None                   # (culprit, reporting rank), the first one named
 
     def spawn(self, slot, argv, env):
+        """Start one rank behind its rank_shim. Its stdin carries the job key and then
+        stays open: when this process dies, the shim sees EOF and ends the rank."""
         proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True)
         self.procs[slot.rank] = proc
-        self._thread(self.out.pump, slot.rank, "stdout", proc.stdout, sys.stdout)
-        self._thread(self.out.pump, slot.rank, "stderr", proc.stderr, sys.stderr)
+        try:
+            proc.stdin.write(jobkey.to_hex(self.key).encode() + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            pass   # it died at once; _reap reports how
+        self.pumps[slot.rank] = [
+            self._thread(self.out.pump, slot.rank, "stdout", proc.stdout, sys.stdout,
+                         self._observe),
+            self._thread(self.out.pump, slot.rank, "stderr", proc.stderr, sys.stderr,
+                         self._observe)]
         self._thread(self._reap, slot.rank, proc)
 
     def _thread(self, target, *args):
         t = threading.Thread(target=target, args=args, daemon=True)
         t.start()
         self.threads.append(t)
+        return t
+
+    def _observe(self, rank, line):
+        m = _LOST.search(line) if self.lost is None else None
+        if m and int(m.group(1)) in self.procs:
+            self.lost = (int(m.group(1)), rank)
+
+    def _blame(self, rank, code):
+        """The launcher's one line about a failed job: the lost rank when a survivor
+        named one, then how `rank` ended."""
+        for t in self.pumps.get(rank, ()):
+            t.join(timeout=1.0)   # its last lines may name the culprit
+        message, exit_code = describe_exit(self.plan[rank], code)
+        if self.lost is not None and self.lost[0] != rank:
+            culprit, reporter = self.lost
+            message = (f"rank {culprit} (host {host_name(self.plan[culprit])}) was lost, "
+                       f"as rank {reporter} reported; {message}")
+        return message, exit_code
 
     def _reap(self, rank, proc):
         self.events.put(("exit", rank, proc.wait()))
@@ -311,9 +341,21 @@ class Job:
             if event[0] == "exit":
                 _, rank, code = event
                 pending.discard(rank)
-                if code == 0 or stopping:
+                if stopping:
                     continue
-                message, exit_code = describe_exit(self.plan[rank], code)
+                if code == 0:
+                    if self.lost is None or self.lost[0] not in pending:
+                        continue
+                    # A survivor finished, but a rank it named as lost never will
+                    # (it hangs or is stopped): end the job and say so.
+                    culprit = self.plan[self.lost[0]]
+                    self.out.say(f"rank {culprit.rank} (host {host_name(culprit)}) was "
+                                 f"lost, as rank {self.lost[1]} reported; ending the job")
+                    exit_code = 1
+                    self.signal_all(signal.SIGTERM)
+                    stopping, deadline = True, time.monotonic() + GRACE_SECONDS
+                    continue
+                message, exit_code = self._blame(rank, code)
                 self.out.say(message)
                 self.signal_all(signal.SIGTERM)
             else:
@@ -331,6 +373,11 @@ class Job:
     def cleanup(self):
         # Grandchildren may outlive their rank; their group still dies here.
         self.signal_all(signal.SIGKILL, only_running=False)
+        for proc in self.procs.values():
+            try:
+                proc.stdin.close()   # remote shims see EOF and end what is left
+            except OSError:
+                pass
         # A daemonised grandchild can hold a pipe open forever; bound the
         # total time spent draining rather than the time per thread.
         deadline = time.monotonic() + 2.0
@@ -355,32 +402,48 @@ def _print_plan(out, plan, store_addr):
                 f"{s.local_size}, cross {s.cross_rank}/{s.cross_size})")
 
 
+def shim_argv(command):
+    """The rank's command behind rank_shim (same interpreter on every host, as
+    horovodrun assumes the same environment everywhere)."""
+    python = os.environ.get("HOROVODLIKE_REMOTE_PYTHON") or sys.executable
+    return [python, "-m", "horovodlike.runner.rank_shim", *command]
+
+
 def _start_ranks(job, args, store_addr, job_id):
-    base = dict(os.environ)
+    base = {k: v for k, v in os.environ.items() if k != jobkey.ENV}
     base.update(tuning_env(args))
     base.update(HOROVODLIKE_STORE_ADDR=store_addr, HOROVODLIKE_JOB_ID=job_id)
+    if all(is_local_host(s.host) for s in job.plan):
+        base["HOROVODLIKE_BIND_ADDR"] = "127.0.0.1"   # nobody off this host needs in
     cwd = os.getcwd()
     for slot in job.plan:
         env = rank_env(slot, len(job.plan), base)
+        argv = shim_argv(args.command)
+        if is_local_host(slot.host) and shutil.which(args.command[0], path=env.get("PATH")) is None:
+            # The shim would report it too, but from inside a started rank.
+            raise FileNotFoundError(errno.ENOENT, "no such executable", args.command[0])
         if is_local_host(slot.host):
-            job.spawn(slot, list(args.command), env)
+            job.spawn(slot, argv, env)
         else:
-            argv = remote_argv(args.ssh_command, slot.host, cwd, env, args.command)
-            job.spawn(slot, argv, dict(os.environ))
+            job.spawn(slot, remote_argv(args.ssh_command, slot.host, cwd, env, argv),
+                      dict(base))
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.use_mpi:
+        return cli.run_mpi(args, tuning_env(args))
     try:
         plan = compute_plan(args.host_list, args.num_proc)
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    out = _Output()
+    out = _Output(RankOutput.from_args(args))
     bind_host, advertised = store_bind_and_advertise(plan)
-    store = StoreServer(bind_host, 0).start()
+    key = jobkey.generate()
+    store = StoreServer(bind_host, 0, key=key, on_reject=out.say).start()
     store_addr = f"{advertised}:{store.port}"
-    job = Job(plan, out)
+    job = Job(plan, out, key)
     saved = _install_handlers(job.on_signal)
     try:
         if args.verbose:

@@ -15,7 +15,7 @@ from horovodlike.common.basics import (ccl_built, cross_rank, cross_size, cuda_b
 from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
 
 from . import _keras2_compat
-from ._graph import XLANotSupportedError
+from ._errors import XLANotSupportedError
 from ._tensors import UnsupportedTensorError
 from .compression import Compression
 from .functions import (allgather_object, broadcast_, broadcast_object, broadcast_object_fn,

@@ -15,6 +15,8 @@ import tensorflow as tf
 
 from horovodlike.common import engine
 
+from ._errors import InvalidArgumentTypeError
+
 ALIGN = 64
 
 # TF dtype -> the engine's dtype name (also numpy's name for it).
@@ -30,9 +32,9 @@ assert set(ENGINE_DTYPES.values()) == set(engine.DTYPES)
 BYTE_DTYPES = (tf.uint16, tf.uint32, tf.uint64, tf.complex64, tf.complex128)
 
 
-class UnsupportedTensorError(TypeError):
-    """A value horovodlike cannot hand to the engine (its type or dtype)."""
-    __init__ = Exception.__init__      # keeps its type through AutoGraph (see _graph)
+class UnsupportedTensorError(InvalidArgumentTypeError):
+    """A value horovodlike cannot hand to the engine (its type or dtype); a TypeError
+    and a tf.errors.InvalidArgumentError."""
 
 
 def supported_names(movement=False):

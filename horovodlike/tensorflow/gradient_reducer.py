@@ -11,11 +11,12 @@ import warnings
 
 import tensorflow as tf
 
+from horovodlike.common import request
 from horovodlike.common.process_sets import global_process_set
 
-from . import _graph
+from . import _errors, _graph
 from .compression import Compression
-from .mpi_ops import Adasum, Average, _check_op, _process_set, reduce_batch
+from .mpi_ops import Average, _process_set, reduce_batch
 
 
 def var_key(v):
@@ -26,12 +27,6 @@ def var_key(v):
         if isinstance(inner, tf.Variable):
             return id(inner)
     return id(v)
-
-
-def _split_even(items, n):
-    """Horovod's split_list: n contiguous parts of nearly equal length."""
-    k, m = divmod(len(items), n)
-    return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
 
 
 def normalize_groups(num_groups, groups):
@@ -52,12 +47,14 @@ class GradientReducer:
                  gradient_predivide_factor=1.0, groups=None,
                  process_set=global_process_set, scale_local_gradients=True, num_groups=0):
         self.what = what
-        groups = normalize_groups(num_groups, groups)
-        self.op = _check_op(op, what)
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
-        if gradient_predivide_factor <= 0:
-            raise ValueError("gradient_predivide_factor must be positive")
+        with _errors.translated():
+            groups = normalize_groups(num_groups, groups)
+            self.op = request.reduce_op(op, None, what)
+            self.process_set = _process_set(process_set)
+            if gradient_predivide_factor != 1.0 and op != Average:
+                raise ValueError("gradient_predivide_factor not supported with op != Average")
+            if gradient_predivide_factor <= 0:
+                raise ValueError("gradient_predivide_factor must be positive")
         if op == Average:      # the engine applies 1/size for Average on top
             self.prescale, self.postscale = 1.0 / gradient_predivide_factor, \
                 float(gradient_predivide_factor)
@@ -66,7 +63,6 @@ class GradientReducer:
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.groups = groups
-        self.process_set = _process_set(process_set)
         self.scale_local_gradients = scale_local_gradients
         self.local = set()
 
@@ -82,7 +78,7 @@ class GradientReducer:
         if g is None:
             return [idx] if idx else []
         if isinstance(g, int):
-            return [p for p in _split_even(idx, g) if p]
+            return [p for p in request.split_list(idx, g) if p]
         if variables is None:
             raise ValueError(f"{self.what}: groups given as variables need the variables")
         where = {var_key(variables[i]): i for i in idx}
@@ -103,17 +99,15 @@ class GradientReducer:
                      for g in grads]
         if not self.active():
             return grads
-        if self.op == Adasum and any(isinstance(g, tf.IndexedSlices) for g in grads):
-            raise NotImplementedError("Adasum does not support sparse gradients; pass "
-                                      "sparse_as_dense=True")
         local = [variables is not None and var_key(v) in self.local
                  for v in (variables or [None] * len(grads))]
         idx = [i for i, g in enumerate(grads) if g is not None and not local[i]]
         out = list(grads)
         for group in self._plan(idx, variables):
-            reduced = reduce_batch([grads[i] for i in group], self.op, self.prescale,
-                                   self.postscale, self.process_set, self.compression,
-                                   gradient_scaling=True)
+            with _errors.translated():
+                reduced = reduce_batch([grads[i] for i in group], self.op, self.prescale,
+                                       self.postscale, self.process_set, self.compression,
+                                       gradient_scaling=True)
             for i, r in zip(group, reduced):
                 out[i] = r
         if self.scale_local_gradients and self.local:

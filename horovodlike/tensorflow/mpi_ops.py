@@ -1,61 +1,58 @@
 """Collectives on TensorFlow tensors, eager and inside tf.function, with gradients.
 
-Each public function checks its arguments at call (or trace) time, builds
-`_kernels.Request`s and runs them as one batch (`_graph.run`). Gradients follow
-Horovod's registered gradients:
+Each public function maps its tensors to dtypes and shapes, asks the common request
+builder (horovodlike.common.request) for checked, named requests at call (or trace)
+time, and runs them as one batch (`_graph.run`). Unnamed ops traced into a graph are
+named when traced (see _graph). Gradients follow Horovod's registered gradients:
 
   allreduce      -> allreduce of the gradient with the same op and scale factors
   allgather      -> Average-allreduce of the gradient, then this rank's rows
   broadcast      -> Average-allreduce of the gradient on the root, zeros elsewhere
   alltoall       -> alltoall of the gradient with the received splits
   reducescatter  -> allgather of the gradient (times the set size for Sum)
-"""
-import numbers
 
+Errors carry Horovod's tf.errors types (see _errors).
+"""
 import tensorflow as tf
 
-from horovodlike.common import basics
-from horovodlike.common import ops as _common
-from horovodlike.common.process_sets import (ProcessSet, add_process_set,  # noqa: F401
-                                             global_process_set, remove_process_set)
+from horovodlike.common import basics, request
+from horovodlike.common.dynamic_sets import (add_process_set,  # noqa: F401
+                                             remove_process_set)
+from horovodlike.common.process_sets import ProcessSet, global_process_set  # noqa: F401
 
 from . import _graph, _kernels, _tensors
 from .compression import Compression
 
-Average, Sum, Adasum = _common.Average, _common.Sum, _common.Adasum
-Min, Max, Product = _common.Min, _common.Max, _common.Product
-_REDUCE_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
-               Product: "Product"}
+Average, Sum, Adasum = request.Average, request.Sum, request.Adasum
+Min, Max, Product = request.Min, request.Max, request.Product
 
 
 # ------------------------------------------------------------------ helpers
-
-def _process_set(process_set):
-    ps = global_process_set if process_set is None else process_set
-    if not isinstance(ps, ProcessSet):
-        raise TypeError(f"process_set must be a hvd.ProcessSet, got {type(ps).__name__}")
-    return ps
-
-
-def _check_op(op, what):
-    if op not in _REDUCE_OPS:
-        raise ValueError(f"{what}: unknown reduction op {op!r}; use hvd.Average, hvd.Sum, "
-                         f"hvd.Min, hvd.Max, hvd.Product or hvd.Adasum")
-    return op
-
-
-def _names(name, n):
-    if name is None:
-        return [None] * n
-    return [str(name)] if n == 1 else [f"{name}.{i}" for i in range(n)]
-
 
 def _shape(t):
     return _tensors.static_shape(t.shape)
 
 
-def _run(requests, inputs, out_dtypes, out_shapes, what):
-    return _graph.run(_kernels.kernel(requests), inputs, out_dtypes, out_shapes, what)
+def _ndim(t):
+    return t.shape.rank
+
+
+def _rows(t):
+    s = _shape(t)
+    return None if not s else s[0]
+
+
+def _run(items, inputs, out_dtypes, out_shapes, what):
+    return _graph.run(_kernels.kernel(items), inputs, out_dtypes, out_shapes, what)
+
+
+def _build(builder, name, n, *args, grouped=None, **kwargs):
+    """Requests from a request.py builder: one op, or the n members of a group (grouped,
+    by default when n > 1). Unnamed ops are numbered by this context's namer."""
+    kwargs["namer"] = _graph.namer()
+    if grouped or (grouped is None and n != 1):
+        return builder(*args, name=name, members=n, **kwargs)
+    return [builder(*args, name=name, **kwargs)]
 
 
 def _differentiable(dtype):
@@ -90,50 +87,38 @@ def _raw(t):
     return t.dtype.base_dtype in _tensors.BYTE_DTYPES
 
 
-def _check_root(root_rank, ps, what):
-    if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
-        raise TypeError(f"{what}: root_rank must be an int, got {root_rank!r}")
-    if not 0 <= int(root_rank) < ps.size():
-        raise ValueError(f"{what}: root_rank {root_rank} is not a rank of the process set "
-                         f"(size {ps.size()})")
-    return int(root_rank)
-
-
-def _set_size(ps):
-    return ps.size()
+def _process_set(process_set):
+    return request.resolve_set(process_set)[0]
 
 
 # ---------------------------------------------------------------- allreduce
 
-def _allreduce_dense(tensors, names, op, prescale, postscale, ps):
-    reqs = [_kernels.Request("allreduce", name=n, reduce_op=op, prescale=prescale,
-                             postscale=postscale, process_set=ps) for n in names]
+def _allreduce_dense(tensors, reqs):
+    items = [_kernels.Item(r) for r in reqs]
+    r0 = reqs[0]
 
     def forward(xs):
-        return _run(reqs, xs, [x.dtype for x in xs], [_shape(x) for x in xs], "allreduce")
+        return _run(items, xs, [x.dtype for x in xs], [_shape(x) for x in xs], "allreduce")
 
     def backward(xs, ys, dys):
-        return _allreduce_dense(dys, [None] * len(dys), op, prescale, postscale, ps)
+        back = _build(request.allreduce, None, len(dys), op=r0.reduce_op,
+                      prescale_factor=r0.prescale, postscale_factor=r0.postscale,
+                      process_set=r0.process_set, what="allreduce gradient")
+        return _allreduce_dense(dys, back)
     return _with_gradient(forward, backward, tensors)
 
 
 def _sparse_check(op, prescale, postscale):
-    if op == Adasum:
-        raise NotImplementedError("The Adasum reduction does not support sparse tensors "
-                                  "(tf.IndexedSlices); pass sparse_as_dense=True")
     if op not in (Sum, Average):
         raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
     if prescale != 1.0 or postscale != 1.0:
         raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
 
 
-def _finish_sparse(slices, values, indices, op, ps):
-    out = []
-    for s, v, i in zip(slices, values, indices):
-        if op == Average:
-            v = v / tf.cast(_set_size(ps), v.dtype)
-        out.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
-    return out
+def _finish_sparse(s, values, indices, op, ps):
+    if op == Average:
+        values = values / tf.cast(ps.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
 
 
 @_graph.entry_point
@@ -143,17 +128,18 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
               ignore_name_scope=False):
     """Reduce a tf.Tensor, tf.Variable or tf.IndexedSlices over all ranks (op defaults
     to Average). IndexedSlices are allgathered (values and indices) instead."""
-    op = _check_op(_common.resolve_op(op, average), "allreduce")
-    ps = _process_set(process_set)
+    op = request.reduce_op(op, average, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
         _sparse_check(op, prescale_factor, postscale_factor)
-        values, indices = grouped_allgather([tensor.values, tensor.indices],
-                                            name=name, process_set=ps)
-        return _finish_sparse([tensor], [values], [indices], op, ps)[0]
+        values, indices = grouped_allgather([tensor.values, tensor.indices], name=name,
+                                            process_set=process_set)
+        return _finish_sparse(tensor, values, indices, op, _process_set(process_set))
     t = _dense(tensor, "allreduce")
     c, ctx = compression.compress(t)
     _tensors.check_dtype(c, "allreduce")
-    (out,) = _allreduce_dense([c], [name], op, prescale_factor, postscale_factor, ps)
+    reqs = _build(request.allreduce, name, 1, op=op, prescale_factor=prescale_factor,
+                  postscale_factor=postscale_factor, process_set=process_set)
+    (out,) = _allreduce_dense([c], reqs)
     return compression.decompress(out, ctx)
 
 
@@ -165,41 +151,37 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     """Allreduce a list of tensors (tf.IndexedSlices allowed) in one engine batch."""
     if not tensors:
         return tensors
-    op = _check_op(_common.resolve_op(op, average), "grouped_allreduce")
-    ps = _process_set(process_set)
+    op = request.reduce_op(op, average, "grouped_allreduce")
     tensors = list(tensors)
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
-        _sparse_check(op, prescale_factor, postscale_factor)
-        return reduce_batch(tensors, op, prescale_factor, postscale_factor, ps, compression,
-                            name)
+        return reduce_batch(tensors, op, prescale_factor, postscale_factor, process_set,
+                            compression, name)
     dense = [_dense(t, "grouped_allreduce") for t in tensors]
     pairs = [compression.compress(t) for t in dense]
     for c, _ in pairs:
         _tensors.check_dtype(c, "grouped_allreduce")
-    outs = _allreduce_dense([c for c, _ in pairs], _names(name, len(dense)), op,
-                            prescale_factor, postscale_factor, ps)
+    reqs = _build(request.allreduce, name, len(pairs), op=op, prescale_factor=prescale_factor,
+                  postscale_factor=postscale_factor, process_set=process_set,
+                  what="grouped_allreduce", grouped=True)
+    outs = _allreduce_dense([c for c, _ in pairs], reqs)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
-def reduce_batch(tensors, op, prescale, postscale, ps, compression=Compression.none,
+def reduce_batch(tensors, op, prescale, postscale, process_set, compression=Compression.none,
                  name=None, gradient_scaling=False):
     """Dense tensors allreduced and tf.IndexedSlices allgathered, all in ONE engine
     batch (one py-call in a graph). Not differentiable: for reducing gradients.
     gradient_scaling: the scale factors only split an Average (gradient_predivide_factor),
     so sparse tensors are simply averaged instead of refused."""
-    names = _names(name, len(tensors))
-    reqs, inputs, dtypes, shapes, plan = [], [], [], [], []
-    for t, n in zip(tensors, names):
+    ps = _process_set(process_set)
+    plan, inputs, dtypes, shapes, builds = [], [], [], [], []
+    for t in tensors:
         if isinstance(t, tf.IndexedSlices):
-            if gradient_scaling:
-                _sparse_check(op, 1.0, 1.0)
-            else:
-                _sparse_check(op, prescale, postscale)
+            _sparse_check(op, *((1.0, 1.0) if gradient_scaling else (prescale, postscale)))
             v = _dense(t.values, "allreduce (IndexedSlices values)")
             i = _dense(t.indices, "allreduce (IndexedSlices indices)")
-            for part, suffix in ((v, "values"), (i, "indices")):
-                reqs.append(_kernels.Request("allgather", name=n and f"{n}.{suffix}",
-                                             process_set=ps))
+            for part in (v, i):
+                builds.append((request.allgather, dict(ndim=_ndim(part))))
                 inputs.append(part)
                 dtypes.append(part.dtype)
                 shapes.append((None,) + (_shape(part) or (None,))[1:])
@@ -208,49 +190,54 @@ def reduce_batch(tensors, op, prescale, postscale, ps, compression=Compression.n
             d = _dense(t, "allreduce")
             c, ctx = compression.compress(d)
             _tensors.check_dtype(c, "allreduce")
-            reqs.append(_kernels.Request("allreduce", name=n, reduce_op=op, prescale=prescale,
-                                         postscale=postscale, process_set=ps))
+            builds.append((request.allreduce, dict(op=op, prescale_factor=prescale,
+                                                   postscale_factor=postscale)))
             inputs.append(c)
             dtypes.append(c.dtype)
             shapes.append(_shape(c))
             plan.append(("dense", t, ctx))
-    outs = iter(_run(reqs, inputs, dtypes, shapes, "allreduce"))
+    # Every check has passed: name them now (a group when named, each alone if not).
+    namer = _graph.namer()
+    names = [None] * len(builds) if name is None else \
+        request.member_names(str(name), len(builds))
+    items = [_kernels.Item(build(name=n, process_set=ps, namer=namer, **kw))
+             for (build, kw), n in zip(builds, names)]
+    outs = iter(_run(items, inputs, dtypes, shapes, "allreduce"))
     result = []
     for kind, t, ctx in plan:
         if kind == "dense":
             result.append(compression.decompress(next(outs), ctx))
         else:
             v, i = next(outs), next(outs)
-            result.extend(_finish_sparse([t], [v], [i], op, ps))
+            result.append(_finish_sparse(t, v, i, op, ps))
     return result
 
 
 # ---------------------------------------------------------------- allgather
 
-def _allgather(tensors, names, ps):
-    for t in tensors:
-        if t.shape.rank == 0:
-            raise ValueError("allgather needs tensors with at least one dimension to "
-                             "concatenate on; got a scalar (reshape it to [1])")
-    reqs = [_kernels.Request("allgather", name=n, process_set=ps, raw=_raw(t))
-            for t, n in zip(tensors, names)]
+def _allgather(tensors, reqs):
+    items = [_kernels.Item(r, raw=_raw(t)) for t, r in zip(tensors, reqs)]
+    ps = reqs[0].process_set
 
     def forward(xs):
-        return _run(reqs, xs, [x.dtype for x in xs],
+        return _run(items, xs, [x.dtype for x in xs],
                     [(None,) + (_shape(x) or (None,))[1:] if _shape(x) is not None else None
                      for x in xs], "allgather")
 
     def backward(xs, ys, dys):
         want = [i for i, x in enumerate(xs) if _differentiable(x.dtype)]
-        dys = _allreduce_dense([dys[i] for i in want], [None] * len(want), Average, 1.0,
-                               1.0, ps)
-        sizes = _allgather([tf.shape(xs[i], out_type=tf.int64)[:1] for i in want],
-                           [None] * len(want), ps)
-        me = ps.rank()
+        n = len(want)
+        dys = _allreduce_dense([dys[i] for i in want],
+                               _build(request.allreduce, None, n, op=Average, process_set=ps,
+                                      what="allgather gradient"))
+        firsts = [tf.shape(xs[i], out_type=tf.int64)[:1] for i in want]
+        sizes = _allgather(firsts, _build(request.allgather, None, n, process_set=ps,
+                                          what="allgather gradient"))
+        me = reqs[0].index
         out = [None] * len(xs)
-        for i, dy, n in zip(want, dys, sizes):
-            start = tf.reduce_sum(n[:me])
-            out[i] = dy[start:start + n[me]]
+        for i, dy, rows in zip(want, dys, sizes):
+            start = tf.reduce_sum(rows[:me])
+            out[i] = dy[start:start + rows[me]]
         return out
     return _with_gradient(forward, backward, tensors)
 
@@ -259,7 +246,8 @@ def _allgather(tensors, names, ps):
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenate every rank's tensor on the first dimension (which may differ)."""
     t = _dense(tensor, "allgather", movement=True)
-    return _allgather([t], [name], _process_set(process_set))[0]
+    reqs = _build(request.allgather, name, 1, process_set=process_set, ndim=_ndim(t))
+    return _allgather([t], reqs)[0]
 
 
 @_graph.entry_point
@@ -269,32 +257,36 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     if not tensors:
         return tensors
     ts = [_dense(t, "grouped_allgather", movement=True) for t in tensors]
-    return _allgather(ts, _names(name, len(ts)), _process_set(process_set))
+    reqs = _build(request.allgather, name, len(ts), process_set=process_set,
+                  ndim=[_ndim(t) for t in ts], what="grouped_allgather", grouped=True)
+    return _allgather(ts, reqs)
 
 
 # ---------------------------------------------------------------- broadcast
 
-def _broadcast(tensors, names, root_rank, ps):
-    reqs = [_kernels.Request("broadcast", name=n, root_rank=root_rank, process_set=ps,
-                             raw=_raw(t)) for t, n in zip(tensors, names)]
+def _broadcast(tensors, reqs, what="broadcast"):
+    items = [_kernels.Item(r, raw=_raw(t)) for t, r in zip(tensors, reqs)]
+    r0 = reqs[0]
 
     def forward(xs):
-        return _run(reqs, xs, [x.dtype for x in xs], [_shape(x) for x in xs], "broadcast")
+        return _run(items, xs, [x.dtype for x in xs], [_shape(x) for x in xs], what)
 
     def backward(xs, ys, dys):
-        dys = _allreduce_dense(dys, [None] * len(dys), Average, 1.0, 1.0, ps)
-        return dys if ps.rank() == root_rank else [d * 0 for d in dys]
+        dys = _allreduce_dense(dys, _build(request.allreduce, None, len(dys), op=Average,
+                                           process_set=r0.process_set,
+                                           what="broadcast gradient"))
+        return dys if r0.is_root else [d * 0 for d in dys]
     return _with_gradient(forward, backward, tensors)
 
 
 @_graph.entry_point
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
-    """root_rank's value of tensor, on every rank."""
-    ps = _process_set(process_set)
-    root = _check_root(root_rank, ps, "broadcast")
+    """root_rank's value of tensor, on every rank. root_rank is a global rank, also
+    with a process set (as in Horovod)."""
     t = _dense(tensor, "broadcast", movement=True)
-    return _broadcast([t], [name], root, ps)[0]
+    reqs = _build(request.broadcast, name, 1, root_rank, process_set=process_set)
+    return _broadcast([t], reqs)[0]
 
 
 @_graph.entry_point
@@ -302,81 +294,87 @@ def grouped_broadcast(tensors, root_rank, name=None, process_set=global_process_
     """Broadcast a list of tensors in one engine batch (a horovodlike addition)."""
     if not tensors:
         return tensors
-    ps = _process_set(process_set)
-    root = _check_root(root_rank, ps, "broadcast")
     ts = [_dense(t, "broadcast", movement=True) for t in tensors]
-    return _broadcast(ts, _names(name, len(ts)), root, ps)
+    reqs = _build(request.broadcast, name, len(ts), root_rank, process_set=process_set,
+                  what="grouped_broadcast", grouped=True)
+    return _broadcast(ts, reqs)
 
 
 # ----------------------------------------------------------------- alltoall
+
+def _static_splits(splits):
+    """splits when they are known now (a list, a numpy array, an eager or constant
+    tensor), or None when they only exist when the graph runs."""
+    if isinstance(splits, tf.Variable):
+        splits = tf.convert_to_tensor(splits)
+    if tf.is_tensor(splits):
+        if not splits.dtype.is_integer:
+            raise TypeError(f"alltoall: splits must be integers, got {splits.dtype.name}")
+        return tf.get_static_value(splits)
+    return splits
+
 
 @_graph.entry_point
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Send splits[j] rows to member j (even split without splits). Returns the output,
     and the received splits too when splits were given."""
-    ps = _process_set(process_set)
     t = _dense(tensor, "alltoall", movement=True)
-    if t.shape.rank == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension to split on")
     given = splits is not None
-    if given:
-        if isinstance(splits, (list, tuple)) and any(not isinstance(v, numbers.Integral)
-                                                     for v in splits):
-            raise TypeError(f"alltoall: splits must be integers, got {splits!r}")
-        splits = tf.reshape(tf.cast(tf.convert_to_tensor(splits), tf.int64), [-1])
-    out, rsplits = _alltoall(t, splits, name, ps)
+    static = _static_splits(splits) if given else None
+    runtime = given and static is None
+    if runtime:
+        splits_t = tf.reshape(tf.cast(splits, tf.int64), [-1])
+        req = request.alltoall(None, None, name, process_set, _ndim(t), namer=_graph.namer())
+    else:
+        splits_t = None
+        req = request.alltoall(static, _rows(t), name, process_set, _ndim(t),
+                               namer=_graph.namer())
+    out, rsplits = _alltoall(t, req, splits_t)
     return (out, rsplits) if given else out
 
 
-def _alltoall(t, splits, name, ps):
-    req = _kernels.Request("alltoall", name=name, process_set=ps, raw=_raw(t),
-                           splits_input=splits is not None)
+def _alltoall(t, req, splits):
+    item = _kernels.Item(req, raw=_raw(t), splits_input=splits is not None)
     shape = _shape(t)
     out_shape = None if shape is None else (None,) + shape[1:]
 
     def forward(xs):
         inputs = [xs[0]] + ([splits] if splits is not None else [])
-        return _run([req], inputs, [xs[0].dtype, tf.int32], [out_shape, (ps.size(),)],
+        return _run([item], inputs, [xs[0].dtype, tf.int32], [out_shape, (req.set_size,)],
                     "alltoall")
 
     def backward(xs, ys, dys):
-        return [_alltoall(dys[0], tf.cast(ys[1], tf.int64), None, ps)[0]]
+        back = request.alltoall(None, None, None, req.process_set, what="alltoall gradient",
+                                namer=_graph.namer())
+        return [_alltoall(dys[0], back, tf.cast(ys[1], tf.int64))[0]]
     return _with_gradient(forward, backward, [t])
 
 
 # ------------------------------------------------------------ reducescatter
 
-def _reducescatter(tensors, names, op, prescale, postscale, ps):
-    for t in tensors:
-        if t.shape.rank == 0:
-            raise ValueError("reducescatter needs tensors with at least one dimension")
-    reqs = [_kernels.Request("reducescatter", name=n, reduce_op=op, prescale=prescale,
-                             postscale=postscale, process_set=ps) for n in names]
+def _reducescatter(tensors, reqs):
+    items = [_kernels.Item(r) for r in reqs]
+    r0 = reqs[0]
 
     def out_shape(x):
         s = _shape(x)
         if s is None:
             return None
-        rows = None if s[0] is None else _common.reducescatter_rows(s[0], ps)
+        rows = None if s[0] is None else r0.rows(s[0])
         return (rows,) + s[1:]
 
     def forward(xs):
-        return _run(reqs, xs, [x.dtype for x in xs], [out_shape(x) for x in xs],
+        return _run(items, xs, [x.dtype for x in xs], [out_shape(x) for x in xs],
                     "reducescatter")
 
     def backward(xs, ys, dys):
-        if op == Sum:
-            dys = [d * tf.cast(ps.size(), d.dtype) for d in dys]
-        return _allgather(dys, [None] * len(dys), ps)
+        if r0.reduce_op == Sum:
+            dys = [d * tf.cast(r0.set_size, d.dtype) for d in dys]
+        return _allgather(dys, _build(request.allgather, None, len(dys),
+                                      process_set=r0.process_set,
+                                      what="reducescatter gradient"))
     return _with_gradient(forward, backward, tensors)
-
-
-def _rs_op(op):
-    op = Average if op is None else op
-    if op not in (Sum, Average):
-        raise ValueError("reducescatter supports only hvd.Sum and hvd.Average")
-    return op
 
 
 @_graph.entry_point
@@ -385,11 +383,11 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduce over all ranks, then give each rank its share of the first dimension
     (lower ranks take the remainder)."""
-    op = _rs_op(op)
-    ps = _process_set(process_set)
     t = _dense(tensor, "reducescatter")
     c, ctx = compression.compress(t)
-    (out,) = _reducescatter([c], [name], op, prescale_factor, postscale_factor, ps)
+    reqs = _build(request.reducescatter, name, 1, op=op, prescale_factor=prescale_factor,
+                  postscale_factor=postscale_factor, process_set=process_set, ndim=_ndim(c))
+    (out,) = _reducescatter([c], reqs)
     return compression.decompress(out, ctx)
 
 
@@ -400,41 +398,34 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
     """Reducescatter a list of tensors in one engine batch."""
     if not tensors:
         return tensors
-    op = _rs_op(op)
-    ps = _process_set(process_set)
     pairs = [compression.compress(_dense(t, "grouped_reducescatter")) for t in tensors]
-    outs = _reducescatter([c for c, _ in pairs], _names(name, len(pairs)), op,
-                          prescale_factor, postscale_factor, ps)
+    reqs = _build(request.reducescatter, name, len(pairs), op=op,
+                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                  process_set=process_set, ndim=[_ndim(c) for c, _ in pairs],
+                  what="grouped_reducescatter", grouped=True)
+    outs = _reducescatter([c for c, _ in pairs], reqs)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
 # ------------------------------------------------------------ barrier, join
 
-def _scalar_call(fn, what):
-    """Run fn() -> int now (eager) or when the graph runs; returns an int32 scalar."""
-    import numpy as np
-    if tf.executing_eagerly():
-        return tf.constant(fn(), tf.int32)
-    _graph.check_xla(what)
-    call = tf.autograph.experimental.do_not_convert(lambda: np.int32(fn()))
-    out = tf.numpy_function(call, [], tf.int32, stateful=True,
-                            name="horovodlike_" + what)
-    out.set_shape(())
+def _scalar(req, what):
+    """Run a barrier or join now (eager) or when the graph runs: an int32 scalar."""
+    (out,) = _run([_kernels.Item(req)], [], [tf.int32], [()], what)
     return out
 
 
 @_graph.entry_point
 def barrier(process_set=global_process_set):
     """Wait until every rank of the set has reached this point."""
-    ps = _process_set(process_set)
-    return _scalar_call(lambda: _common.barrier(ps) or 0, "barrier")
+    return _scalar(request.barrier(process_set, namer=_graph.namer()), "barrier")
 
 
 @_graph.entry_point
 def join():
     """This rank is out of data: it contributes zeros to the others' allreduces until
     every rank has joined. Returns the last rank to join (an int32 tensor)."""
-    return _scalar_call(_common.join, "join")
+    return _scalar(request.join(), "join")
 
 
 # ------------------------------------------------- topology as tensors

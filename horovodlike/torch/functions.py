@@ -1,30 +1,12 @@
 """Helpers for training scripts: broadcast a model's parameters, an optimizer's state or
 any picklable object from one rank, and allgather objects.
 """
-import io
-import pickle
-
 import torch
 
-from horovodlike.common import basics
+from horovodlike.common import basics, objects, request
 
 from . import _collectives as C
 from ._process_sets import global_process_set
-
-try:                                  # Horovod pickles with cloudpickle (lambdas, ...)
-    import cloudpickle as _pickler
-except ImportError:                   # pragma: no cover
-    _pickler = pickle
-
-
-def _dumps(obj):
-    buf = io.BytesIO()
-    _pickler.dump(obj, buf)
-    return buf.getvalue()
-
-
-def _loads(data):
-    return _pickler.loads(data)
 
 
 # ------------------------------------------------------------------ parameters
@@ -54,8 +36,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         for name, p in items:
             handles.append(C.broadcast_async_(p, root_rank, name=name, process_set=process_set))
     finally:
-        for h in handles:
-            C.synchronize(h)
+        request.wait_all(handles, C.synchronize)
 
 
 # ------------------------------------------------------------------ optimizer state
@@ -63,10 +44,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
 def _base_step(optimizer):
     """The wrapped optimizer's own step(), never DistributedOptimizer's (which would
     allreduce and needs every rank)."""
-    from .optimizer import _DistributedOptimizer
-    if isinstance(optimizer, _DistributedOptimizer):
-        return super(_DistributedOptimizer, optimizer).step
-    return optimizer.step
+    return getattr(optimizer, "_local_step", optimizer.step)
 
 
 def _zero_grad_like(p, optimizer):
@@ -140,6 +118,9 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    from .sharded import ShardedDistributedOptimizer
+    if isinstance(optimizer, ShardedDistributedOptimizer):   # each rank holds a shard
+        return optimizer.broadcast_state(root_rank)
     is_root = basics.rank() == root_rank
     if is_root and not optimizer.state:
         _initialize_state(optimizer)      # the other ranks take root's state as it is
@@ -173,38 +154,15 @@ def _collect_slots(value, out):
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Pickle `obj` on root_rank and return it on every rank (root's object on root).
+    root_rank is a global rank, also with a process set.
 
     name: optional; ranks must agree on it. The default is the same on every rank, so
     ranks may pass different placeholder objects (e.g. None) where root passes data.
     """
-    name = name or "broadcast_object"
-    if basics.rank() == root_rank:
-        payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        size = torch.zeros(1, dtype=torch.int64)
-    C.broadcast_(size, root_rank, name=f"{name}.sz", process_set=process_set)
-    if basics.rank() != root_rank:
-        payload = torch.empty(int(size[0]), dtype=torch.uint8)
-    C.broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
-    if basics.rank() == root_rank:
-        return obj
-    return _loads(payload.numpy().tobytes())
+    return objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Pickle `obj` on every rank; return the list of every rank's object, in rank
     order (of the process set)."""
-    name = name or "allgather_object"
-    data = _dumps(obj)
-    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    sizes = C.synchronize(C.allgather_async(torch.tensor([len(data)], dtype=torch.int64),
-                                            name=f"{name}.sz", process_set=process_set))
-    gathered = C.synchronize(C.allgather_async(payload, name=f"{name}.t",
-                                               process_set=process_set))
-    raw = gathered.numpy().tobytes()
-    out, start = [], 0
-    for n in sizes.tolist():
-        out.append(_loads(raw[start:start + n]))
-        start += n
-    return out
+    return objects.allgather_object(obj, name, process_set)

@@ -12,10 +12,13 @@ from contextlib import contextmanager
 
 import torch
 
+from horovodlike.common.objects import broadcast_object
+from horovodlike.common.request import split_list
+
+from . import _buckets
 from . import _collectives as C
 from ._process_sets import global_process_set, resolve
 from .compression import Compression
-from .functions import broadcast_object
 
 _IN_FLIGHT_MSG = ("optimizer.zero_grad() was called after loss.backward() but before "
                   "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -25,10 +28,35 @@ _TOO_MANY_MSG = ("Gradients were computed more than backward_passes_per_step tim
                  "locally.")
 
 
-def split_list(items, n):
-    """Split `items` into n consecutive chunks whose lengths differ by at most one."""
-    d, r = divmod(len(items), n)
-    return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
+def check_named_parameters(named_parameters, param_groups):
+    """The (name, parameter) pairs for `param_groups`: named_parameters checked (pairs,
+    unique names, every parameter named), or made up from positions when it is None."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                            for i, group in enumerate(param_groups)
+                            for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) or len(p) != 2 for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, "
+                         "parameter), usually produced by model.named_parameters().")
+    seen, dups = set(), []
+    for k, _ in named_parameters:
+        if k in seen and k not in dups:
+            dups.append(k)
+        seen.add(k)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found "
+                         "duplicates: %s" % ", ".join(map(str, dups)))
+    named_ids = {id(v) for _, v in named_parameters}
+    unnamed = [p for group in param_groups for p in group["params"]
+               if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model "
+                         "parameters were not named (shapes: %s). Pass every parameter "
+                         "the optimizer updates, e.g. model.named_parameters()."
+                         % ", ".join(str(tuple(p.shape)) for p in unnamed))
+    return named_parameters
 
 
 class _DistributedOptimizer:
@@ -39,32 +67,7 @@ class _DistributedOptimizer:
                  sparse_as_dense=False, process_set=global_process_set):
         super().__init__(params)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}.{j}", v)
-                                for i, group in enumerate(self.param_groups)
-                                for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) or len(p) != 2 for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, "
-                             "parameter), usually produced by model.named_parameters().")
-        seen, dups = set(), []
-        for k, _ in named_parameters:
-            if k in seen and k not in dups:
-                dups.append(k)
-            seen.add(k)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. Found "
-                             "duplicates: %s" % ", ".join(map(str, dups)))
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = [p for group in self.param_groups for p in group["params"]
-                   if id(p) not in named_ids]
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model "
-                             "parameters were not named (shapes: %s). Pass every parameter "
-                             "the optimizer updates, e.g. model.named_parameters()."
-                             % ", ".join(str(tuple(p.shape)) for p in unnamed))
-
+        named_parameters = check_named_parameters(named_parameters, self.param_groups)
         self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
@@ -81,6 +84,7 @@ class _DistributedOptimizer:
         self._groups = self._check_groups(groups)
         self._p_to_group = {}
         self._group_counts = {}
+        self._buckets, self._bucket_of = [], {}
 
         ps, _ = resolve(process_set)
         if ps.included() and ps.size() > 1:
@@ -135,6 +139,10 @@ class _DistributedOptimizer:
             for p in group:
                 self._p_to_group[p] = group
             self._group_counts[id(group)] = 0
+        first_cap, cap = _buckets.caps()
+        if self._groups is None and cap > 0:
+            self._buckets, self._bucket_of = _buckets.plan(trainable, self._name,
+                                                           first_cap, cap)
 
         for p in trainable:
             self._requires_update.add(p)
@@ -191,6 +199,24 @@ class _DistributedOptimizer:
                                             postscale_factor=post, process_set=self.process_set)
         return handle, ctxs
 
+    def _bucket_put(self, p):
+        """p's gradient is final: put it into its bucket, and start the bucket's
+        allreduce once it is full. A sparse gradient is reduced on its own."""
+        bucket, slot = self._bucket_of[p]
+        self._handles.pop(p, None)       # the (None, None) of an accumulating pass
+        if p.grad is not None and p.grad.is_sparse:
+            if self.sparse_as_dense:
+                p.grad = p.grad.to_dense()
+            else:
+                bucket.skip.add(p)
+                self._handles[p] = self._allreduce_grad_async(p)
+        if bucket.put(slot, p):
+            compressed, ctx = self._compression.compress(bucket.flat)
+            pre, post = self._scales()
+            self._handles[bucket] = (C.allreduce_async_(
+                compressed, name=bucket.name, op=self.op, prescale_factor=pre,
+                postscale_factor=post, process_set=self.process_set), ctx)
+
     def _make_hook(self, p):
         def hook(*_):
             if self._allreduce_delay[p] <= 0:
@@ -198,6 +224,9 @@ class _DistributedOptimizer:
             assert not p.grad.requires_grad
             handle, ctx = None, None
             self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0 and p in self._bucket_of:
+                self._bucket_put(p)
+                return
             if self._allreduce_delay[p] == 0:
                 group = self._p_to_group.get(p)
                 if group is not None:
@@ -235,9 +264,13 @@ class _DistributedOptimizer:
         if not ps.included():
             self._synchronized = True
             return
-        launched = set()
+        for bucket in self._buckets:     # fill what backward did not, then send
+            for slot, p in enumerate(bucket.params):
+                if slot not in bucket.done:
+                    self._bucket_put(p)
+        launched = set(self._bucket_of)
         for key, (handle, _) in self._handles.items():
-            if handle is not None:
+            if handle is not None and not isinstance(key, _buckets.Bucket):
                 launched.update(key) if isinstance(key, tuple) else launched.add(key)
         pending = sorted((p for p in self._requires_update if p not in launched),
                          key=lambda p: str(self._name(p)))
@@ -257,18 +290,16 @@ class _DistributedOptimizer:
         error = None
         for key, (handle, ctx) in list(self._handles.items()):
             try:
-                if isinstance(key, tuple):
+                if isinstance(key, _buckets.Bucket):
+                    key.take(self._compression.decompress(C.synchronize(handle), ctx))
+                elif isinstance(key, tuple):
                     for gp, out, gctx in zip(key, C.synchronize(handle), ctx):
                         self._set_grad(gp, out, gctx)
                 else:
                     self._set_grad(key, C.synchronize(handle), ctx)
             except Exception as e:  # noqa: BLE001 - wait for every handle, then raise
                 error = error or e
-        self._handles.clear()
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = self.backward_passes_per_step
-        for gid in self._group_counts:
-            self._group_counts[gid] = 0
+        self._reset_step()
         self._synchronized = True
         if error is not None:
             raise error
@@ -323,17 +354,29 @@ class _DistributedOptimizer:
             closure = self._synchronizing_closure(closure)
         return super().step(closure)
 
+    def _local_step(self, closure=None):
+        """The wrapped optimizer's own step: no allreduce, so any rank may call it alone
+        (broadcast_optimizer_state creates the root's state with it)."""
+        return super().step(closure)
+
     def zero_grad(self, *args, **kwargs):
         if self._handles:
             raise AssertionError(_IN_FLIGHT_MSG)
         return super().zero_grad(*args, **kwargs)
 
-    def load_state_dict(self, *args, **kwargs):
-        self._handles = {}
-        self._synchronized = False
-        self._should_synchronize = True
+    def _reset_step(self):
+        self._handles.clear()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
+        for gid in self._group_counts:
+            self._group_counts[gid] = 0
+        for bucket in self._buckets:
+            bucket.reset()
+
+    def load_state_dict(self, *args, **kwargs):
+        self._reset_step()
+        self._synchronized = False
+        self._should_synchronize = True
         return super().load_state_dict(*args, **kwargs)
 
     def set_backward_passes_per_step(self, passes):
@@ -365,9 +408,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    if op == C.Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not implemented in horovodlike; use "
-                                  "op=hvd.Average (the default) or op=hvd.Sum")
     op = C.reduce_op(op, None, "DistributedOptimizer")
     if gradient_predivide_factor != 1.0 and op != C.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")

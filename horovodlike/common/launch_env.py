@@ -1,0 +1,297 @@
+"""Start-up from the variables other launchers and schedulers set.
+
+torchrun (``python -m torch.distributed.run``) sets ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT`` in every process it starts; Kubeflow's PyTorchJob,
+Ray Train's TorchTrainer and Spark's TorchDistributor set the same names (through
+torchrun or directly). Horovod's own Gloo workers carry ``HOROVOD_RANK``/``HOROVOD_SIZE``
+(and the local/cross pairs) with the rendezvous in ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` /
+``HOROVOD_GLOO_RENDEZVOUS_PORT``.
+
+:func:`detect` reads these into a :class:`LaunchEnv` (who this process is, and where the
+rendezvous is). :func:`adopt` then makes the process look as if horovodlikerun had
+started it: rank 0 serves horovodlike's rendezvous store, every rank gets
+``HOROVODLIKE_STORE_ADDR``, ``HOROVODLIKE_JOB_ID`` and ``HOROVOD_RANK``/``HOROVOD_SIZE``
+(and the local/cross variables where known), and the usual store exchange in
+``hvd.init()`` does the rest.
+
+Where the store listens:
+  * with ``MASTER_ADDR``/``MASTER_PORT``: on ``MASTER_ADDR`` at ``MASTER_PORT + 1``.
+    ``MASTER_PORT`` itself belongs to torch (torchrun's agent, or rank 0's
+    ``init_process_group``, serves its TCPStore there), and a script may use both.
+    ``HOROVODLIKE_RENDEZVOUS_PORT`` overrides the port when +1 is taken.
+  * with ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``_PORT``: exactly there (nothing else
+    listens there when horovodlike is used).
+Rank 0 runs the store in a background thread for the rest of the process's life, so an
+init after a shutdown rendezvouses again.
+
+The store and the engine authenticate every connection with the job's key
+(``HOROVODLIKE_JOB_KEY``). Where it comes from:
+  * ``HOROVODLIKE_JOB_KEY`` already set (the same secret on every rank, e.g. from a
+    Kubernetes secret): used as is.
+  * every rank on this host under one parent (torchrun's ranks are children of its
+    agent): rank 0 makes a key and leaves it in a file only this user can read
+    (``$TMPDIR/horovodlike-<uid>/``, named after the parent process and the job), the
+    others read it there; rank 0 removes it at exit.
+  * otherwise (ranks on several hosts with no shared secret): a key derived from the
+    job's public description, so the rendezvous is NOT authenticated against anyone
+    who can reach the master's address; a warning says so.
+"""
+import atexit
+import hashlib
+import os
+import socket
+import stat
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from . import jobkey
+
+# mpirun / srun-with-PMI started us: their variables describe the job, not these.
+_MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    launcher: str              # "torchrun" or "horovod-env"
+    rank: int
+    size: int
+    local_rank: Optional[int]
+    local_size: Optional[int]
+    cross_rank: Optional[int]   # the node's index (torchrun's GROUP_RANK)
+    cross_size: Optional[int]   # number of nodes (GROUP_WORLD_SIZE)
+    rendezvous_host: str
+    rendezvous_port: int
+    job_id: str
+
+    @property
+    def rendezvous(self):
+        return f"{self.rendezvous_host}:{self.rendezvous_port}"
+
+
+def _int(environ, name, required=False):
+    value = environ.get(name)
+    if value in (None, ""):
+        if required:
+            raise ValueError(f"{name} is not set")
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def detect(environ=None):
+    """The launch environment this process was started in, or None if it is not one of
+    these (horovodlikerun's and MPI's own variables are left to the bootstrap).
+
+    Raises ValueError for a half-set or inconsistent environment (a rank outside the
+    world, a port that is not a number) rather than running as the wrong rank.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("HOROVODLIKE_STORE_ADDR"):
+        return None
+    # mpirun's variables win, except in torchrun's children: torchrun started by srun or
+    # mpirun (one per node) passes the node task's PMI variables down to its ranks.
+    if any(env.get(v) for v in _MPI_VARS) and not env.get("TORCHELASTIC_RUN_ID"):
+        return None
+    if env.get("HOROVOD_RANK") and env.get("HOROVOD_SIZE"):
+        host = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+        if host:
+            port = _int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT", required=True)
+        elif env.get("MASTER_ADDR"):
+            host, port = env["MASTER_ADDR"], _store_port(env)
+        else:
+            return None     # a lone rank id with nowhere to meet: not ours to guess
+        return _checked(LaunchEnv(
+            "horovod-env", _int(env, "HOROVOD_RANK"), _int(env, "HOROVOD_SIZE"),
+            _int(env, "HOROVOD_LOCAL_RANK"), _int(env, "HOROVOD_LOCAL_SIZE"),
+            _int(env, "HOROVOD_CROSS_RANK"), _int(env, "HOROVOD_CROSS_SIZE"),
+            host, port, f"horovod-env-{host}-{port}"))
+    if env.get("RANK") is not None and env.get("WORLD_SIZE") is not None:
+        if _int(env, "WORLD_SIZE") == 1 and _int(env, "RANK") == 0:
+            return None     # a job of one needs no rendezvous
+        if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+            raise ValueError("RANK and WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are "
+                             "not: horovodlike needs the master's address to rendezvous")
+        host, port = env["MASTER_ADDR"], _store_port(env)
+        run_id = env.get("TORCHELASTIC_RUN_ID") or "none"
+        restart = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+        return _checked(LaunchEnv(
+            "torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE"),
+            _int(env, "GROUP_RANK") if env.get("GROUP_RANK") is not None
+            else _int(env, "NODE_RANK"),
+            _int(env, "GROUP_WORLD_SIZE"),
+            host, port, f"torchrun-{run_id}-{restart}-{host}-{env['MASTER_PORT']}"))
+    return None
+
+
+def _store_port(env):
+    override = _int(env, "HOROVODLIKE_RENDEZVOUS_PORT")
+    if override is not None:
+        return override
+    return _int(env, "MASTER_PORT", required=True) + 1
+
+
+def _checked(le):
+    if le.size < 1 or not 0 <= le.rank < le.size:
+        raise ValueError(f"{le.launcher}: rank {le.rank} of world size {le.size}")
+    if le.local_size is not None and le.local_rank is not None and \
+            not 0 <= le.local_rank < le.local_size:
+        raise ValueError(f"{le.launcher}: local rank {le.local_rank} of {le.local_size}")
+    if not 0 < le.rendezvous_port < 65536:
+        raise ValueError(f"{le.launcher}: rendezvous port {le.rendezvous_port} is not a "
+                         f"TCP port")
+    return le
+
+
+# ------------------------------------------------------------------ rendezvous store
+
+_server = None       # rank 0's store, kept for the life of the process
+
+
+def _is_loopback(host):
+    try:
+        return all(info[4][0].startswith("127.") or info[4][0] == "::1"
+                   for info in socket.getaddrinfo(host, None, socket.AF_INET))
+    except OSError:
+        return False
+
+
+def bind_address(host):
+    """Where rank 0's store listens: loopback when the master address is loopback
+    (one machine), else the master address itself when it is one of this host's, else
+    every interface (e.g. a service name that routes to this pod)."""
+    if _is_loopback(host):
+        return "127.0.0.1"
+    try:
+        ip = socket.gethostbyname(host)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((ip, 0))
+        return ip
+    except OSError:
+        return "0.0.0.0"
+
+
+def serve_rendezvous(le, key):
+    """On rank 0: start (once) horovodlike's store where le says. Returns the server."""
+    global _server
+    if _server is not None:
+        return _server
+    from .store import StoreServer
+    bind = bind_address(le.rendezvous_host)
+    try:
+        _server = StoreServer(bind, le.rendezvous_port, key=key).start()
+    except OSError as exc:
+        raise RuntimeError(
+            f"horovodlike ({le.launcher}): rank 0 cannot serve the rendezvous on "
+            f"{bind}:{le.rendezvous_port}: {exc.strerror or exc}. Set "
+            f"HOROVODLIKE_RENDEZVOUS_PORT to a free port (the same on every rank)") from None
+    return _server
+
+
+def adopt(environ=None):
+    """Make a torchrun/Kubeflow/Ray/Spark (or bare HOROVOD_*) process look like a
+    horovodlikerun rank; rank 0 starts the store. Returns the LaunchEnv, or None when
+    the environment is none of these (nothing is changed then)."""
+    env = os.environ if environ is None else environ
+    le = detect(env)
+    if le is None:
+        return None
+    key = job_key(le, env)
+    if le.rank == 0:
+        serve_rendezvous(le, key)
+    env[jobkey.ENV] = jobkey.to_hex(key)
+    values = {"HOROVOD_RANK": le.rank, "HOROVOD_SIZE": le.size,
+              "HOROVOD_LOCAL_RANK": le.local_rank, "HOROVOD_LOCAL_SIZE": le.local_size,
+              "HOROVOD_CROSS_RANK": le.cross_rank, "HOROVOD_CROSS_SIZE": le.cross_size}
+    env.update({k: str(v) for k, v in values.items() if v is not None})
+    env["HOROVODLIKE_STORE_ADDR"] = le.rendezvous
+    env["HOROVODLIKE_JOB_ID"] = le.job_id
+    return le
+
+
+# ------------------------------------------------------------------ the job's key
+
+def _parent_identity():
+    """(pid, start time) of the parent process: the same for every rank one torchrun
+    agent started, different for the next run even if the pid comes back."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "0"
+    return ppid, start
+
+
+def key_path(le):
+    ppid, start = _parent_identity()
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in le.job_id)[:150]
+    return os.path.join(tempfile.gettempdir(), f"horovodlike-{os.getuid()}",
+                        f"{safe}-{ppid}-{start}.key")
+
+
+def _private_dir(path):
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"horovodlike: {path} must be a directory only this user can "
+                           f"read (mode 0700, owned by uid {os.getuid()})")
+
+
+def _read_key_file(path, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"horovodlike: rank 0 did not leave the job's key in "
+                                   f"{path} within {timeout:.0f} s "
+                                   f"(HOROVODLIKE_START_TIMEOUT)") from None
+            time.sleep(0.05)
+            continue
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise RuntimeError(f"horovodlike: {path} is not private to this user")
+            text = f.read()
+        if text.endswith("\n"):
+            return jobkey.from_hex(text, where=path)
+        time.sleep(0.05)      # not completely written yet (rank 0 renames it in place)
+
+
+def _write_key_file(path, key):
+    _private_dir(os.path.dirname(path))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(jobkey.to_hex(key) + "\n")
+    os.replace(tmp, path)
+    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+
+
+def job_key(le, environ=None):
+    """The key this job's store and engine connections use (see the module's doc)."""
+    env = os.environ if environ is None else environ
+    given = env.get(jobkey.ENV)
+    if given:
+        return jobkey.from_hex(given)
+    if le.local_size is not None and le.local_size == le.size:
+        path = key_path(le)
+        if le.rank == 0:
+            key = jobkey.generate()
+            _write_key_file(path, key)
+            return key
+        return _read_key_file(path, float(env.get("HOROVODLIKE_START_TIMEOUT", "60")))
+    if le.rank == 0:
+        print(f"horovodlike: ranks on several hosts ({le.launcher}) and no {jobkey.ENV}: "
+              f"the rendezvous at {le.rendezvous} is not authenticated. Set {jobkey.ENV} "
+              f"to the same secret (64 hex digits) on every rank, e.g. from a Kubernetes "
+              f"secret", file=sys.stderr, flush=True)
+    return hashlib.sha256(f"horovodlike-unauthenticated/{le.job_id}".encode()).digest()

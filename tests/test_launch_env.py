@@ -1,0 +1,289 @@
+"""hvd.init() under the variables torchrun, Kubeflow, Ray Train, Spark and Horovod's own
+workers set: detection, the rank-0 store, and real launches (torchrun included)."""
+import importlib.util
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from horovodlike.common import jobkey, launch_env  # noqa: E402
+
+if importlib.util.find_spec("pytest_timeout") is not None:
+    pytestmark = pytest.mark.timeout(300)
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+
+TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "node0",
+                "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job7",
+                "TORCHELASTIC_RESTART_COUNT": "0"}
+
+
+def test_torchrun_variables():
+    le = launch_env.detect(dict(TORCHRUN_ENV))
+    assert le == launch_env.LaunchEnv("torchrun", 3, 4, 1, 2, 1, 2, "node0", 29501,
+                                      "torchrun-job7-0-node0-29500")
+    assert le.rendezvous == "node0:29501"
+
+
+def test_kubeflow_and_ray_train_style_variables():
+    # Kubeflow's PyTorchJob without torchrun, Ray Train's TorchTrainer: no GROUP_*.
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0",
+           "MASTER_PORT": "23456", "NODE_RANK": "0"}
+    le = launch_env.detect(env)
+    assert (le.launcher, le.rank, le.size, le.local_rank, le.cross_rank) == \
+        ("torchrun", 0, 2, None, 0)
+    assert le.rendezvous == "job-master-0:23457"
+    env["HOROVODLIKE_RENDEZVOUS_PORT"] = "40000"
+    assert launch_env.detect(env).rendezvous == "job-master-0:40000"
+
+
+def test_horovod_worker_variables():
+    env = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1",
+           "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
+           "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "5555"}
+    le = launch_env.detect(env)
+    assert (le.launcher, le.rank, le.size, le.local_rank, le.local_size) == \
+        ("horovod-env", 1, 2, 1, 2)
+    assert le.rendezvous == "10.0.0.1:5555"       # exactly there: nothing else listens
+    del env["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+    assert launch_env.detect(env) is None          # nowhere to meet: not guessed
+    env.update(MASTER_ADDR="m", MASTER_PORT="100")
+    assert launch_env.detect(env).rendezvous == "m:101"
+
+
+@pytest.mark.parametrize("extra", [{"HOROVODLIKE_STORE_ADDR": "127.0.0.1:1"},
+                                   {"OMPI_COMM_WORLD_SIZE": "4"}, {"PMI_SIZE": "4"}])
+def test_our_launcher_and_mpi_take_precedence(extra):
+    kubeflow = {k: v for k, v in TORCHRUN_ENV.items() if not k.startswith("TORCHELASTIC")}
+    assert launch_env.detect({**kubeflow, **extra}) is None
+    if "HOROVODLIKE_STORE_ADDR" in extra:
+        assert launch_env.detect({**TORCHRUN_ENV, **extra}) is None
+    else:   # torchrun under srun/mpirun: its ranks inherit the node task's PMI variables
+        assert launch_env.detect({**TORCHRUN_ENV, **extra}).rank == 3
+
+
+def test_nothing_set_is_not_a_launch_environment():
+    assert launch_env.detect({"PATH": "/bin", "RANK": "0"}) is None
+    assert launch_env.detect({"RANK": "0", "WORLD_SIZE": "1"}) is None     # one rank
+    assert launch_env.detect({}) is None
+
+
+@pytest.mark.parametrize("env, complaint", [
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR/MASTER_PORT"),
+    ({**TORCHRUN_ENV, "RANK": "4"}, "rank 4 of world size 4"),
+    ({**TORCHRUN_ENV, "LOCAL_RANK": "2"}, "local rank 2 of 2"),
+    ({**TORCHRUN_ENV, "MASTER_PORT": "http"}, "MASTER_PORT='http'"),
+    ({**TORCHRUN_ENV, "MASTER_PORT": "65535"}, "not a TCP port"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "h"},
+     "HOROVOD_GLOO_RENDEZVOUS_PORT is not set"),
+])
+def test_inconsistent_environments_are_refused(env, complaint):
+    with pytest.raises(ValueError, match=re.escape(complaint)):
+        launch_env.detect(env)
+
+
+def test_adopt_on_a_non_zero_rank_sets_our_variables_only():
+    env = dict(TORCHRUN_ENV)
+    le = launch_env.adopt(env)
+    assert le.rank == 3 and launch_env._server is None      # rank 0 serves, not us
+    assert env["HOROVODLIKE_STORE_ADDR"] == "node0:29501"
+    assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_RANK"],
+            env["HOROVOD_LOCAL_SIZE"], env["HOROVOD_CROSS_RANK"],
+            env["HOROVOD_CROSS_SIZE"]) == ("3", "4", "1", "2", "1", "2")
+    assert env["HOROVODLIKE_JOB_ID"].startswith("torchrun-job7-")
+    assert len(jobkey.from_hex(env[jobkey.ENV])) == jobkey.KEY_BYTES
+    assert launch_env.adopt(env) is None                    # idempotent
+    assert launch_env.adopt({"PATH": "/bin"}) is None
+
+
+def test_bind_address_follows_the_master_address():
+    assert launch_env.bind_address("localhost") == "127.0.0.1"
+    assert launch_env.bind_address("127.0.0.1") == "127.0.0.1"
+    assert launch_env.bind_address("no-such-host.invalid") == "0.0.0.0"
+
+
+def test_rank_zero_reports_a_taken_port(monkeypatch):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        le = launch_env.LaunchEnv("torchrun", 0, 2, 0, 2, 0, 1, "127.0.0.1", port, "j")
+        monkeypatch.setattr(launch_env, "_server", None)
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}.*HOROVODLIKE_RENDEZVOUS_PORT"):
+            launch_env.serve_rendezvous(le, jobkey.generate())
+
+
+def test_job_key_given_shared_by_file_or_derived(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch_env.tempfile, "gettempdir", lambda: str(tmp_path))
+    given = jobkey.generate()
+    le0 = launch_env.LaunchEnv("torchrun", 0, 2, 0, 2, 0, 1, "127.0.0.1", 29501, "job-a")
+    le1 = launch_env.LaunchEnv("torchrun", 1, 2, 1, 2, 0, 1, "127.0.0.1", 29501, "job-a")
+    assert launch_env.job_key(le1, {jobkey.ENV: given.hex()}) == given
+    # One host: rank 0 leaves a private file for its siblings (same parent process).
+    key = launch_env.job_key(le0, {})
+    path = Path(launch_env.key_path(le0))
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert launch_env.job_key(le1, {}) == key and len(key) == jobkey.KEY_BYTES
+    path.chmod(0o644)
+    with pytest.raises(RuntimeError, match="not private"):
+        launch_env.job_key(le1, {})
+    path.unlink()
+    with pytest.raises(RuntimeError, match="did not leave the job's key"):
+        launch_env.job_key(le1, {"HOROVODLIKE_START_TIMEOUT": "0.2"})
+    # Several hosts and no secret: a derived key, and rank 0 says it is unauthenticated.
+    hosts0 = launch_env.LaunchEnv("torchrun", 0, 4, 0, 2, 0, 2, "10.0.0.1", 29501, "job-b")
+    hosts3 = launch_env.LaunchEnv("torchrun", 3, 4, 1, 2, 1, 2, "10.0.0.1", 29501, "job-b")
+    assert launch_env.job_key(hosts0, {}) == launch_env.job_key(hosts3, {})
+    assert "not authenticated" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ real launches
+
+RANK_SCRIPT = """
+import os, numpy as np, horovodlike as hvd
+hvd.init()
+s = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
+g = hvd.allgather(np.array([hvd.rank()]))
+print(f"RANK {hvd.rank()} of {hvd.size()} local {hvd.local_rank()}/{hvd.local_size()} "
+      f"sum {s[0]} gather {g.tolist()}", flush=True)
+hvd.shutdown()
+hvd.init()                                  # a second init rendezvouses again
+print(f"AGAIN {hvd.rank()} {hvd.allreduce(np.array([1.0]), op=hvd.Sum)[0]}", flush=True)
+"""
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HOROVOD", "OMPI_", "PMI", "SLURM_", "MASTER_", "RANK",
+                                "WORLD_SIZE", "LOCAL_", "GROUP_", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(envs, script, timeout=120):
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True) for env in envs]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs
+
+
+def check_two_ranks(stdout_by_rank):
+    for rank, out in enumerate(stdout_by_rank):
+        assert f"RANK {rank} of 2 local {rank}/2 sum 3.0 gather [0, 1]" in out, out
+        assert f"AGAIN {rank} 2.0" in out, out
+
+
+@pytest.mark.parametrize("style", ["torch", "horovod"])
+def test_processes_started_with_scheduler_variables(style):
+    """Two plain processes carrying only what Kubeflow / Ray Train (torch style) or
+    Horovod's Gloo workers (horovod style) set."""
+    port = free_port()
+    envs = []
+    for rank in range(2):
+        if style == "torch":
+            extra = {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": str(port - 1)}
+        else:
+            extra = {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "2",
+                     "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+                     "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port)}
+        envs.append(clean_env(**extra))
+    outs = run_processes(envs, RANK_SCRIPT)
+    for code, out, err in outs:
+        assert code == 0, err
+    check_two_ranks([out for _, out, _ in outs])
+    assert "not authenticated" in outs[0][2]        # no shared secret was given
+
+
+def test_a_rank_with_another_key_cannot_join():
+    port = free_port()
+    envs = [clean_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port - 1), HOROVODLIKE_START_TIMEOUT="5",
+                      HOROVODLIKE_JOB_KEY=jobkey.generate().hex()) for r in range(2)]
+    outs = run_processes(envs, RANK_SCRIPT)
+    assert outs[1][0] != 0 and "RANK" not in outs[1][1], outs[1]
+    assert outs[0][0] != 0                           # rank 0 waited for rank 1 in vain
+    envs[1][jobkey.ENV] = envs[0][jobkey.ENV]        # the same secret: it works
+    outs = run_processes(envs, RANK_SCRIPT)
+    assert [code for code, _, _ in outs] == [0, 0], outs
+    assert not any("not authenticated" in err for _, _, err in outs)
+
+
+def torchrun(args, timeout=240, cwd=None):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           "2", "--master_port", str(free_port()), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=clean_env(OMP_NUM_THREADS="1"), start_new_session=True)
+
+
+@needs_torch
+def test_torchrun_with_torch_distributed_alongside(tmp_path):
+    """Under real torchrun, hvd.init() and torch.distributed's own init both work:
+    horovodlike's store sits beside torch's, not on it."""
+    script = tmp_path / "both.py"
+    # torchrun interleaves the ranks' output unprefixed: each rank writes its own file.
+    own_file = (f"import os, sys\nsys.stdout = open(os.path.join({str(tmp_path)!r}, "
+                f"'out.' + os.environ['RANK']), 'w', buffering=1)\n")
+    script.write_text(own_file + textwrap.dedent(RANK_SCRIPT) + textwrap.dedent("""
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        print(f"TORCH {dist.get_rank()} {t.item()}", flush=True)
+        dist.destroy_process_group()
+        """))
+    res = torchrun([str(script)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    outs = [(tmp_path / f"out.{r}").read_text() for r in range(2)]
+    check_two_ranks(outs)
+    assert [f"TORCH {r} 3.0" in out for r, out in enumerate(outs)] == [True, True], outs
+
+
+@needs_torch
+def test_torchrun_digits_trains_as_under_horovodlikerun(tmp_path):
+    example = REPO / "examples" / "pytorch_digits.py"
+    under_torchrun = torchrun([str(example), "--checkpoint-dir", str(tmp_path / "a")])
+    assert under_torchrun.returncode == 0, under_torchrun.stdout + under_torchrun.stderr
+    ours = subprocess.run([sys.executable, "-m", "horovodlike.runner", "-np", "2",
+                           sys.executable, str(example), "--checkpoint-dir",
+                           str(tmp_path / "b")], capture_output=True, text=True,
+                          timeout=240, env=clean_env(), start_new_session=True)
+    assert ours.returncode == 0, ours.stderr
+
+    def summary(text):
+        m = re.search(r"ranks: (\d+); test loss ([\d.]+); test accuracy ([\d.]+)%", text)
+        assert m, text
+        return m.groups()
+    got = summary(under_torchrun.stdout)
+    assert got[0] == "2" and float(got[2]) > 90
+    assert got == summary(ours.stdout)       # same data split, same arithmetic
+    assert "RESULT accuracy=" in under_torchrun.stdout and "identical=1" in \
+        under_torchrun.stdout

@@ -1,0 +1,351 @@
+"""A hostile process on the same machine, and the input checks that keep memory safe.
+
+The outsider knows the store's address (it can read it from `ps` or /proc/net/tcp) but
+not the job's key: it must not read, write, replay or slow down the store. The key must
+never appear on a command line. Killing the launcher, even with SIGKILL, ends every
+rank. An interrupted wait never lets the engine write into freed memory, and handles
+never outlive an engine. Each test causes the failure it guards against.
+"""
+import glob
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from harness import PYTHON, REPO, kill_tree
+from horovodlike.common import bootstrap, jobkey, store as store_mod
+from horovodlike.common.store import StoreAuthError, StoreClient, StoreServer
+
+pytestmark = pytest.mark.timeout(120)
+KEY = jobkey.generate()
+
+
+# ------------------------------------------------------------------ the store
+
+
+def _raw(server):
+    host, port = server.address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _handshake(sock, key):
+    """Our own client's handshake, by hand, so tests can then send arbitrary frames."""
+    hello = sock.recv(store_mod._HELLO.size, socket.MSG_WAITALL)
+    _, _, sn = store_mod._HELLO.unpack(hello)
+    cn = os.urandom(32)
+    sock.sendall(store_mod.MAGIC + cn + jobkey.mac(key, b"client", sn, cn))
+    assert sock.recv(32, socket.MSG_WAITALL) == jobkey.mac(key, b"server", sn, cn)
+    return store_mod._Session(key, sn, cn)
+
+
+def _frame(session, op, key, value):
+    header = store_mod._REQ.pack(store_mod.MAGIC, op, len(key), len(value))
+    return header + key + value + session.request_mac(header, key, value)
+
+
+def _closed(sock):
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, socket.timeout):
+        return True
+
+
+def test_a_client_without_the_key_cannot_connect_read_or_plant():
+    reports = []
+    with StoreServer(key=KEY, on_reject=reports.append) as server:
+        with StoreClient(server.address, key=KEY) as good:
+            good.set("job/init0/blob/1", b"the real blob")
+        with pytest.raises(StoreAuthError):
+            StoreClient(server.address, key=jobkey.generate(), timeout=5)
+        # An outsider speaking the old, unauthenticated protocol: a SET that would plant
+        # a value under a rank's key. It is dropped before the frame is read.
+        with _raw(server) as s:
+            s.recv(store_mod._HELLO.size, socket.MSG_WAITALL)
+            key, value = b"job/init0/blob/0", b"cos\nsystem\n(S'echo pwned'\ntR."
+            s.sendall(store_mod._REQ.pack(store_mod.MAGIC, store_mod.OP_SET, len(key),
+                                          len(value)) + key + value)
+            assert _closed(s)
+        with StoreClient(server.address, key=KEY) as good:
+            assert good.get("job/init0/blob/1") == b"the real blob"
+            with pytest.raises(TimeoutError):
+                good.get("job/init0/blob/0", timeout=0.2)
+    assert len(reports) == 2 and all("127.0.0.1:" in r for r in reports), reports
+
+
+def test_the_store_proves_the_key_too():
+    """A rank never talks to an impostor listening where the store should be."""
+    fake = socket.socket()
+    fake.bind(("127.0.0.1", 0))
+    fake.listen()
+
+    def impostor():
+        conn, _ = fake.accept()
+        with conn:
+            conn.sendall(store_mod._HELLO.pack(store_mod.MAGIC, store_mod.VERSION,
+                                               os.urandom(32)))
+            conn.recv(68, socket.MSG_WAITALL)
+            conn.sendall(os.urandom(32))     # a guess at the proof
+            time.sleep(1)
+
+    t = threading.Thread(target=impostor, daemon=True)
+    t.start()
+    with pytest.raises(StoreAuthError, match="does not know this job's key"):
+        StoreClient(f"127.0.0.1:{fake.getsockname()[1]}", key=KEY, timeout=5)
+    fake.close()
+
+
+def test_silent_connections_do_not_slow_the_store():
+    with StoreServer(key=KEY) as server:
+        silent = [_raw(server) for _ in range(50)]
+        try:
+            start = time.monotonic()
+            with StoreClient(server.address, key=KEY) as good:
+                good.set("k", b"v")
+                assert good.get("k") == b"v"
+            assert time.monotonic() - start < 3.0
+        finally:
+            for s in silent:
+                s.close()
+
+
+def test_a_replayed_or_altered_frame_is_refused():
+    with StoreServer(key=KEY) as server:
+        with _raw(server) as s:
+            session = _handshake(s, KEY)
+            frame = _frame(session, store_mod.OP_ADD, b"counter", struct.pack(">q", 1))
+            s.sendall(frame)
+            head = s.recv(store_mod._RESP.size, socket.MSG_WAITALL)
+            assert store_mod._RESP.unpack(head)[1] == store_mod.ST_OK
+            s.recv(8 + 32, socket.MSG_WAITALL)
+            s.sendall(frame)                 # the same bytes again
+            assert _closed(s)
+        with _raw(server) as s:
+            session = _handshake(s, KEY)
+            frame = bytearray(_frame(session, store_mod.OP_ADD, b"counter",
+                                     struct.pack(">q", 1)))
+            frame[-40] ^= 1                  # one bit of the value flipped
+            s.sendall(bytes(frame))
+            assert _closed(s)
+        with StoreClient(server.address, key=KEY) as good:
+            assert good.add("counter", 0) == 1
+
+
+def test_lengths_and_timeouts_are_bounded():
+    with StoreServer(key=KEY) as server:
+        with _raw(server) as s:
+            _handshake(s, KEY)
+            # A header announcing a huge value: refused before anything is buffered.
+            s.sendall(store_mod._REQ.pack(store_mod.MAGIC, store_mod.OP_SET, 1, 1 << 40)
+                      + b"k")
+            assert _closed(s)
+        with _raw(server) as s:
+            session = _handshake(s, KEY)
+            s.sendall(_frame(session, store_mod.OP_GET, b"k", struct.pack(">d", float("nan"))))
+            head = s.recv(store_mod._RESP.size, socket.MSG_WAITALL)
+            _, status, n = store_mod._RESP.unpack(head)
+            assert status == store_mod.ST_ERROR
+            assert b"timeout" in s.recv(n, socket.MSG_WAITALL)
+        with StoreClient(server.address, key=KEY) as c:
+            with pytest.raises(ValueError, match="timeout"):
+                c.get("k", timeout=float("nan"))
+            with pytest.raises(ValueError, match="limit"):
+                c.set("k", b"\0" * (store_mod.MAX_VALUE_LEN + 1))
+            c.set("still", b"usable")
+            assert c.get("still") == b"usable"
+
+
+def test_address_entries_are_plain_bytes_checked_on_the_way_in():
+    entry = bootstrap.pack_peer("node-1", b"\1" * 256)
+    assert bootstrap.unpack_peer(entry, 256, "rank 3") == ("node-1", b"\1" * 256)
+    with pytest.raises(RuntimeError, match="rank 3"):
+        bootstrap.unpack_peer(entry[:-1], 256, "rank 3")
+    bad = bytearray(entry)
+    bad[0] = 0
+    with pytest.raises(RuntimeError, match="rank 3.*host name"):
+        bootstrap.unpack_peer(bytes(bad), 256, "rank 3")
+    with pytest.raises(ValueError):
+        bootstrap.pack_peer("a\0b", b"")
+
+
+# ------------------------------------------------------------ the launcher
+
+LAUNCH_ENV = {"PYTHONPATH": os.environ.get("PYTHONPATH") or str(REPO), "PYTHONUNBUFFERED": "1"}
+FAKE_REMOTE = ["-H", "a:1,b:1", "--ssh-command", "sh -c {command}"]
+
+
+def _launch(args, script):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HOROVOD_", "HOROVODLIKE_", "OMPI_COMM_WORLD", "PMI"))}
+    env.update(LAUNCH_ENV, HOROVODLIKE_STORE_HOST="127.0.0.1")
+    return subprocess.Popen([PYTHON, "-m", "horovodlike.runner", *args, PYTHON, "-c",
+                             textwrap.dedent(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+
+
+def _lines_until(proc, count, needle, deadline):
+    got = []
+    while len(got) < count and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if needle in line:
+            got.append(line.strip())
+    return got
+
+
+def _cmdlines():
+    out = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as f:
+                out.append(f.read())
+        except OSError:
+            pass
+    return out
+
+
+SHOW_KEY_AND_WAIT = """
+    import os, time
+    print("KEY", os.environ["HOROVODLIKE_JOB_KEY"], os.getpid(), flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("hosts", [[], FAKE_REMOTE], ids=["local", "remote"])
+def test_the_key_is_on_no_command_line(hosts):
+    proc = _launch(["-np", "2", *hosts], SHOW_KEY_AND_WAIT)
+    try:
+        lines = _lines_until(proc, 2, "KEY", time.monotonic() + 60)
+        assert len(lines) == 2, lines
+        keys = {line.split()[1] for line in lines}
+        assert len(keys) == 1
+        key = keys.pop()
+        assert len(bytes.fromhex(key)) == jobkey.KEY_BYTES
+        assert not [c for c in _cmdlines() if key.encode() in c]
+    finally:
+        kill_tree(proc)
+        proc.wait()
+
+
+@pytest.mark.parametrize("hosts", [[], FAKE_REMOTE], ids=["local", "remote"])
+def test_killing_the_launcher_ends_every_rank(hosts):
+    proc = _launch(["-np", "2", *hosts], SHOW_KEY_AND_WAIT)
+    pids = []
+    try:
+        lines = _lines_until(proc, 2, "KEY", time.monotonic() + 60)
+        pids = [int(line.split()[2]) for line in lines]
+        assert len(pids) == 2, lines
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+        assert not [p for p in pids if _alive(p)], "ranks outlived their launcher"
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        kill_tree(proc)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------- memory and handles
+
+INTERRUPTED = """
+    import os, signal, time, numpy as np, horovodlike as hvd
+    hvd.init()
+    r = hvd.rank()
+    x = np.full(1 << 20, float(r + 1), np.float32)
+    if r == 1:
+        time.sleep(2.0)                    # rank 0's wait gets interrupted meanwhile
+    class Alarm(Exception):
+        pass
+    def on_alarm(*_):
+        raise Alarm()
+    signal.signal(signal.SIGALRM, on_alarm)
+    h = hvd.allreduce_async(x, op=hvd.Sum, name="big")
+    del x                                  # only the pending op keeps it alive now
+    if r == 0:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            hvd.synchronize(h)
+            print("NOT-INTERRUPTED", flush=True)
+        except Alarm:
+            print("INTERRUPTED", flush=True)
+        # Fresh arrays that would reuse the freed memory if the op had let go of it.
+        junk = [np.full(1 << 20, 99.0, np.float32) for _ in range(8)]
+    out = hvd.synchronize(h)               # the same handle, waited on again
+    print("RESULT", r, float(out.min()), float(out.max()), flush=True)
+    after = hvd.allreduce(np.ones(4, np.float32), op=hvd.Sum, name="after")
+    print("AFTER", r, float(after[0]), flush=True)
+"""
+
+
+def test_an_interrupted_wait_keeps_the_buffers_and_the_handle():
+    proc = _launch(["-np", "2"], INTERRUPTED)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, out
+    assert "[0]<stdout>:INTERRUPTED" in out, out
+    for r in (0, 1):
+        assert f"[{r}]<stdout>:RESULT {r} 3.0 3.0" in out, out
+        assert f"[{r}]<stdout>:AFTER {r} 2.0" in out, out
+
+
+SINGLE = """
+    import numpy as np, horovodlike as hvd
+    hvd.init()
+    stale = hvd.allreduce_async(np.ones(3, np.float32), name="before")
+    hvd.shutdown()
+    hvd.init()
+    fresh = hvd.allreduce_async(np.full(3, 7.0, np.float32), name="after")
+    try:
+        hvd.synchronize(stale)
+        print("STALE-ANSWERED")
+    except ValueError as e:
+        print("STALE-REFUSED", e)
+    print("FRESH", hvd.synchronize(fresh).tolist())
+    try:
+        hvd.allreduce(np.ones(3, ">f4"), name="big-endian")
+    except TypeError as e:
+        print("BYTEORDER", e)
+    for name in ("a\\0b", "a"):
+        try:
+            hvd.allreduce(np.ones(3, np.float32), name=name)
+            print("NAME-OK", repr(name))
+        except ValueError as e:
+            print("NAME-REFUSED", repr(name), e)
+"""
+
+
+def test_handles_byte_order_and_names():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HOROVOD_", "HOROVODLIKE_", "OMPI_COMM_WORLD", "PMI"))}
+    env.update(LAUNCH_ENV)
+    res = subprocess.run([PYTHON, "-c", textwrap.dedent(SINGLE)], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "STALE-REFUSED" in out and "STALE-ANSWERED" not in out, out
+    assert "FRESH [7.0, 7.0, 7.0]" in out, out
+    assert "BYTEORDER" in out and ">f4" in out, out
+    assert "NAME-REFUSED 'a\\x00b'" in out and "NUL" in out, out
+    assert "NAME-OK 'a'" in out, out
