@@ -155,5 +155,6 @@ void *hvdl__loop(void *arg) {
         complete_all_locked(e, HVDL_ERR_SHUT_DOWN,
                             "horovodlike was shut down (a rank called shutdown) before this op finished");
     pthread_mutex_unlock(&e->mu);
+    if (e->stopped && !e->failed) hvdl__goodbye(e);
     return NULL;
 }
