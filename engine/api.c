@@ -242,7 +242,6 @@ int hvdl_shutdown(void) {
         pthread_mutex_unlock(&e->mu);
         hvdl__wake(e);
         pthread_join(e->thread, NULL);
-        hvdl__liveness_farewell(e);
         hvdl__timeline_close(e);
         e->thread_started = 0;
         e->stopped = 1;

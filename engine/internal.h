@@ -260,6 +260,7 @@ int hvdl__listen(engine_t *e);
 void hvdl__tune_socket(engine_t *e, int fd);
 int hvdl__set_nonblocking(int fd);
 int hvdl__io_full(int fd, void *p, size_t n, int writing, double deadline);
+int hvdl__ctrl_read(conn_t *c);     /* buffer what arrived; -1 once the peer has closed */
 void hvdl__close_all(engine_t *e);
 int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n);
 int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd);
@@ -287,9 +288,8 @@ enum {
 void hvdl__liveness_start(engine_t *e);
 int hvdl__liveness_tick(engine_t *e);               /* -1 once the engine has failed */
 int hvdl__liveness_ms(const engine_t *e);            /* until the next tick is due */
-void hvdl__liveness_say_done(engine_t *e);          /* the loop ended cleanly: half-close */
-void hvdl__liveness_farewell(engine_t *e);          /* rank 0: wait for every half-close */
 double hvdl__heartbeat_interval(const engine_t *e);
+void hvdl__goodbye(engine_t *e);                    /* the loop's last act after a clean stop */
 /* Every wait calls this with the time it has at hand: one comparison when nothing is due. */
 static inline int hvdl__liveness_check(engine_t *e, double now) {
     return now >= e->next_tick ? hvdl__liveness_tick(e) : 0;

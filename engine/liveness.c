@@ -14,10 +14,14 @@
  * keeps beating. The data paths' own "no progress" timeouts wait one interval longer,
  * so that the heartbeat verdict, which names the right rank, comes first.
  *
+ * The same holds at shutdown: a worker leaves by half-closing its control connection as
+ * soon as rank 0's goodbye has stopped it, and rank 0 waits (up to the peer timeout)
+ * for every worker to do so, naming any that does not: a worker stopped while the job
+ * shuts down would otherwise keep its launcher waiting forever.
+ *
  * Cost on the hot path: one comparison of the clock against next_tick.
  */
 #include "internal.h"
-#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -65,39 +69,37 @@ int hvdl__liveness_ms(const engine_t *e) {
     return left <= 0 ? 0 : (int)(left * 1000) + 1;
 }
 
-/* ---- the end of a job ----
- *
- * A rank that stops after the others agreed to shut down would otherwise leave the job
- * hanging with nobody to name it: the engines are done and no heartbeat runs. So when an
- * engine's loop ends cleanly it half-closes its control connections at once (from the
- * engine thread, whatever the user's script does next), and rank 0, in shutdown(),
- * waits up to HOROVODLIKE_PEER_TIMEOUT_SECONDS for every worker's half-close. A worker
- * whose engine never answers is stopped or hung: rank 0 names it, and the launcher ends
- * the job naming it too. A healthy job pays one round trip. */
-
-void hvdl__liveness_say_done(engine_t *e) {
-    for (int i = 0; i < e->size; i++)
-        if (i != e->rank && e->peers[i].ctrl.fd >= 0) shutdown(e->peers[i].ctrl.fd, SHUT_WR);
-}
-
-void hvdl__liveness_farewell(engine_t *e) {
-    if (e->rank != 0 || e->failed || e->size < 2) return;
+void hvdl__goodbye(engine_t *e) {
+    if (e->rank != 0) {
+        if (e->peers && e->peers[0].ctrl.fd >= 0) shutdown(e->peers[0].ctrl.fd, SHUT_WR);
+        return;
+    }
     double deadline = hvdl_now() + e->cfg.peer_timeout;
-    char sink[4096];
-    for (int w = 1; w < e->size; w++) {
-        int fd = e->peers[w].ctrl.fd;
-        int done = fd < 0;
-        while (!done) {
-            double left = deadline - hvdl_now();
-            if (left <= 0) break;
-            struct pollfd pf = {fd, POLLIN, 0};
-            if (poll(&pf, 1, (int)(left * 1000) + 1) <= 0) continue;
-            ssize_t k = recv(fd, sink, sizeof sink, 0);   /* late frames: no longer needed */
-            done = k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR);
+    struct pollfd pf[e->size];
+    int who[e->size];
+    for (;;) {
+        int n = 0;
+        for (int w = 1; w < e->size; w++) {
+            conn_t *c = &e->peers[w].ctrl;
+            if (c->fd < 0 || c->eof) continue;
+            pf[n] = (struct pollfd){c->fd, POLLIN, 0};
+            who[n++] = w;
         }
-        if (!done)
-            hvdl__log(HVDL_LOG_ERROR, "rank %d (host %s) was lost: it did not finish shutting "
-                      "down within %.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is "
-                      "stopped or hung", w, e->peers[w].host, e->cfg.peer_timeout);
+        double left = deadline - hvdl_now();
+        if (!n) return;
+        if (left <= 0) break;
+        if (poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) continue;
+        for (int i = 0; i < n; i++) {
+            conn_t *c = &e->peers[who[i]].ctrl;
+            if (pf[i].revents && hvdl__ctrl_read(c)) c->eof = 1;   /* it left */
+            c->rx.len = 0;                                         /* frames no longer matter */
+        }
+    }
+    for (int w = 1; w < e->size; w++) {
+        conn_t *c = &e->peers[w].ctrl;
+        if (c->fd < 0 || c->eof) continue;
+        hvdl__log(HVDL_LOG_ERROR, "rank %d (host %s) was lost: it did not finish shutting down within "
+                  "%.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is stopped or hung",
+                  w, e->peers[w].host, e->cfg.peer_timeout);
     }
 }

@@ -149,12 +149,12 @@ void *hvdl__loop(void *arg) {
     }
     /* From here on enqueue refuses (it checks this flag under mu), so every op that made
      * it in is completed below and none can slip in after. */
-    if (!e->failed) hvdl__liveness_say_done(e);
     pthread_mutex_lock(&e->mu);
     e->shutdown_requested = 1;
     if (!e->failed)
         complete_all_locked(e, HVDL_ERR_SHUT_DOWN,
                             "horovodlike was shut down (a rank called shutdown) before this op finished");
     pthread_mutex_unlock(&e->mu);
+    if (e->stopped && !e->failed) hvdl__goodbye(e);
     return NULL;
 }

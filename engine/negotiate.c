@@ -452,9 +452,15 @@ void hvdl__stall_check(engine_t *e, double now) {
             if (!p->have[g->ranks[i]])
                 k += snprintf(missing + k, sizeof missing - (size_t)k, k ? ", %d" : "%d", g->ranks[i]);
         if (e->cfg.stall_shutdown > 0 && now - p->first_at > e->cfg.stall_shutdown) {
-            hvdl__fail(e, HVDL_ERR_STALLED, "stalled: '%s' was submitted by some ranks %.0f s ago "
-                       "but ranks [%s] never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",
-                       p->name, now - p->first_at, missing);
+            char msg[HVDL_MSG_BYTES];
+            snprintf(msg, sizeof msg, "stalled: '%s' was submitted by some ranks %.0f s ago but ranks "
+                     "[%s] never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",
+                     p->name, now - p->first_at, missing);
+            hvdl__fail(e, HVDL_ERR_STALLED, "%s", msg);
+            /* every rank ends with this reason, rather than later with "rank 0 was lost" */
+            for (int w = 1; w < e->size; w++)
+                if (e->peers[w].ctrl.fd >= 0 && !e->peers[w].ctrl.eof)
+                    hvdl__send_frame(e, w, MSG_ABORT, msg, (int64_t)strlen(msg));
             return;
         }
         if (now - p->warned_at < e->cfg.stall_warning) continue;

@@ -182,7 +182,7 @@ int hvdl__clock_sync(engine_t *e) {
 /* ---- control plane ---- */
 
 /* Read whatever a control socket has into its rx buffer. 0, or -1 when the peer is gone. */
-static int ctrl_read(conn_t *c) {
+int hvdl__ctrl_read(conn_t *c) {
     for (;;) {
         if (buf_reserve(&c->rx, c->rx.len + 65536)) return -1;
         ssize_t k = recv(c->fd, c->rx.data + c->rx.len, (size_t)(c->rx.cap - c->rx.len), 0);
@@ -245,7 +245,7 @@ static int scan_frames(engine_t *e, int peer) {
  * goodbye, so the transfer goes on and the loop handles the goodbye afterwards. */
 int hvdl__control_readable(engine_t *e, int peer) {
     conn_t *c = &e->peers[peer].ctrl;
-    int closed = ctrl_read(c);
+    int closed = hvdl__ctrl_read(c);
     int bye = scan_frames(e, peer);
     if (bye < 0) return -1;
     if (closed && bye) {
@@ -286,7 +286,7 @@ int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap) {
  * marked as closed after a goodbye. */
 static int said_bye(engine_t *e, int peer) {
     conn_t *c = &e->peers[peer].ctrl;
-    ctrl_read(c);
+    hvdl__ctrl_read(c);
     if (scan_frames(e, peer) <= 0) return 0;
     c->eof = 1;
     return 1;
@@ -385,7 +385,7 @@ int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd) {
     if (!ready && poll(pf, (nfds_t)n + 1, timeout_ms) <= 0) return 0;
     for (int i = 0; i < n; i++) {
         if (!pf[i].revents) continue;
-        if (ctrl_read(&e->peers[ranks[i]].ctrl)) {
+        if (hvdl__ctrl_read(&e->peers[ranks[i]].ctrl)) {
             /* A frame that came before the close (a BYE, an ABORT) still counts. */
             if (dispatch(e, ranks[i]) < 0 || e->failed) return -1;
             hvdl__peer_lost(e, ranks[i], "its connection closed");

@@ -56,11 +56,20 @@ static inline uint16_t f32_to_bf16(float f) {
     KERN(P##_min, T, MIN, W, N)                                                         \
     KERN(P##_max, T, MAX, W, N)
 
+/* 32- and 64-bit signed Sum and Product run in the unsigned type of the same width,
+ * where overflow is defined to wrap (signed overflow is undefined behaviour in C);
+ * narrower integers are promoted to int first, where they cannot overflow. */
+#define KERNS_SIGNED(P, T, U)                                                           \
+    KERN(P##_sum, T, SUM, (U), (T))                                                     \
+    KERN(P##_prod, T, PROD, (U), (T))                                                   \
+    KERN(P##_min, T, MIN, ID, ID)                                                       \
+    KERN(P##_max, T, MAX, ID, ID)
+
 KERNS4(u8, uint8_t, ID, ID)
 KERNS4(i8, int8_t, ID, ID)
 KERNS4(i16, int16_t, ID, ID)
-KERNS4(i32, int32_t, ID, ID)
-KERNS4(i64, int64_t, ID, ID)
+KERNS_SIGNED(i32, int32_t, uint32_t)
+KERNS_SIGNED(i64, int64_t, uint64_t)
 KERNS4(f32, float, ID, ID)
 KERNS4(f64, double, ID, ID)
 KERNS4(f16, f16_t, TO_F32, TO_F16)

@@ -27,7 +27,8 @@ export HOROVODLIKE_TEST_SANITIZED=1
 cd "$OUT"
 python -c "import horovodlike._engine as e; assert e.__file__.startswith('$OUT'), e.__file__"
 if [ "$#" -eq 0 ]; then
-    set -- tests/test_collectives.py tests/test_data_paths.py tests/test_security.py
+    set -- tests/test_collectives.py tests/test_data_paths.py tests/test_security.py \
+        tests/test_engine_hostile.py
 fi
 args=()
 for a in "$@"; do

@@ -28,9 +28,11 @@ import time
 
 import pytest
 
-from harness import REPO
 
 HOST = socket.gethostname()
+# The ranks import the same package as this test (a sanitized copy, say), not the checkout.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(
+    __import__("horovodlike").__file__)))
 KEY = bytes(range(1, 33))
 
 # The wire layout (engine/handshake.c, engine/net.c, engine/wire.c).
@@ -148,7 +150,7 @@ class Job:
 
     def spawn(self, rank, **env):
         e = dict(os.environ, T_RANK=str(rank), T_SIZE=str(self.size), T_DIR=str(self.dir),
-                 T_KEY=self.key.hex(), T_HOST=HOST, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+                 T_KEY=self.key.hex(), T_HOST=HOST, PYTHONPATH=PACKAGE_ROOT, PYTHONUNBUFFERED="1")
         e.update(self.env)
         e.update({k: str(v) for k, v in env.items()})
         self.procs[rank] = subprocess.Popen([sys.executable, str(self.dir / "rank.py")],
@@ -683,5 +685,5 @@ def test_a_name_with_a_nul_byte_is_refused(tmp_path):
         engine.shutdown()
     """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                         timeout=60, env=dict(os.environ, PYTHONPATH=PACKAGE_ROOT))
     assert "refused:" in res.stdout and "NUL" in res.stdout, res.stdout + res.stderr
