@@ -84,7 +84,18 @@ void hvdl__fail(engine_t *e, int status, const char *fmt, ...) {
  * whole job reports the same culprit; a worker tells rank 0, which relays it. */
 void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
     if (e->failed || e->stopped) return;
-    char msg[HVDL_MSG_BYTES];
+    char msg[HVDL_MSG_BYTES], silent[160];
+    /* A worker whose coordinator went silent cannot hear the others' verdicts (they
+     * travel through rank 0), so a neighbour that gave up on rank 0 first and closed
+     * looks lost itself. Rank 0 missing two heartbeats is the real story: name it. */
+    const conn_t *c0 = e->rank != 0 && peer != 0 && e->peers ? &e->peers[0].ctrl : NULL;
+    double quiet = c0 && c0->fd >= 0 && !c0->eof ? hvdl_now() - c0->last_rx : 0;
+    if (quiet > 2 * hvdl__heartbeat_interval(e)) {
+        snprintf(silent, sizeof silent, "it sent nothing for %.1f s (rank %d gave up "
+                 "meanwhile: %s)", quiet, peer, why);
+        peer = 0;
+        why = silent;
+    }
     snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s. horovodlike cannot go on "
              "without it; the job should be restarted", peer, e->peers[peer].host, why);
     hvdl__fail(e, HVDL_ERR_PEER_LOST, "%s", msg);
