@@ -138,6 +138,21 @@ def test_a_replayed_or_altered_frame_is_refused():
             assert good.add("counter", 0) == 1
 
 
+def test_a_client_gone_mid_frame_is_not_called_a_forger():
+    """A rank killed in the middle of a request leaves a short frame: the store drops the
+    connection quietly and reports nothing."""
+    reports = []
+    with StoreServer(key=KEY, on_reject=reports.append) as server:
+        with _raw(server) as s:
+            session = _handshake(s, KEY)
+            s.sendall(_frame(session, store_mod.OP_SET, b"k", b"v" * 100)[:-20])
+        with StoreClient(server.address, key=KEY) as c:   # served after that one ended
+            c.set("k2", b"v")
+            with pytest.raises(TimeoutError):
+                c.get("k", timeout=0.2)
+    assert reports == []
+
+
 def test_lengths_and_timeouts_are_bounded():
     with StoreServer(key=KEY) as server:
         with _raw(server) as s:

@@ -84,6 +84,15 @@ def _recv_exact(sock, n):
     return b"".join(chunks)
 
 
+def _recv_part(sock, n):
+    """Read the rest of a frame: an EOF here is a peer that went away mid-frame (killed,
+    or closed), never an empty field."""
+    data = _recv_exact(sock, n)
+    if data is None:
+        raise ConnectionError("connection closed mid-frame")
+    return data
+
+
 def _split_addr(addr):
     host, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit():
@@ -133,9 +142,9 @@ class _Handler(socketserver.BaseRequestHandler):
                 magic, op, key_len, value_len = _REQ.unpack(header)
                 if magic != MAGIC or key_len > MAX_KEY_LEN or value_len > MAX_VALUE_LEN:
                     raise _ProtocolError("bad frame")
-                raw_key = _recv_exact(sock, key_len) or b""
-                value = _recv_exact(sock, value_len) or b""
-                got = _recv_exact(sock, MAC) or b""
+                raw_key = _recv_part(sock, key_len)
+                value = _recv_part(sock, value_len)
+                got = _recv_part(sock, MAC)
                 if not jobkey.check(session.request_mac(header, raw_key, value), got):
                     raise _ProtocolError("bad MAC")
                 status, payload = self.server.dispatch(op, raw_key.decode("utf-8"), value)
@@ -425,9 +434,10 @@ class StoreClient:
             s = self._session
             try:
                 self._sock.settimeout(io_timeout)
-                self._sock.sendall(header + raw_key)
-                self._sock.sendall(value)
-                self._sock.sendall(s.request_mac(header, raw_key, value))
+                # One send: a client killed mid-request leaves a short frame, which the
+                # server reads as a peer gone, not as a forgery.
+                self._sock.sendall(header + raw_key + value +
+                                   s.request_mac(header, raw_key, value))
                 status, payload = self._read_response()
                 s.seq += 1
             except socket.timeout as exc:
@@ -446,8 +456,8 @@ class StoreClient:
         magic, status, length = _RESP.unpack(header)
         if magic != MAGIC or length > MAX_VALUE_LEN:
             raise ConnectionError(f"store {self.address} sent a malformed reply")
-        payload = _recv_exact(self._sock, length) or b""
-        got = _recv_exact(self._sock, MAC) or b""
+        payload = _recv_part(self._sock, length)
+        got = _recv_part(self._sock, MAC)
         if not jobkey.check(self._session.response_mac(header, payload), got):
             raise StoreAuthError(f"store {self.address} sent a reply with a bad MAC")
         return status, payload
