@@ -25,8 +25,16 @@ _pending = {}       # handle -> (engine handle, keep-alive objects, finisher(Res
 _handles = itertools.count(1)
 
 
+_codes = {}     # dtype -> engine code; np.dtype(...).name costs microseconds per op
+
+
 def dtype_code(dtype, what):
+    code = _codes.get(dtype)
+    if code is not None:
+        return code
     code = engine.DTYPES.get(np.dtype(dtype).name) if dtype is not None else None
+    if code is not None:
+        _codes[dtype] = code
     if code is None:
         raise TypeError(f"{what}: dtype {dtype} is not supported; supported dtypes are "
                         f"{', '.join(engine.DTYPES)}")

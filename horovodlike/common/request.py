@@ -258,10 +258,10 @@ def _request(kind, what, name, process_set, namer, members=None, **fields):
     index = member_index(ps, what) if sid else basics.rank()
     if "root_rank" in fields:
         fields["root_rank"] = root(ps, fields["root_rank"], what)
-    req = Request(kind, "", ps, sid, ps.size(), index, **fields)
     base = engine_name(("grouped_" + kind) if members is not None else kind, name, sid, namer)
+    req = Request(kind, base, ps, sid, ps.size(), index, **fields)
     if members is None:
-        return req.renamed(base)
+        return req
     return [req.renamed(n) for n in member_names(base, members)]
 
 

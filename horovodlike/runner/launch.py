@@ -330,11 +330,26 @@ class Job:
         """Block until every rank has exited; return the job's exit code."""
         pending = set(self.procs)
         exit_code, stopping, deadline = 0, False, None
+        hang_check = None    # when a rank named as lost must have exited by itself
         while pending:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wake = min((t for t in (deadline, hang_check) if t is not None), default=None)
+            timeout = None if wake is None else max(0.0, wake - time.monotonic())
             try:
                 event = self.events.get(timeout=timeout)
             except queue.Empty:
+                if hang_check is not None and time.monotonic() >= hang_check:
+                    hang_check = None
+                    if not stopping and self.lost is not None and self.lost[0] in pending:
+                        # A survivor finished, but a rank it named as lost has not
+                        # exited (it hangs or is stopped): end the job and say so.
+                        culprit = self.plan[self.lost[0]]
+                        self.out.say(f"rank {culprit.rank} (host {host_name(culprit)}) "
+                                     f"was lost, as rank {self.lost[1]} reported; "
+                                     f"ending the job")
+                        exit_code = 1
+                        self.signal_all(signal.SIGTERM)
+                        stopping, deadline = True, time.monotonic() + GRACE_SECONDS
+                    continue
                 self.signal_all(signal.SIGKILL)
                 deadline = None
                 continue
@@ -344,16 +359,10 @@ class Job:
                 if stopping:
                     continue
                 if code == 0:
-                    if self.lost is None or self.lost[0] not in pending:
-                        continue
-                    # A survivor finished, but a rank it named as lost never will
-                    # (it hangs or is stopped): end the job and say so.
-                    culprit = self.plan[self.lost[0]]
-                    self.out.say(f"rank {culprit.rank} (host {host_name(culprit)}) was "
-                                 f"lost, as rank {self.lost[1]} reported; ending the job")
-                    exit_code = 1
-                    self.signal_all(signal.SIGTERM)
-                    stopping, deadline = True, time.monotonic() + GRACE_SECONDS
+                    if self.lost is not None and self.lost[0] in pending and hang_check is None:
+                        # It may only be slow to exit (a rank that left on purpose):
+                        # give it the grace period before calling it hung.
+                        hang_check = time.monotonic() + GRACE_SECONDS
                     continue
                 message, exit_code = self._blame(rank, code)
                 self.out.say(message)
