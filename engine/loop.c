@@ -13,7 +13,9 @@
  * later enqueues fail at once, and the loop exits. Sockets stay open until shutdown so
  * that peers blame the rank that really died, not the ranks that noticed it.
  */
+#define _GNU_SOURCE          /* POLLRDHUP */
 #include "internal.h"
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,9 +92,18 @@ void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
      * looks lost itself. Rank 0 missing two heartbeats is the real story: name it. */
     const conn_t *c0 = e->rank != 0 && peer != 0 && e->peers ? &e->peers[0].ctrl : NULL;
     double quiet = c0 && c0->fd >= 0 && !c0->eof ? hvdl_now() - c0->last_rx : 0;
-    if (quiet > 2 * hvdl__heartbeat_interval(e)) {
-        snprintf(silent, sizeof silent, "it sent nothing for %.1f s (rank %d gave up "
-                 "meanwhile: %s)", quiet, peer, why);
+    /* The same when rank 0 has died: its control connection is closed, maybe behind
+     * frames not read yet (POLLRDHUP sees past them). */
+    struct pollfd pf = {c0 && c0->fd >= 0 ? c0->fd : -1, POLLRDHUP, 0};
+    int closed = c0 && (c0->eof || (pf.fd >= 0 && poll(&pf, 1, 0) > 0 &&
+                                    (pf.revents & (POLLRDHUP | POLLHUP | POLLERR))));
+    if (closed || quiet > 2 * hvdl__heartbeat_interval(e)) {
+        if (closed)
+            snprintf(silent, sizeof silent, "its connection closed (rank %d gave up "
+                     "meanwhile: %s)", peer, why);
+        else
+            snprintf(silent, sizeof silent, "it sent nothing for %.1f s (rank %d gave up "
+                     "meanwhile: %s)", quiet, peer, why);
         peer = 0;
         why = silent;
     }

@@ -168,7 +168,9 @@ class _Handler(socketserver.BaseRequestHandler):
         except socket.timeout:
             raise _ProtocolError(f"no handshake within {HANDSHAKE_SECONDS:g} s") from None
         except ConnectionError:
-            raise _ProtocolError("closed during the handshake") from None
+            # A client killed mid-handshake (the launcher ending the job) or a scanner
+            # that gave up: it got nothing, and there is nothing to report.
+            raise ConnectionError("closed during the handshake") from None
         if reply is None or reply[:4] != MAGIC:
             raise _ProtocolError("not a store client")
         cn, proof = reply[4:4 + NONCE], reply[4 + NONCE:]
