@@ -178,6 +178,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_port_pair():
+    """A MASTER_PORT whose next port (rank 0's rendezvous store) is free too."""
+    for _ in range(100):
+        port = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
+
+
 def run_processes(envs, script, timeout=120):
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -239,7 +252,7 @@ def test_a_rank_with_another_key_cannot_join():
 
 def torchrun(args, timeout=240, cwd=None):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                           "2", "--master_port", str(free_port()), *args],
+                           "2", "--master_port", str(free_port_pair()), *args],
                           capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env=clean_env(OMP_NUM_THREADS="1"), start_new_session=True)
 
