@@ -122,9 +122,11 @@ class StateHandler:
         self.save()
 
 
-class ModelStateHandler(StateHandler):
-    def __init__(self, model):
-        super().__init__(model)
+class _StateDictHandler(StateHandler):
+    """An object with state_dict()/load_state_dict(): a deep copy is the saved state."""
+
+    def __init__(self, value):
+        super().__init__(value)
         self.save()
 
     def save(self):
@@ -133,21 +135,13 @@ class ModelStateHandler(StateHandler):
     def restore(self):
         self.value.load_state_dict(self._saved)
 
+
+class ModelStateHandler(_StateDictHandler):
     def sync(self):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class OptimizerStateHandler(StateHandler):
-    def __init__(self, optimizer):
-        super().__init__(optimizer)
-        self.save()
-
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self._saved)
-
+class OptimizerStateHandler(_StateDictHandler):
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
 
