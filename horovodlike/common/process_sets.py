@@ -86,8 +86,15 @@ def _register(ps):
     return ps
 
 
-def init_sets(process_sets):
-    """Called by init(): static sets (a list), or "dynamic"."""
+def start(comm=None, process_sets=None):
+    """Start the engine (basics.start) and register `process_sets` on it: a list of
+    ProcessSet or rank lists, "dynamic" to allow adding sets later, or None. Nothing
+    happens if the engine is already running. The public init() adds elastic mode on
+    top (api.init)."""
+    basics.start(comm, after_start=lambda: _init_sets(process_sets))
+
+
+def _init_sets(process_sets):
     global _dynamic, _next_id
     _sets.clear()
     _next_id = 1

@@ -17,12 +17,12 @@ import tensorflow as tf
 
 from horovodlike.common import basics, request
 # Horovod's tensorflow.mpi_ops carries the basics too; scripts import them from here.
-from horovodlike.common.basics import (ccl_built, cross_rank, cross_size,  # noqa: F401
-                                       cuda_built, ddl_built, gloo_built, gloo_enabled, init,
-                                       is_homogeneous, is_initialized, local_rank,
-                                       local_size, mpi_built, mpi_enabled,
-                                       mpi_threads_supported, nccl_built, rank, rocm_built,
-                                       shutdown, size, start_timeline, stop_timeline)
+from horovodlike.common.api import (ccl_built, cross_rank, cross_size,  # noqa: F401
+                                    cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+                                    is_homogeneous, is_initialized, local_rank,
+                                    local_size, mpi_built, mpi_enabled,
+                                    mpi_threads_supported, nccl_built, rank, rocm_built,
+                                    shutdown, size, start_timeline, stop_timeline)
 from horovodlike.common.dynamic_sets import (add_process_set,  # noqa: F401
                                              remove_process_set)
 from horovodlike.common.process_sets import ProcessSet, global_process_set  # noqa: F401
