@@ -20,7 +20,7 @@ def _ranks_label(ids):
 
 def headline(rep):
     """The first lines: who is slow, and where the time goes."""
-    tl, st = rep.timeline, rep.stragglers
+    st = rep.stragglers
     lines = [st.verdict.sentence]
     ph = rep.phases
     if not ph:
