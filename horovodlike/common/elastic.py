@@ -108,7 +108,6 @@ class _Worker:
         self.assignment = None       # the round this process last joined
         self.reason = "new"          # why it asks for the next one
         self.process_sets = None     # what later rounds pass to init(): None or "dynamic"
-        self.updates = None
 
     def _current(self):
         try:
