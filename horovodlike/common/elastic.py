@@ -200,20 +200,14 @@ def init(process_sets=None):
                              f"({e}); waiting for the next one\n")
 
 
-def _drop_process_sets():
-    """After a reset the ranks mean something else: user process sets are unregistered
-    (passing one raises 'not registered'); re-add them in a reset callback."""
-    for s in list(_sets._sets.values()):
-        s.process_set_id = None
-    _sets._sets.clear()
-
-
 def reset():
     """Shut the engine down and start it again (in the driver's next round, under
     horovodlikerun's elastic mode): what every framework's elastic.run does between
     attempts."""
-    _drop_process_sets()
     basics.shutdown()
+    # The ranks mean other processes now: user sets are unregistered (re-add them in a
+    # reset callback).
+    _sets.forget_all()
     if enabled():
         init()
     else:

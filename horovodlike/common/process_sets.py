@@ -116,3 +116,22 @@ def _unregister(sid):
     ps = _sets.pop(sid, None)
     if ps is not None:
         ps.process_set_id = None
+
+
+def by_id(sid):
+    """The registered set with engine id `sid` (0 is the global set)."""
+    if sid == 0:
+        return global_process_set
+    try:
+        return _sets[sid]
+    except KeyError:
+        raise ValueError(f"no process set with id {sid}") from None
+
+
+def forget_all():
+    """Unregister every user set on this side only, after the engine that knew them has
+    stopped (elastic reset: the ranks now mean other processes). Passing one of them
+    afterwards raises 'not registered'."""
+    for ps in list(_sets.values()):
+        ps.process_set_id = None
+    _sets.clear()
