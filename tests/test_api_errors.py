@@ -69,8 +69,14 @@ def case_bad_process_set_at_init():
     check_raises(ValueError, lambda: hvd.init(process_sets=[[0, 5]]), "[0, 5]",
                  what="init with a set beyond the world")
     check(not hvd.is_initialized(), "not initialized after a refused set")
-    hvd.init()
+    a = hvd.ProcessSet([0])
+    hvd.init(process_sets=[a])
     check(hvd.is_initialized(), "is_initialized() after the second init")
+    hvd.shutdown()
+    hvd.init(process_sets=[hvd.ProcessSet([0])])
+    # `a` belonged to the previous engine; it must not alias the new set with its id.
+    check_raises(ValueError, lambda: hvd.allreduce(np.ones(2), process_set=a),
+                 "not registered", what="a set of the previous engine")
 
 
 def case_not_an_array():

@@ -96,7 +96,7 @@ def start(comm=None, process_sets=None):
 
 def _init_sets(process_sets):
     global _dynamic, _next_id
-    _sets.clear()
+    forget_all()        # a set of an earlier engine must not alias one of this engine
     _next_id = 1
     _dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") \
         not in ("", "0")
