@@ -12,6 +12,8 @@ setup(
     description="Horovod's API on a framework-free C engine",
     packages=find_packages(include=["horovodlike", "horovodlike.*", "timeline_viewer",
                                     "timeline_viewer.*"]),
+    # The HTML viewer's script and style, read with importlib.resources.
+    package_data={"timeline_viewer": ["static/*.js", "static/*.css"]},
     python_requires=">=3.9",
     install_requires=["cffi>=1.15", "numpy"],
     setup_requires=["cffi>=1.15"],
