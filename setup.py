@@ -21,7 +21,7 @@ setup(
     # The engine's sources and headers travel in the wheel too (<prefix>/share/...).
     data_files=[("share/horovodlike/engine", sorted(glob.glob("engine/*.[ch]")))],
     entry_points={"console_scripts": [
-        "horovodlikerun = horovodlike.runner.launch:main",
+        "horovodlikerun = horovodlike.runner.entry:main",
         "horovodlike-timeline = timeline_viewer.__main__:main",
     ]},
 )

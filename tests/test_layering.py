@@ -32,10 +32,9 @@ COMMON_LAYERS = [
     ["api"],
 ]
 
-# Packages whose modules must not form a cycle (the launcher, horovodlike.runner, is
-# not yet among them).
+# Packages whose modules must not form a cycle.
 ACYCLIC = ("horovodlike.common", "horovodlike.torch", "horovodlike.tensorflow",
-           "horovodlike.keras", "timeline_viewer")
+           "horovodlike.keras", "horovodlike.runner", "timeline_viewer")
 
 
 def _modules():
