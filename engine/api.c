@@ -11,8 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -102,7 +100,7 @@ int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *b
     snprintf(e->bind_addr, sizeof e->bind_addr, "%s", bind_addr ? bind_addr : "");
     if (key_len) memcpy(e->key, key, (size_t)key_len);
     e->key_len = key_len;
-    if (getrandom(&e->nonce, sizeof e->nonce, 0) != sizeof e->nonce)
+    if (hvdl_random_bytes(&e->nonce, sizeof e->nonce))
         e->nonce = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     int port = hvdl__listen(e);
     if (port < 0) {
@@ -186,7 +184,7 @@ int hvdl_start(int rank, int size, const char *all_blobs) {
     }
     free(all);
     e->tcp = hvdl__tcp_transport(e);
-    e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    e->wake_fd = hvdl_wakefd_open();
     if (!e->tcp || e->wake_fd < 0 || (rank == 0 && hvdl__coordinator_new(e))) {
         rc = hvdl__err(HVDL_ERR_SYSTEM, "engine set-up failed: %s", strerror(errno));
         goto out;
@@ -229,8 +227,7 @@ out:
 }
 
 void hvdl__wake(engine_t *e) {
-    uint64_t one = 1;
-    if (write(e->wake_fd, &one, sizeof one) < 0) { /* counter saturated: already awake */ }
+    hvdl_wakefd_signal(e->wake_fd);
 }
 
 int hvdl_shutdown(void) {

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include "horovodlike.h"
 #include "util.h"
+#include "platform.h"
 #include "config.h"
 #include "log.h"
 #include "timeline.h"

@@ -198,7 +198,7 @@ int hvdl_wait(int64_t h, double timeout_s) {
     pthread_mutex_unlock(&e->mu);
     if (!o) return hvdl__err(HVDL_ERR_INVALID, "unknown or released handle %lld", (long long)h);
     for (int i = 0; i < 2000 && !atomic_load(&o->done); i++) {
-        if (i & 63) __builtin_ia32_pause();
+        if (i & 63) hvdl_pause();
         else sched_yield();
     }
     if (atomic_load(&o->done)) return HVDL_OK;

@@ -11,11 +11,7 @@
 #include "internal.h"
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define KERNEL
-#endif
+#define KERNEL HVDL_TARGET_CLONES
 
 typedef _Float16 f16_t;
 
