@@ -153,8 +153,8 @@ void hvdl__shm_close(engine_t *e) {
     e->shm = NULL;
 }
 
-void hvdl__shm_post(engine_t *e) {
-    hvdl_shm_t *s = e->shm;
+void hvdl__shm_post(ctx_t *c) {
+    hvdl_shm_t *s = c->shm;
     _Atomic uint32_t *mine = seq_of(s, s->me);
     atomic_store_explicit(mine, ++s->phase, memory_order_release);
     if (atomic_load(&((shm_header_t *)s->base)->sleepers))
@@ -173,11 +173,12 @@ static int global_rank(engine_t *e, int local) {
 }
 
 /* Wait until every local rank has posted the phase this rank just posted. */
-int hvdl__shm_wait_all(engine_t *e) {
-    hvdl_shm_t *s = e->shm;
+int hvdl__shm_wait_all(ctx_t *c) {
+    engine_t *e = c->engine;
+    hvdl_shm_t *s = c->shm;
     shm_header_t *h = (shm_header_t *)s->base;
     uint32_t v = s->phase;
-    double now = hvdl_now(), spin_until = now + e->spin_us * 1e-6;
+    double now = hvdl_now(), spin_until = now + c->spin_us * 1e-6;
     if (hvdl__liveness_check(e, now)) return -1;
     for (int q = 0; q < s->nlocal; q++) {
         _Atomic uint32_t *seq = seq_of(s, q);
