@@ -29,6 +29,8 @@ def _build(out_dir, extra):
     and link engine_tests; returns its path."""
     sources = sorted(glob.glob(os.path.join(ENGINE, "*.c")) + glob.glob(os.path.join(CTESTS, "*.c")))
     flags = COMPILE_FLAGS + ["-pthread", "-I" + ENGINE, "-I" + CTESTS] + extra
+    if extra:   # a checking build: -O1 compiles twice as fast and keeps the reports exact
+        flags = [f for f in flags if not f.startswith("-O")] + ["-O1"]
 
     def compile_one(src):
         obj = os.path.join(out_dir, os.path.basename(os.path.dirname(src)) + "_" +
