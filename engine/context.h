@@ -4,10 +4,12 @@
  * report a failure), as Gloo's algorithms see a Context rather than a whole library.
  *
  * The algorithm files (allreduce_*.c, allgather_*.c, broadcast_chain.c,
- * alltoall_pairwise.c, collectives_shm.c) include this header and not internal.h, so
- * the compiler keeps them off engine_t: an algorithm cannot read the queues, the
- * negotiation state or the configuration, only what is here. The engine fills one
- * context at start-up (api.c) and hands &e->ctx to every call (exec.c).
+ * alltoall_pairwise.c, collectives_shm.c, reduce.c) include this header and not
+ * internal.h, so the compiler keeps them off engine_t: an algorithm cannot read the
+ * queues, the negotiation state or the configuration, only what is here. The engine
+ * fills one context at start-up (context.c) and hands &e->ctx to every call (exec.c).
+ * The transport and the shm waits are the engine's side of this boundary: they reach
+ * the peers' sockets and the liveness checks through the context's engine.
  */
 #ifndef HVDL_CONTEXT_H
 #define HVDL_CONTEXT_H

@@ -8,7 +8,7 @@
  * Sum/Max = OR and Min/Product = AND. Integer overflow wraps, as in numpy.
  * Cost: one read of src, one read and one write of dst; memory-bound above L2.
  */
-#include "internal.h"
+#include "context.h"
 #include <string.h>
 
 #define KERNEL HVDL_TARGET_CLONES
