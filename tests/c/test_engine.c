@@ -7,7 +7,8 @@
  *                               broadcast, alltoall, reducescatter; on a process set that
  *                               is part of the node: the TCP algorithms
  *   one node, no shared memory  recursive doubling (small), ring (large), ring allgather,
- *                               chain broadcast, pairwise alltoall, ring reducescatter
+ *                               chain broadcast, pairwise alltoall, ring reducescatter;
+ *                               once more with recursive doubling at every size
  *   several "nodes" (distinct   hierarchical allreduce and allgather on the global set;
  *   host names), shared memory  shm algorithms on a set that is one node; TCP otherwise
  *
@@ -361,6 +362,7 @@ static void small_pieces(config_t *c) {
     c->peer_timeout = 10;          /* a hang becomes a named failure soon */
 }
 static void no_shm(config_t *c) { small_pieces(c); c->shm = 0; }
+static void rd_only(config_t *c) { no_shm(c); c->small_bytes = (int64_t)1 << 40; }
 
 static const char *expected_path(const world_t *w, int set) {
     const group_t *g = w->e[0]->sets[set];
@@ -392,6 +394,9 @@ int main(int argc, char **argv) {
     static const int tcp_sizes[] = {2, 3, 4, 7, 16};
     for (size_t i = 0; i < sizeof tcp_sizes / sizeof *tcp_sizes; i++)
         if (tcp_sizes[i] <= max_ranks) run_world(tcp_sizes[i], NULL, no_shm, "one node, tcp only");
+    static const int rd_sizes[] = {3, 6};      /* not powers of two: ranks fold in and out */
+    for (size_t i = 0; i < sizeof rd_sizes / sizeof *rd_sizes; i++)
+        if (rd_sizes[i] <= max_ranks) run_world(rd_sizes[i], NULL, rd_only, "one node, recursive doubling");
     /* fake nodes: two of two, two of three, three of two (hierarchical); three and one
      * (not homogeneous: shm on the big node for nothing but its own sets, TCP otherwise) */
     static const char *const a2b2[] = {"nodeA", "nodeA", "nodeB", "nodeB"};
