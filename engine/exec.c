@@ -63,10 +63,10 @@ static int pick_allreduce(engine_t *e, const group_t *g, int64_t bytes) {
 
 static int allreduce_any(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op) {
     switch (pick_allreduce(e, g, count * hvdl_dtype_size(dtype))) {
-    case ALG_SHM: return hvdl__allreduce_shm(e, buf, buf, count, dtype, op);
-    case ALG_HIER: return hvdl__allreduce_hier(e, buf, count, dtype, op);
-    case ALG_RD: return hvdl__allreduce_rd(e, g, buf, count, dtype, op);
-    default: return hvdl__allreduce_ring(e, g, buf, count, dtype, op);
+    case ALG_SHM: return hvdl__allreduce_shm(&e->ctx, buf, buf, count, dtype, op);
+    case ALG_HIER: return hvdl__allreduce_hier(&e->ctx, buf, count, dtype, op);
+    case ALG_RD: return hvdl__allreduce_rd(&e->ctx, g, buf, count, dtype, op);
+    default: return hvdl__allreduce_ring(&e->ctx, g, buf, count, dtype, op);
     }
 }
 
@@ -96,7 +96,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
     if (n == 1) {
         if (m->prescale == 1.0 && pick_allreduce(e, g, s->nbytes) == ALG_SHM) {
             /* straight from the caller's input into shared memory and back out */
-            if (hvdl__allreduce_shm(e, s->in, s->out, s->nbytes / esz, m->dtype, op)) return -1;
+            if (hvdl__allreduce_shm(&e->ctx, s->in, s->out, s->nbytes / esz, m->dtype, op)) return -1;
             hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
             return 0;
         }
@@ -113,7 +113,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         span_t v[n];
         for (int i = 0; i < n; i++) v[i] = (span_t){s[i].in, s[i].out, s[i].nbytes};
         double t0 = hvdl_now();
-        if (hvdl__allreduce_shm_spans(e, v, n, m->dtype, op)) return -1;
+        if (hvdl__allreduce_shm_spans(&e->ctx, v, n, m->dtype, op)) return -1;
         for (int i = 0; i < n; i++) hvdl__scale(m->dtype, s[i].out, s[i].nbytes / esz, post);
         if (TL_ON(e)) {
             char args[64];
@@ -162,9 +162,9 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
     if (o->nbytes) memcpy(out + mine, o->input, (size_t)o->nbytes);
     int hier = !on_shm(e, g) && g->id == 0 && e->cross && e->shm &&
                e->cfg.allgather_algorithm != ALG_RING;
-    if (on_shm(e, g) ? hvdl__allgather_shm(e, out, blocks)
-        : hier       ? hvdl__allgather_hier(e, out, blocks)
-                     : hvdl__allgather_ring(e, g, out, blocks)) {
+    if (on_shm(e, g) ? hvdl__allgather_shm(&e->ctx, out, blocks)
+        : hier       ? hvdl__allgather_hier(&e->ctx, out, blocks)
+                     : hvdl__allgather_ring(&e->ctx, g, out, blocks)) {
         free(out);
         return -1;
     }
@@ -177,8 +177,8 @@ static int exec_broadcast(engine_t *e, const group_t *g, const meta_t *m, op_t *
     while (g->ranks[root] != m->root_rank) root++;
     if (g->me == root && o->output != o->input && o->nbytes)
         memcpy(o->output, o->input, (size_t)o->nbytes);
-    return on_shm(e, g) ? hvdl__broadcast_shm(e, o->output, o->nbytes, root)
-                        : hvdl__broadcast_chain(e, g, o->output, o->nbytes, root);
+    return on_shm(e, g) ? hvdl__broadcast_shm(&e->ctx, o->output, o->nbytes, root)
+                        : hvdl__broadcast_chain(&e->ctx, g, o->output, o->nbytes, root);
 }
 
 /* Rows of the first dimension for member i: lower members take the remainder. */
@@ -195,7 +195,7 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
     }
     if (on_shm(e, g) && m->prescale == 1.0) {
         /* each rank reduces its own segment straight from every rank's input */
-        if (hvdl__reducescatter_shm(e, o->input, seg, o->output, m->dtype, op)) return -1;
+        if (hvdl__reducescatter_shm(&e->ctx, o->input, seg, o->output, m->dtype, op)) return -1;
         hvdl__scale(m->dtype, o->output, seg[g->me] / esz, post);
         return 0;
     }
@@ -204,7 +204,7 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
     uint8_t *f = e->fusion.data;
     if (o->nbytes) memcpy(f, o->input, (size_t)o->nbytes);
     hvdl__scale(m->dtype, f, o->nbytes / esz, m->prescale);
-    if (hvdl__reduce_scatter_ring(e, g, f, seg, m->dtype, op)) return -1;
+    if (hvdl__reduce_scatter_ring(&e->ctx, g, f, seg, m->dtype, op)) return -1;
     if (seg[g->me]) memcpy(o->output, f + mine, (size_t)seg[g->me]);
     hvdl__scale(m->dtype, o->output, seg[g->me] / esz, post);
     return 0;
@@ -227,8 +227,8 @@ static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *
     int64_t longest = 0;
     for (int k = 0; k < n * n; k++)
         if (matrix[k] * row > longest) longest = matrix[k] * row;
-    if (on_shm(e, g) ? hvdl__alltoall_shm(e, o->input, send, out, recv, longest)
-                     : hvdl__alltoall_pairwise(e, g, o->input, send, out, recv)) {
+    if (on_shm(e, g) ? hvdl__alltoall_shm(&e->ctx, o->input, send, out, recv, longest)
+                     : hvdl__alltoall_pairwise(&e->ctx, g, o->input, send, out, recv)) {
         free(out);
         free(splits);
         return -1;

@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 void hvdl__queue_push(op_queue_t *q, op_t *o) {
@@ -118,8 +117,7 @@ void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
 
 /* Move newly enqueued ops to the loop's own queue; returns whether shutdown was asked. */
 static int take_incoming(engine_t *e) {
-    uint64_t v;
-    if (read(e->wake_fd, &v, sizeof v) < 0) { /* nothing to drain */ }
+    hvdl_wakefd_drain(e->wake_fd);
     pthread_mutex_lock(&e->mu);
     op_t *o;
     while ((o = hvdl__queue_pop(&e->incoming))) {
