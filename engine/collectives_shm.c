@@ -2,27 +2,48 @@
  * Collectives over the node's shared-memory segment, used when every member of the
  * process set is on this node and they are all of its ranks.
  *
- * Each local rank owns two slots (double buffering: a slot written in epoch k is read by
- * the others before they post anything in epoch k+1, so it is free again in k+2) of (L + 1) chunks: L chunks hold its
- * copy of the current piece of the buffer, one chunk its share of the reduced result.
+ * Each local rank owns two slots of (L + 1) chunks: L chunks (the "copy" part) hold its
+ * copy of a piece of the buffer, one chunk (the "result" part) its share of the reduced
+ * result. Pieces alternate between the two slots (s->epoch counts them across calls).
  * A piece is L chunks (C bytes each, HOROVODLIKE_SHM_CHUNK_BYTES), so it stays in cache
  * from copy-in through reduction to copy-out.
  *
- * Allreduce, two-shot, per piece:
- *   1. copy-in     every rank copies its piece into its slot            post, wait all
- *   2. reduce      rank j reduces chunk j of every rank's slot into its result chunk
- *                                                                        post, wait all
- *   3. copy-out    every rank copies every result chunk into its buffer
- * The next piece uses the other slot, so a fast rank's copy-in of piece k+1 overlaps a
- * slow rank's copy-out of piece k; two barriers per piece are the only synchronisation.
+ * Synchronisation is the node barrier of shm.c (post = arrive, wait all = until all
+ * have), and one rule makes the double buffer safe without a closing barrier:
+ *   (R) data published by barrier g (written before it, read after it) is read only
+ *       before the reader arrives at barrier g + 1; so a rank that has passed g + 1
+ *       may overwrite it.
+ * A part of slot s holds piece e, then piece e + 2 (e + 1 uses the other slot). Every
+ * collective below writes a part for piece e + 2 only after passing the barrier that
+ * follows the one that published piece e there, so by (R) every reader is done with it.
+ *
+ * Allreduce, two-shot, pipelined: one barrier per piece, P + 1 for P pieces.
+ *   round k (k = 0..P), then barrier k:
+ *     copy-out  piece k-2: every result chunk of its slot into the buffer
+ *     reduce    piece k-1: rank j reduces chunk j of every rank's copy into its result
+ *     copy-in   piece k:   this rank's piece into the copy part of its slot
+ *   after barrier P: copy-out of piece P-1.
+ * Piece k's copies are published by barrier k and reduced before barrier k + 1; its
+ * results are published by barrier k + 1 and copied out before barrier k + 2: (R)
+ * holds. Piece k + 2 writes its copies in round k + 2 (after barrier k + 1) and its
+ * results in round k + 3 (after barrier k + 2): each after the barrier that follows
+ * the publication of piece k's, as the rule needs. Within a round, copy-in writes the
+ * copy part of piece k's slot while the others may still read the result part of that
+ * same slot (piece k-2): different bytes. Across calls: the next collective's first
+ * piece (P) uses piece P-2's slot, whose copies and results were read before barriers
+ * P-1 and P, and it writes only after barrier P; its second piece writes only after a
+ * barrier of its own, which every rank reaches after the final copy-out of piece P-1.
+ * The former scheme, copy-in, barrier, reduce, barrier, copy-out, took 2P barriers.
  * Cost for S bytes: each rank copies S in, reduces S/L from L slots, copies S out: about
  * 4S bytes of cache traffic per rank, of which only reading the input and writing the
- * output reach DRAM. Synchronisation: 2 * S/(L*C) barriers.
+ * output reach DRAM. Synchronisation: S/(L*C) + 1 barriers.
  *
  * Allreduce, one-shot (S <= one chunk): copy-in, one barrier, and every rank reduces all
  * L slots itself, in rank order so every rank gets bit-identical results. Cost: one
  * barrier and L*S reads: the choice for latency-bound sizes.
  *
+ * Every other collective here is one barrier per piece: write this piece's part of the
+ * slot, barrier, read; the next piece's barrier is then the "g + 1" of rule (R).
  * Broadcast: the root copies a piece in, one barrier, the others copy it out.
  * Reducescatter and alltoall: a slot holds one chunk per member; see each function.
  * Allgather: every rank copies a piece of its block in, one barrier, every rank copies
@@ -54,21 +75,16 @@ static void share_of(int64_t len, int esz, int L, int j, int64_t *off, int64_t *
     *n = (elems / L + (j < elems % L)) * esz;
 }
 
-/* Two-shot steps 1 and 2 for one piece: copy-in, barrier, reduce this rank's share into
- * its result chunk, barrier. Returns the share's offset and size in the piece. */
-static int piece_reduce(ctx_t *c, hvdl_shm_t *s, const uint8_t *src, int64_t len, int dtype,
-                        int op, int which, int64_t *off, int64_t *n) {
+/* Two-shot step 2 for one piece: this rank's share of every rank's copy in slot `which`,
+ * reduced in rank order into its result chunk. Returns the share's offset and size. */
+static void reduce_share(hvdl_shm_t *s, int64_t len, int dtype, int op, int which, int64_t *off,
+                         int64_t *n) {
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
-    uint8_t *mine = hvdl__shm_slot(s, s->me, which), *res = mine + L * s->chunk;
-    if (src) memcpy(mine, src, (size_t)len);     /* NULL: the caller filled the slot */
-    hvdl__shm_post(c);
-    if (hvdl__shm_wait_all(c)) return -1;
+    uint8_t *res = hvdl__shm_slot(s, s->me, which) + L * s->chunk;
     share_of(len, esz, L, s->me, off, n);
     memcpy(res, hvdl__shm_slot(s, 0, which) + *off, (size_t)*n);
     for (int q = 1; q < L; q++)
         hvdl__reduce(dtype, op, res, hvdl__shm_slot(s, q, which) + *off, *n / esz);
-    hvdl__shm_post(c);
-    return hvdl__shm_wait_all(c);
 }
 
 /* Step 3 for one piece: every rank's result chunk into place. */
@@ -78,18 +94,6 @@ static void piece_copy_out(hvdl_shm_t *s, uint8_t *dst, int64_t len, int esz, in
         share_of(len, esz, s->nlocal, q, &off, &n);
         memcpy(dst + off, hvdl__shm_slot(s, q, which) + s->nlocal * s->chunk, (size_t)n);
     }
-}
-
-static int two_shot(ctx_t *c, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
-                    int dtype, int op) {
-    int64_t piece = s->chunk * s->nlocal, off, n;
-    for (int64_t lo = 0; lo < bytes; lo += piece) {
-        int which = s->epoch++ & 1;
-        int64_t len = min64(piece, bytes - lo);
-        if (piece_reduce(c, s, in + lo, len, dtype, op, which, &off, &n)) return -1;
-        piece_copy_out(s, out + lo, len, hvdl_dtype_size(dtype), which);
-    }
-    return 0;
 }
 
 /* Several tensors as one virtual buffer (a fused response) without a fusion buffer:
@@ -117,25 +121,61 @@ static void scatter(const span_t *v, int64_t at, const uint8_t *src, int64_t len
     }
 }
 
-int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op) {
-    hvdl_shm_t *s = c->shm;
-    int L = s->nlocal, esz = hvdl_dtype_size(dtype);
-    int64_t total = 0, piece = s->chunk * L, off, n;
-    for (int i = 0; i < nspans; i++) total += v[i].nbytes;
-    cursor_t at = {v, 0, 0};
-    while (nspans > 0 && at.i < nspans && v[at.i].nbytes == 0) at.i++;
-    for (int64_t lo = 0; lo < total; lo += piece) {
-        int which = s->epoch++ & 1;
-        int64_t len = min64(piece, total - lo);
-        gather(&at, hvdl__shm_slot(s, s->me, which), len);
-        while (at.i < nspans && v[at.i].nbytes == 0) at.i++;
-        if (piece_reduce(c, s, NULL, len, dtype, op, which, &off, &n)) return -1;
-        for (int q = 0; q < L; q++) {
-            share_of(len, esz, L, q, &off, &n);
-            if (n) scatter(v, lo + off, hvdl__shm_slot(s, q, which) + L * s->chunk, n);
-        }
+/* Where a two-shot pass reads and writes: one input and one output buffer, or (v set)
+ * the spans of a fused response. */
+typedef struct io { const uint8_t *in; uint8_t *out; const span_t *v; int nspans; cursor_t at; } io_t;
+
+static void copy_in(io_t *io, uint8_t *slot, int64_t lo, int64_t len) {
+    if (!io->v) {
+        memcpy(slot, io->in + lo, (size_t)len);
+        return;
     }
+    gather(&io->at, slot, len);
+    while (io->at.i < io->nspans && io->v[io->at.i].nbytes == 0) io->at.i++;
+}
+
+static void copy_out(io_t *io, hvdl_shm_t *s, int which, int64_t lo, int64_t len, int esz) {
+    if (!io->v) {
+        piece_copy_out(s, io->out + lo, len, esz, which);
+        return;
+    }
+    for (int q = 0; q < s->nlocal; q++) {
+        int64_t off, n;
+        share_of(len, esz, s->nlocal, q, &off, &n);
+        if (n) scatter(io->v, lo + off, hvdl__shm_slot(s, q, which) + s->nlocal * s->chunk, n);
+    }
+}
+
+/* The pipelined two-shot (see the top of the file): P pieces, P + 1 barriers. Round k
+ * copies piece k - 2's results out, reduces this rank's share of piece k - 1 and copies
+ * piece k in, then arrives at barrier k. */
+static int two_shot(ctx_t *c, hvdl_shm_t *s, io_t *io, int64_t bytes, int dtype, int op) {
+    int esz = hvdl_dtype_size(dtype);
+    int64_t piece = s->chunk * s->nlocal, P = (bytes + piece - 1) / piece, off, n;
+    uint32_t e0 = s->epoch;
+    s->epoch += (uint32_t)P;
+#define LEN(k) min64(piece, bytes - (k) * piece)
+#define WHICH(k) (int)((e0 + (uint32_t)(k)) & 1)
+    for (int64_t k = 0; k <= P; k++) {
+        if (k >= 2) copy_out(io, s, WHICH(k - 2), (k - 2) * piece, LEN(k - 2), esz);
+        if (k >= 1) reduce_share(s, LEN(k - 1), dtype, op, WHICH(k - 1), &off, &n);
+        if (k < P) copy_in(io, hvdl__shm_slot(s, s->me, WHICH(k)), k * piece, LEN(k));
+        hvdl__shm_post(c);
+        if (hvdl__shm_wait_all(c)) return -1;
+    }
+    if (P) copy_out(io, s, WHICH(P - 1), (P - 1) * piece, LEN(P - 1), esz);
+#undef LEN
+#undef WHICH
     return 0;
+}
+
+int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op) {
+    int64_t total = 0;
+    for (int i = 0; i < nspans; i++) total += v[i].nbytes;
+    if (!total) return 0;
+    io_t io = {NULL, NULL, v, nspans, {v, 0, 0}};
+    while (io.at.i < nspans && v[io.at.i].nbytes == 0) io.at.i++;
+    return two_shot(c, c->shm, &io, total, dtype, op);
 }
 
 /* The first half of hierarchical allreduce: this rank's reduced shares of every piece,
@@ -148,7 +188,13 @@ int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype
     for (int64_t lo = 0; lo < bytes; lo += piece) {
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
-        if (piece_reduce(c, s, (const uint8_t *)buf + lo, len, dtype, op, which, &off, &n)) return -1;
+        memcpy(hvdl__shm_slot(s, s->me, which), (const uint8_t *)buf + lo, (size_t)len);
+        hvdl__shm_post(c);
+        if (hvdl__shm_wait_all(c)) return -1;
+        /* No closing barrier: the result chunk is read by this rank alone, and the
+         * copies it reduces from are written again only two pieces later, after barrier
+         * k + 1, which every rank reaches once it has finished reducing piece k. */
+        reduce_share(s, len, dtype, op, which, &off, &n);
         if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n))
             return hvdl__ctx_oom(c, "hierarchical allreduce buffer", out->len + n);
     }
@@ -185,7 +231,8 @@ int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int 
     if (!bytes) return 0;
     double t0 = hvdl_now();
     int one = bytes <= s->chunk;
-    int rc = one ? one_shot(c, s, in, out, bytes, dtype, op) : two_shot(c, s, in, out, bytes, dtype, op);
+    io_t io = {in, out, NULL, 0, {NULL, 0, 0}};
+    int rc = one ? one_shot(c, s, in, out, bytes, dtype, op) : two_shot(c, s, &io, bytes, dtype, op);
     if (!rc && hvdl__ctx_tracing(c))
         hvdl__ctx_span(c, one ? "SHM_ONE_SHOT" : "SHM_TWO_SHOT", t0, hvdl_now(), bytes);
     return rc;

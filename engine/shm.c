@@ -1,6 +1,7 @@
 /*
  * The shared-memory segment of one node and job, and the one synchronisation primitive
- * the shm collectives use: "I finished phase v" / "wait until every local rank has".
+ * the shm collectives use: a barrier of every local rank, in two halves
+ * (hvdl__shm_post: "I arrived", hvdl__shm_wait_all: "wait until every local rank has").
  *
  * Naming and clean-up: local rank 0 creates /hvdl-<job>-<node> (job = rank 0's nonce,
  * node = a hash of the host name), the others open it, and the last local rank to map
@@ -9,11 +10,40 @@
  * exactly as long as the processes that map it, so a crash can never leave one behind
  * and a later job can never find a stale one.
  *
- * Waiting: spin briefly on the peers' phase counters (a phase usually completes within
- * microseconds when every rank has a core), then block in futex_wait on the counter.
- * Posting wakes sleepers only when the shared sleeper count says there are any, so the
- * common case is one store. While blocked, the control sockets are watched, so a dead
- * local rank (reported by rank 0) ends the wait at once.
+ * The barrier: a shared arrival counter and a generation word, each on its own cache
+ * line. Arriving is one atomic add on the counter; the rank whose add completes barrier
+ * v (the counter reaches v * L for L local ranks) stores v in the generation word and,
+ * only if the shared sleeper count says anyone sleeps, wakes them all with ONE
+ * FUTEX_WAKE on that word. Waiters spin briefly on the generation word (a barrier
+ * usually completes within microseconds when every rank has a core; no spinning at all
+ * when ranks outnumber cores), then block in futex_wait on it. Every rank also stores
+ * the barrier it reached in a word of its own, read only to name a rank that stopped.
+ *
+ * Cost per barrier, L local ranks:
+ *   arrivals  L atomic adds on one line: they serialise, ~0.1 us each across cores, so
+ *             under 1 us at L = 8; plus one store per rank to its own line;
+ *   release   one store of the generation word, seen by every spinning waiter as one
+ *             cache-line transfer each; with sleepers, one futex_wake system call;
+ *   sleepers  each sleeper is woken once, by the last arrival, when it can go on.
+ * The former scheme (every rank posts its own word, a waiter waits on each word in turn)
+ * cost a waiter up to L - 1 wake-ups per barrier and a FUTEX_WAKE per arrival when
+ * anyone slept: with 8 ranks on 2 cores a waiter woke, found the next rank not there
+ * yet, and slept again, each time taking the core from a rank that had work to do.
+ * A tree or dissemination barrier would avoid the shared counter but needs log L rounds,
+ * each a potential wake-up when oversubscribed: the central counter is the cheap choice
+ * for the few ranks of one node.
+ *
+ * Ordering: each arrival's add is a release, so the slot data a rank wrote before it
+ * arrived is visible to the last arrival (its add acquires the whole sequence of adds),
+ * whose store of the generation is a release that every waiter acquires. The sleeper
+ * count and the generation word form a Dekker pair (both sides sequentially
+ * consistent): a waiter that counted itself as a sleeper either sees the new
+ * generation before it sleeps or is seen by the last arrival, which then wakes it.
+ *
+ * Liveness: while blocked (50 ms at a time), the control sockets are watched, so a dead
+ * local rank (reported by rank 0) ends the wait at once, and the heartbeats are checked;
+ * a barrier that makes no progress for the peer timeout names the first local rank
+ * whose own word shows it has not arrived.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -40,11 +70,17 @@ typedef struct shm_header {
     int64_t slot_bytes;
 } shm_header_t;
 
-static size_t header_bytes(int nlocal) { return (size_t)LINE * (size_t)(2 + nlocal); }
+/* Line 0: the header. Line 1: the arrival counter. Line 2: the generation word (what
+ * waiters watch, so arrivals do not disturb them). Then one line per local rank: the
+ * barrier it reached. Then the slots. */
+static size_t header_bytes(int nlocal) { return (size_t)LINE * (size_t)(3 + nlocal); }
 
-static _Atomic uint32_t *seq_of(hvdl_shm_t *s, int local) {
-    return (_Atomic uint32_t *)(s->base + LINE * (1 + local));
+static _Atomic uint32_t *word_at(hvdl_shm_t *s, int line) {
+    return (_Atomic uint32_t *)(s->base + LINE * line);
 }
+static _Atomic uint32_t *arrived_of(hvdl_shm_t *s) { return word_at(s, 1); }
+static _Atomic uint32_t *generation_of(hvdl_shm_t *s) { return word_at(s, 2); }
+static _Atomic uint32_t *reached_by(hvdl_shm_t *s, int local) { return word_at(s, 3 + local); }
 
 uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which) {
     return s->base + header_bytes(s->nlocal) + (size_t)local * 2 * (size_t)s->slot_bytes +
@@ -153,16 +189,24 @@ void hvdl__shm_close(engine_t *e) {
     e->shm = NULL;
 }
 
+/* Arrive at the next barrier. Every rank calls hvdl__shm_wait_all before it posts again. */
 void hvdl__shm_post(ctx_t *c) {
     hvdl_shm_t *s = c->shm;
-    _Atomic uint32_t *mine = seq_of(s, s->me);
-    atomic_store_explicit(mine, ++s->phase, memory_order_release);
-    if (atomic_load(&((shm_header_t *)s->base)->sleepers))
-        hvdl_futex_wake_all(mine);
+    uint32_t v = ++s->phase;
+    /* Unsigned arithmetic: the counter and v * L wrap alike. */
+    uint32_t before = atomic_fetch_add_explicit(arrived_of(s), 1, memory_order_acq_rel);
+    if (before + 1 == v * (uint32_t)s->nlocal) {         /* the last to arrive */
+        atomic_store(generation_of(s), v);
+        if (atomic_load(&((shm_header_t *)s->base)->sleepers))
+            hvdl_futex_wake_all(generation_of(s));
+    }
+    /* After the add: a rank stopped between its add and its release of the barrier has
+     * not written this yet, so it is the one named. */
+    atomic_store_explicit(reached_by(s, s->me), v, memory_order_relaxed);
 }
 
-static int reached(_Atomic uint32_t *seq, uint32_t v) {
-    return (int32_t)(atomic_load_explicit(seq, memory_order_acquire) - v) >= 0;
+static int reached(_Atomic uint32_t *word, uint32_t v) {
+    return (int32_t)(atomic_load_explicit(word, memory_order_acquire) - v) >= 0;
 }
 
 /* The global rank of this node's local rank `local`. */
@@ -172,39 +216,50 @@ static int global_rank(engine_t *e, int local) {
     return -1;
 }
 
-/* Wait until every local rank has posted the phase this rank just posted. */
+/* The barrier made no progress for the peer timeout: name the first local rank that has
+ * not arrived. */
+static int stalled(engine_t *e, hvdl_shm_t *s, uint32_t v, double waited) {
+    char why[160];
+    snprintf(why, sizeof why, "its shared-memory flag did not advance for %.0f s", waited);
+    for (int q = 0; q < s->nlocal; q++) {
+        if (reached(reached_by(s, q), v)) continue;
+        int r = global_rank(e, q);
+        if (r >= 0) hvdl__peer_lost(e, r, why);
+        else hvdl__fail(e, HVDL_ERR_PEER_LOST, "local rank %d %s", q, why);
+        return -1;
+    }
+    hvdl__fail(e, HVDL_ERR_PEER_LOST, "the local ranks' shared-memory barrier %u did not "
+               "complete for %.0f s although every rank arrived", v, waited);
+    return -1;
+}
+
+/* Wait until every local rank has arrived at the barrier this rank last posted. */
 int hvdl__shm_wait_all(ctx_t *c) {
     engine_t *e = c->engine;
     hvdl_shm_t *s = c->shm;
     shm_header_t *h = (shm_header_t *)s->base;
+    _Atomic uint32_t *gen = generation_of(s);
     uint32_t v = s->phase;
     double now = hvdl_now(), spin_until = now + c->spin_us * 1e-6;
     if (hvdl__liveness_check(e, now)) return -1;
-    for (int q = 0; q < s->nlocal; q++) {
-        _Atomic uint32_t *seq = seq_of(s, q);
-        while (!reached(seq, v) && hvdl_now() < spin_until)
-            for (int i = 0; i < 16; i++) hvdl_pause();
-        double since = hvdl_now();
-        while (!reached(seq, v)) {
-            uint32_t cur = atomic_load(seq);
-            atomic_fetch_add(&h->sleepers, 1);
-            struct timespec ts = {0, 50 * 1000 * 1000};
-            if (!reached(seq, v)) hvdl_futex_wait(seq, cur, &ts);
-            atomic_fetch_sub(&h->sleepers, 1);
-            if (reached(seq, v)) break;
-            /* Still waiting: has anyone reported a dead rank? Is everyone alive? */
-            if (hvdl__watch_control(e, 0) || hvdl__liveness_check(e, hvdl_now())) return -1;
-            /* One heartbeat interval later than liveness.c, as the TCP transport does. */
-            if (hvdl_now() - since > e->cfg.peer_timeout + hvdl__heartbeat_interval(e)) {
-                char why[160];
-                snprintf(why, sizeof why, "its shared-memory flag did not advance for %.0f s",
-                         hvdl_now() - since);
-                int r = global_rank(e, q);
-                if (r >= 0) hvdl__peer_lost(e, r, why);
-                else hvdl__fail(e, HVDL_ERR_PEER_LOST, "local rank %d %s", q, why);
-                return -1;
-            }
-        }
+    while (!reached(gen, v) && hvdl_now() < spin_until)
+        for (int i = 0; i < 16; i++) hvdl_pause();
+    double since = hvdl_now();
+    uint32_t seen = atomic_load(arrived_of(s));
+    while (!reached(gen, v)) {
+        uint32_t cur = atomic_load(gen);
+        atomic_fetch_add(&h->sleepers, 1);
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        if (!reached(gen, v)) hvdl_futex_wait(gen, cur, &ts);
+        atomic_fetch_sub(&h->sleepers, 1);
+        if (reached(gen, v)) break;
+        /* Still waiting: has anyone reported a dead rank? Is everyone alive? */
+        if (hvdl__watch_control(e, 0) || hvdl__liveness_check(e, hvdl_now())) return -1;
+        uint32_t arrived = atomic_load(arrived_of(s));
+        if (arrived != seen) seen = arrived, since = hvdl_now();   /* someone arrived */
+        /* One heartbeat interval later than liveness.c, as the TCP transport does. */
+        else if (hvdl_now() - since > e->cfg.peer_timeout + hvdl__heartbeat_interval(e))
+            return stalled(e, s, v, hvdl_now() - since);
     }
     return 0;
 }
