@@ -39,7 +39,7 @@ int hvdl__allgather_hier(engine_t *e, void *out, const int64_t *block_bytes) {
     uint8_t *node = malloc((size_t)node_bytes[kme] + 1), *cross = malloc((size_t)total + 1),
             *all = malloc((size_t)total + 1), *nodes = malloc((size_t)total + 1);
     int rc = -1;
-    if (!node || !cross || !all || !nodes) goto done;
+    if (!node || !cross || !all || !nodes) { hvdl__oom(e, "hierarchical allgather buffer", 3 * total); goto done; }
 
     /* 1. my node's blocks, in local order */
     int64_t at = 0, mine_at = 0;
@@ -93,6 +93,5 @@ done:
     free(cross);
     free(all);
     free(nodes);
-    if (rc && !e->failed) hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory in hierarchical allgather");
     return rc;
 }

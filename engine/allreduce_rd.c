@@ -29,7 +29,7 @@ int hvdl__allreduce_rd(engine_t *e, const group_t *g, void *buf, int64_t count, 
     int n = g->n, me = g->me, esz = hvdl_dtype_size(dtype);
     int64_t bytes = count * esz;
     if (n == 1 || count == 0) return 0;
-    if (buf_reserve(&e->scratch, 2 * bytes)) return -1;
+    if (HVDL_INJECT(e, INJ_RD_ALLOC) || buf_reserve(&e->scratch, 2 * bytes)) return hvdl__oom(e, "recursive-doubling scratch buffer", 2 * bytes);
     uint8_t *tmp = e->scratch.data, *mine = tmp + bytes;
     int p = 1;
     while (p * 2 <= n) p *= 2;

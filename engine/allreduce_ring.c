@@ -39,7 +39,7 @@ int hvdl__reduce_scatter_ring(engine_t *e, const group_t *g, void *buf, const in
     int64_t off[n + 1];
     off[0] = 0;
     for (int i = 0; i < n; i++) off[i + 1] = off[i] + seg_bytes[i];
-    if (buf_reserve(&e->scratch, e->cfg.chunk_bytes)) return -1;
+    if (HVDL_INJECT(e, INJ_RING_ALLOC) || buf_reserve(&e->scratch, e->cfg.chunk_bytes)) return hvdl__oom(e, "ring staging buffer", e->cfg.chunk_bytes);
     reduce_ctx_t rc = {NULL, dtype, op, hvdl_dtype_size(dtype)};
     uint8_t *b = buf;
     int left = g->ranks[mod(r - 1, n)], right = g->ranks[mod(r + 1, n)];

@@ -150,7 +150,7 @@ int hvdl__shm_reduce_scatter(engine_t *e, const void *buf, int64_t bytes, int dt
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
         if (piece_reduce(e, s, (const uint8_t *)buf + lo, len, dtype, op, which, &off, &n)) return -1;
-        if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n)) return -1;
+        if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n)) return hvdl__oom(e, "hierarchical share buffer", out->len + n);
     }
     *share_bytes = out->len;
     return 0;
