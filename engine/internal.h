@@ -354,7 +354,7 @@ enum {
 };
 
 /* net.c: control frames over the control star, and waiting on control traffic */
-int hvdl__ctrl_read(conn_t *c);     /* buffer what arrived; -1 once the peer has closed */
+int hvdl__ctrl_read(engine_t *e, int peer);   /* buffer what arrived; -1 once the peer has closed */
 int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n);
 /* The next complete frame buffered from peer: 1 (payload malloc'd), 0 (none), -1 (failed) */
 int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_t *len);

@@ -89,7 +89,7 @@ static int send_plan(engine_t *e, const response_t *rs, int n) {
     for (int w = 1; w < e->size && !rc; w++) {
         uint32_t count = 0;
         msg.len = 0;
-        buf_put_u32(&msg, 0);
+        if (buf_put_u32(&msg, 0)) { rc = hvdl__oom(e, "response frame", 4); break; }
         for (int i = 0; i < n; i++) {
             if (!is_member(e->sets[rs[i].meta.process_set], w)) continue;
             if (buf_put(&msg, wire[i].data, wire[i].len)) { rc = hvdl__oom(e, "response frame", msg.len); break; }

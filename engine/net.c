@@ -18,10 +18,12 @@
 #include <string.h>
 #include <sys/socket.h>
 
-/* Read whatever a control socket has into its rx buffer. 0, or -1 when the peer is gone. */
-int hvdl__ctrl_read(conn_t *c) {
+/* Read whatever peer's control socket has into its rx buffer. 0, or -1 when the peer is
+ * gone (or this rank has failed: no memory to read into). */
+int hvdl__ctrl_read(engine_t *e, int peer) {
+    conn_t *c = &e->peers[peer].ctrl;
     for (;;) {
-        if (buf_reserve(&c->rx, c->rx.len + 65536)) return -1;
+        if (buf_reserve(&c->rx, c->rx.len + 65536)) return hvdl__oom(e, "control receive buffer", c->rx.len + 65536);
         ssize_t k = recv(c->fd, c->rx.data + c->rx.len, (size_t)(c->rx.cap - c->rx.len), 0);
         if (k > 0) { c->rx.len += k; c->last_rx = hvdl_now(); continue; }
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
@@ -80,7 +82,7 @@ static int scan_frames(engine_t *e, int peer) {
  * goodbye, so the transfer goes on and the loop handles the goodbye afterwards. */
 int hvdl__control_readable(engine_t *e, int peer) {
     conn_t *c = &e->peers[peer].ctrl;
-    int closed = hvdl__ctrl_read(c);
+    int closed = hvdl__ctrl_read(e, peer);
     int bye = scan_frames(e, peer);
     if (bye < 0) return -1;
     if (closed && bye) {
@@ -121,7 +123,7 @@ int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap) {
  * marked as closed after a goodbye. */
 static int said_bye(engine_t *e, int peer) {
     conn_t *c = &e->peers[peer].ctrl;
-    hvdl__ctrl_read(c);
+    hvdl__ctrl_read(e, peer);
     if (scan_frames(e, peer) <= 0) return 0;
     c->eof = 1;
     return 1;
@@ -204,7 +206,7 @@ int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
     }
     if (!ready && poll(pf, (nfds_t)n + 1, timeout_ms) <= 0) return -1;
     for (int i = 0; i < n; i++)
-        if (pf[i].revents && hvdl__ctrl_read(&e->peers[ranks[i]].ctrl)) return ranks[i];
+        if (pf[i].revents && hvdl__ctrl_read(e, ranks[i])) return ranks[i];
     return -1;
 }
 

@@ -59,7 +59,7 @@ void hvdl__goodbye(engine_t *e) {
         if (poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) continue;
         for (int i = 0; i < n; i++) {
             conn_t *c = &e->peers[who[i]].ctrl;
-            if (pf[i].revents && hvdl__ctrl_read(c)) c->eof = 1;   /* it left */
+            if (pf[i].revents && hvdl__ctrl_read(e, who[i])) c->eof = 1;   /* it left */
             c->rx.len = 0;                                         /* frames no longer matter */
         }
     }
