@@ -68,6 +68,9 @@ void hvdl__config_read(config_t *c) {
     if (inject && *inject && hvdl__inject_parse(inject, c))
         hvdl__log(HVDL_LOG_ERROR, "HOROVODLIKE_TEST_INJECT=%s is not site[:rank[:nth]] with a known "
                   "site; no failure will be injected", inject);
+    else if (inject && *inject)
+        hvdl__log(HVDL_LOG_WARNING, "HOROVODLIKE_TEST_INJECT=%s: this job will fail on purpose "
+                  "(for testing only)", inject);
     if (c->fusion_threshold < 0) c->fusion_threshold = 0;
     if (c->cycle_time < 0) c->cycle_time = 0;
     if (c->cache_capacity < 0) c->cache_capacity = 0;
