@@ -150,7 +150,7 @@ int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype
         int64_t len = min64(piece, bytes - lo);
         if (piece_reduce(c, s, (const uint8_t *)buf + lo, len, dtype, op, which, &off, &n)) return -1;
         if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n))
-            return hvdl__ctx_oom(c, "hierarchical allreduce buffer", out->len + n);
+            return hvdl__ctx_oom(c, "hierarchical share buffer", out->len + n);
     }
     *share_bytes = out->len;
     return 0;

@@ -12,8 +12,13 @@
  * the error message and (for ops whose output size is only known after negotiation,
  * such as allgather) the output buffer, which the caller frees with hvdl_free().
  *
- * Threading: every function may be called from any thread; waits block (after a short
- * spin) and are meant to be called without the caller's interpreter lock held.
+ * Threading: hvdl_enqueue, hvdl_poll, hvdl_wait, hvdl_release and the process-set calls
+ * may be called from any thread, concurrently; the engine's own background thread does
+ * all the I/O. hvdl_prepare, hvdl_start and hvdl_shutdown are serialized with each
+ * other, but no other call may be in flight across hvdl_shutdown and the next
+ * hvdl_prepare (which frees the old engine). hvdl_last_error() is per thread. Waits spin
+ * briefly, then block, and are meant to be called without the caller's interpreter lock
+ * held.
  */
 #ifndef HOROVODLIKE_H
 #define HOROVODLIKE_H
@@ -104,8 +109,12 @@ int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *b
                  const unsigned char *key, int key_len, char *blob_out);
 int hvdl_start(int rank, int size, const char *all_blobs);
 
-/* Waits for every rank to call it (pending ops finish first), then stops the engine.
- * A lost peer makes it return at once. Safe to call twice. */
+/* Stops the engine on every rank: any rank's shutdown is every rank's, as in Horovod.
+ * This rank's requests not yet sent are announced, rank 0 tells every rank to stop, and
+ * every op not finished by then completes with HVDL_ERR_SHUT_DOWN (on every rank).
+ * Returns once this rank's background thread has exited (rank 0 first waits, up to
+ * HOROVODLIKE_PEER_TIMEOUT_SECONDS, for every worker to leave); after a failure it
+ * returns at once. Safe to call twice. */
 int hvdl_shutdown(void);
 int hvdl_is_running(void);
 
