@@ -190,19 +190,24 @@ def main():
     ap.add_argument("--netns-only", action="store_true", help="only the shaped-link part")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--plot")
+    ap.add_argument("--impls", default=",".join(IMPLS),
+                    help="which of %s to run (default: all)" % ", ".join(IMPLS))
     ap.add_argument("--timeout", type=int, default=600)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    wanted = [i for i in IMPLS if i in args.impls.split(",")]
     # one node: local_size is the whole job, so "hybrid" would equal zero2; use 2 per node
     # (fake nodes over loopback) to show the layout's cost without a slow link
     table = netns_table = None
     if not args.netns_only:
-        table = summarize(collect(IMPLS[:3] + IMPLS[4:], args, tag="one node "))
+        table = summarize(collect([i for i in wanted if i != "hybrid"], args,
+                                  tag="one node "))
         fake = ["-H", f"a:{args.np // 2},b:{args.np // 2}", "--ssh-command",
                 "sh -c {command}"]
-        table["hybrid"] = summarize(collect(["hybrid"], args, fake,
-                                            tag="fake nodes "))["hybrid"]
+        if "hybrid" in wanted:
+            table["hybrid"] = summarize(collect(["hybrid"], args, fake,
+                                                tag="fake nodes "))["hybrid"]
         print_table(f"{args.np} ranks on one host, batch {args.batch}x{args.seq} tokens "
                     f"per rank", table)
     if args.netns or args.netns_only:
@@ -213,7 +218,8 @@ def main():
         else:
             with netns.TwoNodes(rate=args.rate) as net:
                 netns_table = summarize(collect(
-                    ["do", "zero2", "hybrid"], args, net.launcher_args(args.np // 2),
+                    [i for i in ("do", "zero2", "hybrid") if i in wanted], args,
+                    net.launcher_args(args.np // 2),
                     net.env(), tag="netns "))
             print_table(f"2 nodes x {args.np // 2} ranks, {args.rate} shaped link",
                         netns_table)
