@@ -12,6 +12,7 @@ note otherwise). Prints a table of medians and of our time divided by each peer'
 writes the raw samples as JSON.
 """
 import argparse
+import glob
 import importlib.util
 import json
 import os
@@ -29,6 +30,8 @@ TRAIN_WORKER = os.path.join(HERE, "train_worker.py")
 SIZES = [4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 QUICK_SIZES = [4096, 1 << 20, 64 << 20]
 DEEPSPEED_MAX = 1 << 20     # DeepSpeed's shm allreduce is its small-message (inference) path
+DEEPSPEED_TIMEOUT = 120     # a DeepSpeed job that runs longer has hung (see collect)
+HUNG = []                   # DeepSpeed jobs killed as hung, for the notes
 
 
 def free_port():
@@ -71,12 +74,18 @@ def command(impl, np_, worker_args, launcher_args=()):
 
 
 def run_job(impl, np_, worker_args, timeout, launcher_args=(), extra_env=None):
+    port = free_port()
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1", **(extra_env or {}))
-    res = subprocess.run(command(impl, np_, worker_args, launcher_args), capture_output=True,
-                         text=True, timeout=timeout, env=env)
+    try:
+        res = subprocess.run(command(impl, np_, worker_args, launcher_args),
+                             capture_output=True, text=True, timeout=timeout, env=env)
+    finally:
+        # DeepSpeed's shm.cpp leaves its named segments behind (named by address and port)
+        for name in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_127.0.0.1_{port}_*"):
+            os.unlink(name)
     for line in res.stdout.splitlines():
         if "BENCH " in line:
             return json.loads(line.split("BENCH ", 1)[1])
@@ -107,8 +116,18 @@ def collect(cases, impls, rounds, budget, timeout):
                 if args is None:
                     continue
                 t = time.time()
-                out = run_job(impl, np_, ["--case", case, "--budget", str(budget)] + args,
-                              timeout)
+                try:
+                    out = run_job(impl, np_, ["--case", case, "--budget", str(budget)] + args,
+                                  DEEPSPEED_TIMEOUT if impl == "deepspeed" else timeout)
+                except subprocess.TimeoutExpired:
+                    if impl != "deepspeed":
+                        raise
+                    # seen here: a rank spinning in the shm kernel while the other waits
+                    # in gloo's barrier; the row keeps the rounds that finished
+                    HUNG.append(f"{case} np={np_} round {rnd + 1}")
+                    print(f"  {case} np={np_} round {rnd + 1}/{rounds} deepspeed: hung, "
+                          f"killed after {DEEPSPEED_TIMEOUT} s", file=sys.stderr, flush=True)
+                    continue
                 for label, vals in out["results"].items():
                     samples.setdefault((case, np_, label, impl), []).extend(vals)
                 print(f"  {case} np={np_} round {rnd + 1}/{rounds} {impl}: {time.time() - t:.1f} s",
@@ -294,6 +313,8 @@ def main(argv=None):
     print(table(samples, impls))
     for line in train_lines + net_lines:
         print(line)
+    if HUNG:
+        notes.append(f"DeepSpeed hung and was killed in {len(HUNG)} job(s): {'; '.join(HUNG)}")
     for n in notes:
         print(f"note: {n}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
