@@ -3,13 +3,17 @@
     python bench/run.py                 # everything (about 10 minutes here)
     python bench/run.py --quick         # fewer sizes and rounds
     python bench/run.py --cases sizes --np 2 --rounds 3
+    python bench/run.py --cases sizes,train --np 2 --plot   # + docs/bench_sizes.png
+    python bench/run.py --replot bench/results/latest.json --plot out.png
 
 Each implementation runs in its own processes, never two in one process (a busy
 thread of one would slow the other), and the jobs alternate: ours, peer, ours, peer...
 so slow drift of this noisy machine hits everyone alike. Peers: mpi4py's Allreduce on
-OpenMPI, torch.distributed with gloo, and Horovod when it is importable (skipped with a
-note otherwise). Prints a table of medians and of our time divided by each peer's, and
-writes the raw samples as JSON.
+OpenMPI, torch.distributed with gloo, DeepSpeed's CPU shared-memory allreduce for sizes
+up to 1 MiB when `deepspeed` is importable, and Horovod when it is importable (each
+skipped with a note otherwise; --peers picks a subset). --plot draws time and bus
+bandwidth against message size, ours against each peer. Prints a table of medians and
+of our time divided by each peer's, and writes the raw samples as JSON.
 """
 import argparse
 import glob
