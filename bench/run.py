@@ -126,8 +126,8 @@ def collect(cases, impls, rounds, budget, timeout):
                 except subprocess.TimeoutExpired:
                     if impl != "deepspeed":
                         raise
-                    # seen here: a rank spinning in the shm kernel while the other waits
-                    # in gloo's barrier; the row keeps the rounds that finished
+                    # seen here: rank 0 waiting in gloo's barrier for a rank that never
+                    # came out of the shm allreduce; the row keeps the finished rounds
                     HUNG.append(f"{case} np={np_} round {rnd + 1}")
                     print(f"  {case} np={np_} round {rnd + 1}/{rounds} deepspeed: hung, "
                           f"killed after {DEEPSPEED_TIMEOUT} s", file=sys.stderr, flush=True)
