@@ -162,16 +162,19 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
         total += blocks[i];
         rows += dim0[i];
     }
-    uint8_t *out = HVDL_INJECT(e, INJ_OUTPUT_ALLOC) ? NULL : alloc_output(total);
+    /* A caller's output holds n blocks of its input's size: used when the result fits */
+    int own = o->output && total <= o->nbytes * g->n;
+    uint8_t *out = own ? o->output : HVDL_INJECT(e, INJ_OUTPUT_ALLOC) ? NULL : alloc_output(total);
     if (!out) return hvdl__oom(e, "allgather result", total);
-    if (o->nbytes) memcpy(out + mine, o->input, (size_t)o->nbytes);
+    if (o->nbytes && out + mine != (const uint8_t *)o->input)
+        memmove(out + mine, o->input, (size_t)o->nbytes);
     if (alg == ALG_SHM   ? hvdl__allgather_shm(&e->ctx, out, blocks)
         : alg == ALG_HIER ? hvdl__allgather_hier(&e->ctx, out, blocks)
                           : hvdl__allgather_ring(&e->ctx, g, out, blocks)) {
-        free(out);
+        if (!own) free(out);
         return -1;
     }
-    o->result = (hvdl_result){.data = out, .nbytes = total, .first_dim = rows};
+    o->result = (hvdl_result){.data = own ? NULL : out, .nbytes = total, .first_dim = rows};
     return 0;
 }
 
