@@ -60,7 +60,11 @@ class TwoNodes:
         sh("ip", "link", "del", BRIDGE, check=False)
 
     def env(self):
-        return {"HOROVODLIKE_STORE_HOST": f"{SUBNET}.1"}
+        # Ranks on one node reach each other over loopback (engine/handshake.c) while a
+        # multi-host rank listens only on its advertised address (common/bootstrap.py),
+        # so with two ranks per namespace they cannot connect. Listening on every
+        # interface of the namespace (its loopback and its end of the link) avoids that.
+        return {"HOROVODLIKE_STORE_HOST": f"{SUBNET}.1", "HOROVODLIKE_BIND_ADDR": "0.0.0.0"}
 
     def launcher_args(self, per_node):
         hosts = ",".join(f"{ns}:{per_node}" for ns in self.nodes)

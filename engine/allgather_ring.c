@@ -8,11 +8,11 @@
  * Cost for a total of S bytes: n-1 steps; every member sends and receives about
  * (n-1)/n * S bytes; latency (n-1) * alpha. No staging copies.
  */
-#include "internal.h"
+#include "context.h"
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-int hvdl__allgather_ring(engine_t *e, const group_t *g, void *out, const int64_t *block_bytes) {
+int hvdl__allgather_ring(ctx_t *c, const group_t *g, void *out, const int64_t *block_bytes) {
     int n = g->n, r = g->me;
     if (n == 1) return 0;
     int64_t off[n + 1];
@@ -24,7 +24,7 @@ int hvdl__allgather_ring(engine_t *e, const group_t *g, void *out, const int64_t
         int send = mod(r - s, n), recv = mod(r - s - 1, n);
         xfer_t x = {right, o + off[send], block_bytes[send], left, o + off[recv], block_bytes[recv],
                     0, NULL, NULL};
-        if (e->tcp->exchange(e->tcp, &x)) return -1;
+        if (c->tcp->exchange(c->tcp, &x)) return -1;
     }
     return 0;
 }

@@ -12,26 +12,23 @@
  * node, for a flat ring over all ranks); the node-local steps cost what the shm
  * two-shot costs. It needs every node to have the same number of ranks.
  */
-#include "internal.h"
-#include <stdio.h>
+#include "context.h"
 
-int hvdl__allreduce_hier(engine_t *e, void *buf, int64_t count, int dtype, int op) {
+int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op) {
     int64_t bytes = count * hvdl_dtype_size(dtype);
     if (!bytes) return 0;
     double t0 = hvdl_now();
     int64_t share;
-    if (hvdl__shm_reduce_scatter(e, buf, bytes, dtype, op, &e->hier, &share)) return -1;
+    if (hvdl__shm_reduce_scatter(c, buf, bytes, dtype, op, &c->hier, &share)) return -1;
     double t1 = hvdl_now();
-    if (hvdl__allreduce_ring(e, e->cross, e->hier.data, share / hvdl_dtype_size(dtype), dtype, op))
+    if (hvdl__allreduce_ring(c, c->cross, c->hier.data, share / hvdl_dtype_size(dtype), dtype, op))
         return -1;
     double t2 = hvdl_now();
-    if (hvdl__shm_allgather_shares(e, buf, bytes, dtype, e->hier.data)) return -1;
-    if (TL_ON(e)) {
-        char args[64];
-        snprintf(args, sizeof args, "\"bytes\": %lld", (long long)bytes);
-        hvdl__tl_span(e, TL_ALGORITHM, "SHM_REDUCE_SCATTER", t0, t1, args);
-        hvdl__tl_span(e, TL_ALGORITHM, "TCP_CROSS_RING", t1, t2, args);
-        hvdl__tl_span(e, TL_ALGORITHM, "SHM_ALLGATHER", t2, hvdl_now(), args);
+    if (hvdl__shm_allgather_shares(c, buf, bytes, dtype, c->hier.data)) return -1;
+    if (hvdl__ctx_tracing(c)) {
+        hvdl__ctx_span(c, "SHM_REDUCE_SCATTER", t0, t1, bytes);
+        hvdl__ctx_span(c, "TCP_CROSS_RING", t1, t2, bytes);
+        hvdl__ctx_span(c, "SHM_ALLGATHER", t2, hvdl_now(), bytes);
     }
     return 0;
 }

@@ -16,8 +16,7 @@
  * choice for large buffers; small ones pay the 2(n-1) latency terms.
  * reducescatter is step 1 alone, with segments of the caller's row split.
  */
-#include "internal.h"
-#include <stdio.h>
+#include "context.h"
 #include <stdlib.h>
 
 typedef struct reduce_ctx {
@@ -32,42 +31,41 @@ static void reduce_chunk(void *ctx, int64_t offset, const void *data, int64_t le
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-int hvdl__reduce_scatter_ring(engine_t *e, const group_t *g, void *buf, const int64_t *seg_bytes,
+int hvdl__reduce_scatter_ring(ctx_t *c, const group_t *g, void *buf, const int64_t *seg_bytes,
                               int dtype, int op) {
     int n = g->n, r = g->me;
     if (n == 1) return 0;
     int64_t off[n + 1];
     off[0] = 0;
     for (int i = 0; i < n; i++) off[i + 1] = off[i] + seg_bytes[i];
-    if (HVDL_INJECT(e, INJ_RING_ALLOC) || buf_reserve(&e->scratch, e->cfg.chunk_bytes)) return hvdl__oom(e, "ring staging buffer", e->cfg.chunk_bytes);
+    if (HVDL_CTX_INJECT(c, INJ_RING_ALLOC) || buf_reserve(&c->scratch, c->chunk_bytes))
+        return hvdl__ctx_oom(c, "ring staging buffer", c->chunk_bytes);
     reduce_ctx_t rc = {NULL, dtype, op, hvdl_dtype_size(dtype)};
     uint8_t *b = buf;
     int left = g->ranks[mod(r - 1, n)], right = g->ranks[mod(r + 1, n)];
     for (int s = 0; s < n - 1; s++) {
         int send = mod(r - s - 1, n), recv = mod(r - s - 2, n);
         rc.dst = b + off[recv];
-        xfer_t x = {right, b + off[send], seg_bytes[send], left, e->scratch.data, seg_bytes[recv],
-                    e->cfg.chunk_bytes, reduce_chunk, &rc};
-        if (e->tcp->exchange(e->tcp, &x)) return -1;
+        xfer_t x = {right, b + off[send], seg_bytes[send], left, c->scratch.data, seg_bytes[recv],
+                    c->chunk_bytes, reduce_chunk, &rc};
+        if (c->tcp->exchange(c->tcp, &x)) return -1;
     }
     return 0;
 }
 
-int hvdl__allreduce_ring(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op) {
+int hvdl__allreduce_ring(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op) {
     int n = g->n;
     if (n == 1 || count == 0) return 0;
     int esz = hvdl_dtype_size(dtype);
     int64_t seg[n];
     for (int i = 0; i < n; i++) seg[i] = (count / n + (i < count % n)) * esz;   /* balanced */
     double t0 = hvdl_now();
-    if (hvdl__reduce_scatter_ring(e, g, buf, seg, dtype, op)) return -1;
+    if (hvdl__reduce_scatter_ring(c, g, buf, seg, dtype, op)) return -1;
     double t1 = hvdl_now();
-    if (hvdl__allgather_ring(e, g, buf, seg)) return -1;
-    if (TL_ON(e)) {
-        char args[64];
-        snprintf(args, sizeof args, "\"bytes\": %lld", (long long)(count * esz));
-        hvdl__tl_span(e, TL_ALGORITHM, "TCP_RING_REDUCE_SCATTER", t0, t1, args);
-        hvdl__tl_span(e, TL_ALGORITHM, "TCP_RING_ALLGATHER", t1, hvdl_now(), args);
+    if (hvdl__allgather_ring(c, g, buf, seg)) return -1;
+    if (hvdl__ctx_tracing(c)) {
+        hvdl__ctx_span(c, "TCP_RING_REDUCE_SCATTER", t0, t1, count * esz);
+        hvdl__ctx_span(c, "TCP_RING_ALLGATHER", t1, hvdl_now(), count * esz);
     }
     return 0;
 }

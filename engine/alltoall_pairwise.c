@@ -6,10 +6,10 @@
  * Cost: n-1 steps of one send and one receive; each member moves the bytes it sends and
  * receives once; latency (n-1) * alpha. Its own block is a local copy.
  */
-#include "internal.h"
+#include "context.h"
 #include <string.h>
 
-int hvdl__alltoall_pairwise(engine_t *e, const group_t *g, const void *in, const int64_t *send_bytes,
+int hvdl__alltoall_pairwise(ctx_t *c, const group_t *g, const void *in, const int64_t *send_bytes,
                             void *out, const int64_t *recv_bytes) {
     int n = g->n, r = g->me;
     int64_t soff[n + 1], roff[n + 1];
@@ -25,7 +25,7 @@ int hvdl__alltoall_pairwise(engine_t *e, const group_t *g, const void *in, const
         int to = (r + s) % n, from = (r - s + n) % n;
         xfer_t x = {g->ranks[to], src + soff[to], send_bytes[to],
                     g->ranks[from], dst + roff[from], recv_bytes[from], 0, NULL, NULL};
-        if (e->tcp->exchange(e->tcp, &x)) return -1;
+        if (c->tcp->exchange(c->tcp, &x)) return -1;
     }
     return 0;
 }

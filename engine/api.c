@@ -1,8 +1,10 @@
 /*
- * The engine's lifecycle half of the public API (horovodlike.h): the one engine pointer,
- * start-up in two steps, shutdown, tracing switches, and the error funnel every public
- * call reports through (a status code plus a thread-local message). Per-op calls are in
- * ops.c, process sets in process_sets.c.
+ * An engine's life (create, prepare, start, shutdown, free), the public API
+ * (horovodlike.h) as thin wrappers over the one engine pointer Python uses, and the
+ * error funnel every public call reports through (a status code plus a thread-local
+ * message). Each hvdl_x is hvdl__engine_x on that pointer; the C tests (tests/c) call
+ * the hvdl__engine_x forms on several engines in one process. Per-op calls are in ops.c,
+ * process sets in process_sets.c.
  */
 #include "internal.h"
 #include <errno.h>
@@ -11,12 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
-engine_t *hvdl__g_engine;      /* the only global: what Python talks to */
+static engine_t *g_engine;     /* the only global: the engine Python talks to */
 static pthread_mutex_t g_lifecycle = PTHREAD_MUTEX_INITIALIZER;
 static __thread char tls_error[HVDL_MSG_BYTES];
 
@@ -41,12 +41,14 @@ int hvdl_dtype_size(int dtype) {
     return dtype >= 0 && dtype < HVDL_NUM_DTYPES ? SIZES[dtype] : 0;
 }
 
-static void engine_free(engine_t *e) {
+void hvdl__engine_free(engine_t *e) {
     if (!e) return;
     hvdl__close_all(e);
     hvdl__shm_close(e);
     if (e->cross) { free(e->cross->ranks); free(e->cross); }
-    buf_free(&e->hier);
+    free(e->node);
+    buf_free(&e->ctx.hier);
+    buf_free(&e->ctx.scratch);
     if (e->wake_fd >= 0) close(e->wake_fd);
     hvdl__coordinator_free(e);
     hvdl__cache_free(e);
@@ -58,7 +60,6 @@ static void engine_free(engine_t *e) {
     strmap_free(&e->mine);
     strmap_free(&e->inflight);
     buf_free(&e->fusion);
-    buf_free(&e->scratch);
     free(e->tcp);
     free(e->peers);
     free(e->slots);
@@ -72,23 +73,9 @@ static void engine_free(engine_t *e) {
     free(e);
 }
 
-int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *bind_addr,
-                 const unsigned char *key, int key_len, char *blob_out) {
-    pthread_mutex_lock(&g_lifecycle);
-    int rc = HVDL_OK;
-    if (key_len < 0 || key_len > HVDL_KEY_MAX || (key_len > 0 && !key)) {
-        rc = hvdl__err(HVDL_ERR_INVALID, "the job key must be 0..%d bytes, not %d",
-                       HVDL_KEY_MAX, key_len);
-        goto out;
-    }
-    if (hvdl__g_engine && !hvdl__g_engine->stopped && hvdl__g_engine->thread_started && !hvdl__g_engine->failed) {
-        rc = hvdl__err(HVDL_ERR_INVALID, "the engine is already running; call shutdown() first");
-        goto out;
-    }
-    engine_free(hvdl__g_engine);   /* a previous, shut-down engine */
-    hvdl__g_engine = NULL;
+engine_t *hvdl__engine_new(void) {
     engine_t *e = calloc(1, sizeof *e);
-    if (!e) { rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory"); goto out; }
+    if (!e) return NULL;
     e->listen_fd = e->wake_fd = -1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->tl_mu, NULL);
@@ -98,32 +85,61 @@ int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *b
     e->t0 = hvdl_now();
     e->t0_epoch_us = (double)wall.tv_sec * 1e6 + wall.tv_nsec / 1e3;
     hvdl__config_read(&e->cfg);
+    return e;
+}
+
+int hvdl__engine_prepare(engine_t *e, const char *hostname, const char *advertise_addr,
+                         const char *bind_addr, const unsigned char *key, int key_len, char *blob_out) {
+    if (key_len < 0 || key_len > HVDL_KEY_MAX || (key_len > 0 && !key))
+        return hvdl__err(HVDL_ERR_INVALID, "the job key must be 0..%d bytes, not %d", HVDL_KEY_MAX, key_len);
     snprintf(e->host, sizeof e->host, "%s", hostname && *hostname ? hostname : "localhost");
     snprintf(e->bind_addr, sizeof e->bind_addr, "%s", bind_addr ? bind_addr : "");
     if (key_len) memcpy(e->key, key, (size_t)key_len);
     e->key_len = key_len;
-    if (getrandom(&e->nonce, sizeof e->nonce, 0) != sizeof e->nonce)
-        e->nonce = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    if (hvdl_random_bytes(&e->nonce, sizeof e->nonce))
+        e->nonce = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)e;
     int port = hvdl__listen(e);
-    if (port < 0) {
-        rc = hvdl__err(HVDL_ERR_SYSTEM, "cannot open a listening socket: %s", strerror(errno));
-        engine_free(e);
+    if (port < 0) return hvdl__err(HVDL_ERR_SYSTEM, "cannot open a listening socket: %s", strerror(errno));
+    hvdl__blob_write(e, port, advertise_addr && *advertise_addr ? advertise_addr : "127.0.0.1", blob_out);
+    return HVDL_OK;
+}
+
+int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *bind_addr,
+                 const unsigned char *key, int key_len, char *blob_out) {
+    pthread_mutex_lock(&g_lifecycle);
+    int rc = HVDL_OK;
+    if (g_engine && !g_engine->stopped && g_engine->thread_started && !g_engine->failed) {
+        rc = hvdl__err(HVDL_ERR_INVALID, "the engine is already running; call shutdown() first");
         goto out;
     }
-    hvdl__blob_write(e, port, advertise_addr && *advertise_addr ? advertise_addr : "127.0.0.1", blob_out);
-    hvdl__g_engine = e;
+    hvdl__engine_free(g_engine);   /* a previous, shut-down engine */
+    g_engine = hvdl__engine_new();
+    if (!g_engine) { rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory"); goto out; }
+    rc = hvdl__engine_prepare(g_engine, hostname, advertise_addr, bind_addr, key, key_len, blob_out);
+    if (rc) {
+        hvdl__engine_free(g_engine);
+        g_engine = NULL;
+    }
 out:
     pthread_mutex_unlock(&g_lifecycle);
     return rc;
 }
 
-/* The ranks with this rank's local index on every node, for hierarchical allreduce.
- * Left NULL unless there are several nodes with the same number of ranks each. */
-static int build_cross_group(engine_t *e) {
+/* Which node every rank is on (numbered in order of first appearance), and the ranks
+ * with this rank's local index on every node, for the hierarchical algorithms. The
+ * cross group is left NULL unless there are several nodes with the same number of ranks
+ * each. */
+static int build_nodes(engine_t *e) {
     int local[e->size], nodes = 0, per_node = 0;
+    if (!(e->node = malloc(sizeof(int) * (size_t)e->size))) return -1;
     for (int r = 0; r < e->size; r++) {
         local[r] = 0;                      /* index among the ranks of r's node */
-        for (int q = 0; q < r; q++) local[r] += !strcmp(e->peers[q].host, e->peers[r].host);
+        e->node[r] = nodes;
+        for (int q = 0; q < r; q++)
+            if (!strcmp(e->peers[q].host, e->peers[r].host)) {
+                if (!local[r]) e->node[r] = e->node[q];
+                local[r]++;
+            }
         nodes += local[r] == 0;
         per_node += !strcmp(e->peers[r].host, e->peers[0].host);
     }
@@ -146,120 +162,109 @@ static int build_cross_group(engine_t *e) {
     return 0;
 }
 
-int hvdl_start(int rank, int size, const char *all_blobs) {
-    pthread_mutex_lock(&g_lifecycle);
-    engine_t *e = hvdl__g_engine;
-    int rc = HVDL_OK;
-    if (!e || e->thread_started) { rc = hvdl__err(HVDL_ERR_INVALID, "hvdl_start without hvdl_prepare"); goto out; }
-    if (size < 1 || rank < 0 || rank >= size) { rc = hvdl__err(HVDL_ERR_INVALID, "rank %d of size %d", rank, size); goto out; }
+int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
+    if (e->thread_started || e->peers) return hvdl__err(HVDL_ERR_INVALID, "hvdl_start without hvdl_prepare");
+    if (size < 1 || rank < 0 || rank >= size) return hvdl__err(HVDL_ERR_INVALID, "rank %d of size %d", rank, size);
     e->rank = rank;
     e->size = size;
     hvdl__log_set_rank(rank);
     e->peers = calloc((size_t)size, sizeof *e->peers);
-    if (!e->peers) { rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory"); goto out; }
+    if (!e->peers) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     for (int i = 0; i < size; i++) {
         e->peers[i].data_fd = e->peers[i].ctrl.fd = -1;
-        if (hvdl__blob_read(all_blobs + (size_t)i * HVDL_BLOB_BYTES, &e->peers[i])) {
-            rc = hvdl__err(HVDL_ERR_INVALID, "the address blob of rank %d is not a horovodlike blob "
-                     "(mixed versions, or a bootstrap bug)", i);
-            goto out;
-        }
+        if (hvdl__blob_read(all_blobs + (size_t)i * HVDL_BLOB_BYTES, &e->peers[i]))
+            return hvdl__err(HVDL_ERR_INVALID, "the address blob of rank %d is not a horovodlike blob "
+                             "(mixed versions, or a bootstrap bug)", i);
     }
-    if (e->peers[rank].nonce != e->nonce) {
-        rc = hvdl__err(HVDL_ERR_INVALID, "blob %d is not this process's: ranks were exchanged wrongly", rank);
-        goto out;
-    }
+    if (e->peers[rank].nonce != e->nonce)
+        return hvdl__err(HVDL_ERR_INVALID, "blob %d is not this process's: ranks were exchanged wrongly", rank);
     for (int i = 0; i < size; i++) {
         char what[256];
-        if (hvdl__config_disagree(&e->peers[rank].agreed, &e->peers[i].agreed, what, sizeof what)) {
-            rc = hvdl__err(HVDL_ERR_INVALID, "rank %d and rank %d (host %s) were started with different "
-                           "settings: %s. Set it the same way on every rank", rank, i, e->peers[i].host, what);
-            goto out;
-        }
+        if (hvdl__config_disagree(&e->peers[rank].agreed, &e->peers[i].agreed, what, sizeof what))
+            return hvdl__err(HVDL_ERR_INVALID, "rank %d and rank %d (host %s) were started with different "
+                             "settings: %s. Set it the same way on every rank", rank, i, e->peers[i].host, what);
     }
     int *all = malloc(sizeof(int) * (size_t)size);
     for (int i = 0; all && i < size; i++) all[i] = i;
-    if (!all || hvdl_process_set_add(0, all, size)) {
-        free(all);
-        rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
-        goto out;
-    }
+    int rc = all ? hvdl__engine_set_add(e, 0, all, size) : HVDL_ERR_SYSTEM;
     free(all);
+    if (rc) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     e->tcp = hvdl__tcp_transport(e);
-    e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!e->tcp || e->wake_fd < 0 || (rank == 0 && hvdl__coordinator_new(e))) {
-        rc = hvdl__err(HVDL_ERR_SYSTEM, "engine set-up failed: %s", strerror(errno));
-        goto out;
-    }
-    if (hvdl__connect_all(e)) {
-        rc = hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
-        goto out;
-    }
+    e->wake_fd = hvdl_wakefd_open();
+    if (!e->tcp || e->wake_fd < 0 || (rank == 0 && hvdl__coordinator_new(e)))
+        return hvdl__err(HVDL_ERR_SYSTEM, "engine set-up failed: %s", strerror(errno));
+    if (hvdl__connect_all(e))
+        return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
     int nlocal = 0;
     for (int i = 0; i < size; i++) nlocal += !strcmp(e->peers[i].host, e->host);
     e->spin_us = nlocal > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : e->cfg.spin_us;
-    if (build_cross_group(e)) {
-        rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
-        goto out;
-    }
-    if (hvdl__shm_open(e)) {
-        rc = hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
-        goto out;
-    }
-    if (hvdl__clock_sync(e)) {
-        rc = hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
-        goto out;
-    }
+    if (build_nodes(e)) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+    if (hvdl__shm_open(e) || hvdl__clock_sync(e))
+        return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
+    hvdl__ctx_fill(e);
     hvdl__liveness_start(e);
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
         hvdl__log(HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
     hvdl__config_log(&e->cfg, rank);
-    if (pthread_create(&e->thread, NULL, hvdl__loop, e)) {
-        rc = hvdl__err(HVDL_ERR_SYSTEM, "cannot start the background thread");
-        goto out;
-    }
+    if (pthread_create(&e->thread, NULL, hvdl__loop, e))
+        return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the background thread");
     e->thread_started = 1;
-out:
-    if (rc != HVDL_OK && e) {
-        engine_free(e);
-        hvdl__g_engine = NULL;
+    return HVDL_OK;
+}
+
+int hvdl_start(int rank, int size, const char *all_blobs) {
+    pthread_mutex_lock(&g_lifecycle);
+    int rc = g_engine ? hvdl__engine_start(g_engine, rank, size, all_blobs)
+                      : hvdl__err(HVDL_ERR_INVALID, "hvdl_start without hvdl_prepare");
+    if (rc != HVDL_OK && g_engine && !g_engine->thread_started) {
+        hvdl__engine_free(g_engine);
+        g_engine = NULL;
     }
     pthread_mutex_unlock(&g_lifecycle);
     return rc;
 }
 
-void hvdl__wake(engine_t *e) {
-    uint64_t one = 1;
-    if (write(e->wake_fd, &one, sizeof one) < 0) { /* counter saturated: already awake */ }
+void hvdl__wake(engine_t *e) { hvdl_wakefd_signal(e->wake_fd); }
+
+int hvdl__engine_shutdown(engine_t *e) {
+    if (!e->thread_started) return HVDL_OK;
+    pthread_mutex_lock(&e->mu);
+    e->shutdown_requested = 1;
+    pthread_mutex_unlock(&e->mu);
+    hvdl__wake(e);
+    pthread_join(e->thread, NULL);
+    hvdl__timeline_close(e);
+    e->thread_started = 0;
+    e->stopped = 1;
+    hvdl__close_all(e);
+    return HVDL_OK;
 }
 
 int hvdl_shutdown(void) {
     pthread_mutex_lock(&g_lifecycle);
-    engine_t *e = hvdl__g_engine;
-    if (e && e->thread_started) {
-        pthread_mutex_lock(&e->mu);
-        e->shutdown_requested = 1;
-        pthread_mutex_unlock(&e->mu);
-        hvdl__wake(e);
-        pthread_join(e->thread, NULL);
-        hvdl__timeline_close(e);
-        e->thread_started = 0;
-        e->stopped = 1;
-        hvdl__close_all(e);
-    }
+    if (g_engine) hvdl__engine_shutdown(g_engine);
     pthread_mutex_unlock(&g_lifecycle);
     return HVDL_OK;
 }
 
-int hvdl_is_running(void) {
-    engine_t *e = hvdl__g_engine;
+int hvdl__engine_running(engine_t *e) {
     return e && e->thread_started && !e->stopped && !e->failed;
 }
 
+int hvdl_is_running(void) { return hvdl__engine_running(g_engine); }
+
+/* ---- per-op calls and process sets (ops.c, process_sets.c) on the one engine ---- */
+
+int hvdl_enqueue(const hvdl_request *q, int64_t *handle) { return hvdl__engine_enqueue(g_engine, q, handle); }
+int hvdl_poll(int64_t h) { return hvdl__engine_poll(g_engine, h); }
+int hvdl_wait(int64_t h, double timeout_s) { return hvdl__engine_wait(g_engine, h, timeout_s); }
+int hvdl_release(int64_t h, char *msg, hvdl_result *result) { return hvdl__engine_release(g_engine, h, msg, result); }
+int hvdl_process_set_add(int id, const int *ranks, int n) { return hvdl__engine_set_add(g_engine, id, ranks, n); }
+int hvdl_process_set_remove(int id) { return hvdl__engine_set_remove(g_engine, id); }
+
 /* ---- tracing ---- */
 
-int hvdl_timeline_start(const char *path, int mark_cycles) {
-    engine_t *e = hvdl__g_engine;
+int hvdl__engine_timeline_start(engine_t *e, const char *path, int mark_cycles) {
     if (!e || !e->thread_started) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
     if (!path || !*path) return hvdl__err(HVDL_ERR_INVALID, "start_timeline needs a file path");
     if (hvdl__timeline_open(e, path, mark_cycles))
@@ -267,8 +272,11 @@ int hvdl_timeline_start(const char *path, int mark_cycles) {
     return HVDL_OK;
 }
 
+int hvdl_timeline_start(const char *path, int mark_cycles) {
+    return hvdl__engine_timeline_start(g_engine, path, mark_cycles);
+}
+
 int hvdl_timeline_stop(void) {
-    engine_t *e = hvdl__g_engine;
-    if (e) hvdl__timeline_close(e);
+    if (g_engine) hvdl__timeline_close(g_engine);
     return HVDL_OK;
 }

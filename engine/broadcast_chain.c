@@ -9,9 +9,9 @@
  * transfer of S for large buffers, against (n-1) * S/B for a root that sends to all.
  * `root` is the root's index in the set.
  */
-#include "internal.h"
+#include "context.h"
 
-int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbytes, int root) {
+int hvdl__broadcast_chain(ctx_t *c, const group_t *g, void *buf, int64_t nbytes, int root) {
     int n = g->n;
     if (n == 1 || nbytes == 0) return 0;
     int v = (g->me - root + n) % n;        /* position in the chain */
@@ -20,10 +20,10 @@ int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbyt
     if (v == 0 || v == n - 1) {
         xfer_t x = {v == 0 ? right : -1, b, v == 0 ? nbytes : 0,
                     v == 0 ? -1 : left, b, v == 0 ? 0 : nbytes, 0, NULL, NULL};
-        return e->tcp->exchange(e->tcp, &x);
+        return c->tcp->exchange(c->tcp, &x);
     }
     /* Chunks larger than the reduce staging: there is no arithmetic to keep in cache. */
-    int64_t chunk = e->cfg.chunk_bytes * 4;
+    int64_t chunk = c->chunk_bytes * 4;
     int64_t nchunks = (nbytes + chunk - 1) / chunk;
     for (int64_t k = 0; k <= nchunks; k++) {
         int64_t s_off = (k - 1) * chunk, r_off = k * chunk;
@@ -31,7 +31,7 @@ int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbyt
         int64_t rlen = k < nchunks ? (nbytes - r_off < chunk ? nbytes - r_off : chunk) : 0;
         xfer_t x = {slen ? right : -1, b + (slen ? s_off : 0), slen,
                     rlen ? left : -1, b + (rlen ? r_off : 0), rlen, 0, NULL, NULL};
-        if (e->tcp->exchange(e->tcp, &x)) return -1;
+        if (c->tcp->exchange(c->tcp, &x)) return -1;
     }
     return 0;
 }

@@ -29,18 +29,17 @@
  * every block's piece out.
  * The reduction arithmetic runs only here, in the engine thread, never in the caller's.
  */
-#include "internal.h"
-#include <stdio.h>
+#include "context.h"
 #include <string.h>
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static int one_shot(engine_t *e, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
+static int one_shot(ctx_t *c, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
                     int dtype, int op) {
     int esz = hvdl_dtype_size(dtype), which = s->epoch++ & 1;
     memcpy(hvdl__shm_slot(s, s->me, which), in, (size_t)bytes);
-    hvdl__shm_post(e);
-    if (hvdl__shm_wait_all(e)) return -1;
+    hvdl__shm_post(c);
+    if (hvdl__shm_wait_all(c)) return -1;
     memcpy(out, hvdl__shm_slot(s, 0, which), (size_t)bytes);
     for (int q = 1; q < s->nlocal; q++)
         hvdl__reduce(dtype, op, out, hvdl__shm_slot(s, q, which), bytes / esz);
@@ -57,19 +56,19 @@ static void share_of(int64_t len, int esz, int L, int j, int64_t *off, int64_t *
 
 /* Two-shot steps 1 and 2 for one piece: copy-in, barrier, reduce this rank's share into
  * its result chunk, barrier. Returns the share's offset and size in the piece. */
-static int piece_reduce(engine_t *e, hvdl_shm_t *s, const uint8_t *src, int64_t len, int dtype,
+static int piece_reduce(ctx_t *c, hvdl_shm_t *s, const uint8_t *src, int64_t len, int dtype,
                         int op, int which, int64_t *off, int64_t *n) {
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
     uint8_t *mine = hvdl__shm_slot(s, s->me, which), *res = mine + L * s->chunk;
     if (src) memcpy(mine, src, (size_t)len);     /* NULL: the caller filled the slot */
-    hvdl__shm_post(e);
-    if (hvdl__shm_wait_all(e)) return -1;
+    hvdl__shm_post(c);
+    if (hvdl__shm_wait_all(c)) return -1;
     share_of(len, esz, L, s->me, off, n);
     memcpy(res, hvdl__shm_slot(s, 0, which) + *off, (size_t)*n);
     for (int q = 1; q < L; q++)
         hvdl__reduce(dtype, op, res, hvdl__shm_slot(s, q, which) + *off, *n / esz);
-    hvdl__shm_post(e);
-    return hvdl__shm_wait_all(e);
+    hvdl__shm_post(c);
+    return hvdl__shm_wait_all(c);
 }
 
 /* Step 3 for one piece: every rank's result chunk into place. */
@@ -81,13 +80,13 @@ static void piece_copy_out(hvdl_shm_t *s, uint8_t *dst, int64_t len, int esz, in
     }
 }
 
-static int two_shot(engine_t *e, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
+static int two_shot(ctx_t *c, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
                     int dtype, int op) {
     int64_t piece = s->chunk * s->nlocal, off, n;
     for (int64_t lo = 0; lo < bytes; lo += piece) {
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
-        if (piece_reduce(e, s, in + lo, len, dtype, op, which, &off, &n)) return -1;
+        if (piece_reduce(c, s, in + lo, len, dtype, op, which, &off, &n)) return -1;
         piece_copy_out(s, out + lo, len, hvdl_dtype_size(dtype), which);
     }
     return 0;
@@ -118,19 +117,19 @@ static void scatter(const span_t *v, int64_t at, const uint8_t *src, int64_t len
     }
 }
 
-int hvdl__allreduce_shm_spans(engine_t *e, const span_t *v, int nspans, int dtype, int op) {
-    hvdl_shm_t *s = e->shm;
+int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op) {
+    hvdl_shm_t *s = c->shm;
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
     int64_t total = 0, piece = s->chunk * L, off, n;
     for (int i = 0; i < nspans; i++) total += v[i].nbytes;
-    cursor_t c = {v, 0, 0};
-    while (nspans > 0 && c.i < nspans && v[c.i].nbytes == 0) c.i++;
+    cursor_t at = {v, 0, 0};
+    while (nspans > 0 && at.i < nspans && v[at.i].nbytes == 0) at.i++;
     for (int64_t lo = 0; lo < total; lo += piece) {
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, total - lo);
-        gather(&c, hvdl__shm_slot(s, s->me, which), len);
-        while (c.i < nspans && v[c.i].nbytes == 0) c.i++;
-        if (piece_reduce(e, s, NULL, len, dtype, op, which, &off, &n)) return -1;
+        gather(&at, hvdl__shm_slot(s, s->me, which), len);
+        while (at.i < nspans && v[at.i].nbytes == 0) at.i++;
+        if (piece_reduce(c, s, NULL, len, dtype, op, which, &off, &n)) return -1;
         for (int q = 0; q < L; q++) {
             share_of(len, esz, L, q, &off, &n);
             if (n) scatter(v, lo + off, hvdl__shm_slot(s, q, which) + L * s->chunk, n);
@@ -141,24 +140,25 @@ int hvdl__allreduce_shm_spans(engine_t *e, const span_t *v, int nspans, int dtyp
 
 /* The first half of hierarchical allreduce: this rank's reduced shares of every piece,
  * gathered contiguously into out (*share_bytes in all). */
-int hvdl__shm_reduce_scatter(engine_t *e, const void *buf, int64_t bytes, int dtype, int op,
+int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype, int op,
                              buf_t *out, int64_t *share_bytes) {
-    hvdl_shm_t *s = e->shm;
+    hvdl_shm_t *s = c->shm;
     int64_t piece = s->chunk * s->nlocal, off, n;
     out->len = 0;
     for (int64_t lo = 0; lo < bytes; lo += piece) {
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
-        if (piece_reduce(e, s, (const uint8_t *)buf + lo, len, dtype, op, which, &off, &n)) return -1;
-        if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n)) return hvdl__oom(e, "hierarchical share buffer", out->len + n);
+        if (piece_reduce(c, s, (const uint8_t *)buf + lo, len, dtype, op, which, &off, &n)) return -1;
+        if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n))
+            return hvdl__ctx_oom(c, "hierarchical share buffer", out->len + n);
     }
     *share_bytes = out->len;
     return 0;
 }
 
 /* The second half: put every rank's (now globally reduced) shares back into buf. */
-int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype, const void *shares) {
-    hvdl_shm_t *s = e->shm;
+int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t bytes, int dtype, const void *shares) {
+    hvdl_shm_t *s = c->shm;
     int esz = hvdl_dtype_size(dtype);
     int64_t piece = s->chunk * s->nlocal, off, n;
     const uint8_t *mine = shares;
@@ -170,8 +170,8 @@ int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype,
             memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, mine, (size_t)n);
             mine += n;
         }
-        hvdl__shm_post(e);
-        if (hvdl__shm_wait_all(e)) return -1;
+        hvdl__shm_post(c);
+        if (hvdl__shm_wait_all(c)) return -1;
         piece_copy_out(s, (uint8_t *)buf + lo, len, esz, which);
     }
     return 0;
@@ -179,37 +179,34 @@ int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype,
 
 /* in may equal out; when it does not, the caller's input is read straight into the
  * segment and the result written straight to the output: no staging copy. */
-int hvdl__allreduce_shm(engine_t *e, const void *in, void *out, int64_t count, int dtype, int op) {
-    hvdl_shm_t *s = e->shm;
+int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int dtype, int op) {
+    hvdl_shm_t *s = c->shm;
     int64_t bytes = count * hvdl_dtype_size(dtype);
     if (!bytes) return 0;
     double t0 = hvdl_now();
     int one = bytes <= s->chunk;
-    int rc = one ? one_shot(e, s, in, out, bytes, dtype, op) : two_shot(e, s, in, out, bytes, dtype, op);
-    if (!rc && TL_ON(e)) {
-        char args[64];
-        snprintf(args, sizeof args, "\"bytes\": %lld", (long long)bytes);
-        hvdl__tl_span(e, TL_ALGORITHM, one ? "SHM_ONE_SHOT" : "SHM_TWO_SHOT", t0, hvdl_now(), args);
-    }
+    int rc = one ? one_shot(c, s, in, out, bytes, dtype, op) : two_shot(c, s, in, out, bytes, dtype, op);
+    if (!rc && hvdl__ctx_tracing(c))
+        hvdl__ctx_span(c, one ? "SHM_ONE_SHOT" : "SHM_TWO_SHOT", t0, hvdl_now(), bytes);
     return rc;
 }
 
-int hvdl__broadcast_shm(engine_t *e, void *buf, int64_t bytes, int root) {
-    hvdl_shm_t *s = e->shm;
+int hvdl__broadcast_shm(ctx_t *c, void *buf, int64_t bytes, int root) {
+    hvdl_shm_t *s = c->shm;
     int64_t piece = s->chunk * s->nlocal;
     for (int64_t lo = 0; lo < bytes; lo += piece) {
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
         if (s->me == root) memcpy(hvdl__shm_slot(s, root, which), (uint8_t *)buf + lo, (size_t)len);
-        hvdl__shm_post(e);
-        if (hvdl__shm_wait_all(e)) return -1;
+        hvdl__shm_post(c);
+        if (hvdl__shm_wait_all(c)) return -1;
         if (s->me != root) memcpy((uint8_t *)buf + lo, hvdl__shm_slot(s, root, which), (size_t)len);
     }
     return 0;
 }
 
-int hvdl__allgather_shm(engine_t *e, void *out, const int64_t *block_bytes) {
-    hvdl_shm_t *s = e->shm;
+int hvdl__allgather_shm(ctx_t *c, void *out, const int64_t *block_bytes) {
+    hvdl_shm_t *s = c->shm;
     int L = s->nlocal;
     int64_t piece = s->chunk * L, off[L + 1], longest = 0;
     off[0] = 0;
@@ -222,8 +219,8 @@ int hvdl__allgather_shm(engine_t *e, void *out, const int64_t *block_bytes) {
         int which = s->epoch++ & 1;
         int64_t mine = min64(piece, block_bytes[s->me] - lo);
         if (mine > 0) memcpy(hvdl__shm_slot(s, s->me, which), o + off[s->me] + lo, (size_t)mine);
-        hvdl__shm_post(e);
-        if (hvdl__shm_wait_all(e)) return -1;
+        hvdl__shm_post(c);
+        if (hvdl__shm_wait_all(c)) return -1;
         for (int q = 0; q < L; q++) {
             int64_t n = min64(piece, block_bytes[q] - lo);
             if (q != s->me && n > 0) memcpy(o + off[q] + lo, hvdl__shm_slot(s, q, which), (size_t)n);
@@ -232,12 +229,17 @@ int hvdl__allgather_shm(engine_t *e, void *out, const int64_t *block_bytes) {
     return 0;
 }
 
-/* Reducescatter by slices: in round t every rank copies the t-th chunk of every member's
- * segment into its slot (chunk j at position j), one barrier, and member j reduces
- * position j of every slot straight into its output. Segments may differ in size. */
-int hvdl__reducescatter_shm(engine_t *e, const void *in, const int64_t *seg_bytes, void *out,
+/* Reducescatter by slices: in round t every rank copies the t-th chunk of every OTHER
+ * member's segment into its slot (chunk j at position j), one barrier, and member j
+ * reduces position j of every other slot, and its own input's chunk in their place,
+ * straight into its output, in rank order (so a rank's result does not depend on which
+ * rank computes it). Its own segment never goes through the segment: per rank, 1/L of
+ * the copy-in less than the allreduce's two-shot, and one barrier per round instead of
+ * two. (Only if the output overlaps the own segment of the input, as an in-place call
+ * would, is that chunk staged in the slot too.) Segments may differ in size. */
+int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
                             int dtype, int op) {
-    hvdl_shm_t *s = e->shm;
+    hvdl_shm_t *s = c->shm;
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
     int64_t off[L + 1], longest = 0, C = s->chunk;
     off[0] = 0;
@@ -245,21 +247,28 @@ int hvdl__reducescatter_shm(engine_t *e, const void *in, const int64_t *seg_byte
         off[q + 1] = off[q] + seg_bytes[q];
         if (seg_bytes[q] > longest) longest = seg_bytes[q];
     }
+    const uint8_t *own = (const uint8_t *)in + off[s->me];
+    int staged = (const uint8_t *)out < own + seg_bytes[s->me] &&
+                 own < (const uint8_t *)out + seg_bytes[s->me];    /* output overlaps it */
     for (int64_t lo = 0; lo < longest; lo += C) {
         int which = s->epoch++ & 1;
         uint8_t *mine = hvdl__shm_slot(s, s->me, which);
         for (int j = 0; j < L; j++) {
             int64_t n = min64(C, seg_bytes[j] - lo);
-            if (n > 0) memcpy(mine + j * C, (const uint8_t *)in + off[j] + lo, (size_t)n);
+            if (n > 0 && (j != s->me || staged))
+                memcpy(mine + j * C, (const uint8_t *)in + off[j] + lo, (size_t)n);
         }
-        hvdl__shm_post(e);
-        if (hvdl__shm_wait_all(e)) return -1;
+        hvdl__shm_post(c);
+        if (hvdl__shm_wait_all(c)) return -1;
         int64_t n = min64(C, seg_bytes[s->me] - lo);
         if (n <= 0) continue;
         uint8_t *dst = (uint8_t *)out + lo;
-        memcpy(dst, hvdl__shm_slot(s, 0, which) + s->me * C, (size_t)n);
-        for (int q = 1; q < L; q++)
-            hvdl__reduce(dtype, op, dst, hvdl__shm_slot(s, q, which) + s->me * C, n / esz);
+        for (int q = 0; q < L; q++) {
+            const uint8_t *src = q == s->me && !staged ? own + lo
+                                                       : hvdl__shm_slot(s, q, which) + s->me * C;
+            if (q == 0) memcpy(dst, src, (size_t)n);
+            else hvdl__reduce(dtype, op, dst, src, n / esz);
+        }
     }
     return 0;
 }
@@ -267,9 +276,9 @@ int hvdl__reducescatter_shm(engine_t *e, const void *in, const int64_t *seg_byte
 /* Alltoall through the slots: in round t every rank copies the t-th chunk of its block
  * for member j to position j of its slot, one barrier, and every rank copies position
  * `me` of every slot into place. */
-int hvdl__alltoall_shm(engine_t *e, const void *in, const int64_t *send_bytes, void *out,
+int hvdl__alltoall_shm(ctx_t *c, const void *in, const int64_t *send_bytes, void *out,
                        const int64_t *recv_bytes, int64_t longest) {
-    hvdl_shm_t *s = e->shm;
+    hvdl_shm_t *s = c->shm;
     int L = s->nlocal;
     int64_t soff[L + 1], roff[L + 1], C = s->chunk;
     soff[0] = roff[0] = 0;
@@ -286,8 +295,8 @@ int hvdl__alltoall_shm(engine_t *e, const void *in, const int64_t *send_bytes, v
             int64_t n = min64(C, send_bytes[j] - lo);
             if (n > 0) memcpy(mine + j * C, (const uint8_t *)in + soff[j] + lo, (size_t)n);
         }
-        hvdl__shm_post(e);
-        if (hvdl__shm_wait_all(e)) return -1;
+        hvdl__shm_post(c);
+        if (hvdl__shm_wait_all(c)) return -1;
         for (int q = 0; q < L; q++) {
             int64_t n = min64(C, recv_bytes[q] - lo);
             if (n > 0) memcpy((uint8_t *)out + roff[q] + lo, hvdl__shm_slot(s, q, which) + s->me * C, (size_t)n);

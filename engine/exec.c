@@ -80,10 +80,10 @@ static const char *ALG_NAMES[ALG_COUNT] = {"", "shm", "tcp_ring", "tcp_recursive
 
 static int allreduce_with(engine_t *e, int alg, const group_t *g, void *buf, int64_t count, int dtype, int op) {
     switch (alg) {
-    case ALG_SHM: return hvdl__allreduce_shm(e, buf, buf, count, dtype, op);
-    case ALG_HIER: return hvdl__allreduce_hier(e, buf, count, dtype, op);
-    case ALG_RD: return hvdl__allreduce_rd(e, g, buf, count, dtype, op);
-    default: return hvdl__allreduce_ring(e, g, buf, count, dtype, op);
+    case ALG_SHM: return hvdl__allreduce_shm(&e->ctx, buf, buf, count, dtype, op);
+    case ALG_HIER: return hvdl__allreduce_hier(&e->ctx, buf, count, dtype, op);
+    case ALG_RD: return hvdl__allreduce_rd(&e->ctx, g, buf, count, dtype, op);
+    default: return hvdl__allreduce_ring(&e->ctx, g, buf, count, dtype, op);
     }
 }
 
@@ -101,7 +101,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
     if (n == 1) {
         if (m->prescale == 1.0 && alg == ALG_SHM) {
             /* straight from the caller's input into shared memory and back out */
-            if (hvdl__allreduce_shm(e, s->in, s->out, s->nbytes / esz, m->dtype, op)) return -1;
+            if (hvdl__allreduce_shm(&e->ctx, s->in, s->out, s->nbytes / esz, m->dtype, op)) return -1;
             hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
             return 0;
         }
@@ -118,7 +118,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         span_t v[n];
         for (int i = 0; i < n; i++) v[i] = (span_t){s[i].in, s[i].out, s[i].nbytes};
         double t0 = hvdl_now();
-        if (hvdl__allreduce_shm_spans(e, v, n, m->dtype, op)) return -1;
+        if (hvdl__allreduce_shm_spans(&e->ctx, v, n, m->dtype, op)) return -1;
         for (int i = 0; i < n; i++) hvdl__scale(m->dtype, s[i].out, s[i].nbytes / esz, post);
         if (TL_ON(e)) {
             char args[64];
@@ -162,16 +162,19 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
         total += blocks[i];
         rows += dim0[i];
     }
-    uint8_t *out = HVDL_INJECT(e, INJ_OUTPUT_ALLOC) ? NULL : alloc_output(total);
+    /* A caller's output holds n blocks of its input's size: used when the result fits */
+    int own = o->output && total <= o->nbytes * g->n;
+    uint8_t *out = own ? o->output : HVDL_INJECT(e, INJ_OUTPUT_ALLOC) ? NULL : alloc_output(total);
     if (!out) return hvdl__oom(e, "allgather result", total);
-    if (o->nbytes) memcpy(out + mine, o->input, (size_t)o->nbytes);
-    if (alg == ALG_SHM   ? hvdl__allgather_shm(e, out, blocks)
-        : alg == ALG_HIER ? hvdl__allgather_hier(e, out, blocks)
-                          : hvdl__allgather_ring(e, g, out, blocks)) {
-        free(out);
+    if (o->nbytes && out + mine != (const uint8_t *)o->input)
+        memmove(out + mine, o->input, (size_t)o->nbytes);
+    if (alg == ALG_SHM   ? hvdl__allgather_shm(&e->ctx, out, blocks)
+        : alg == ALG_HIER ? hvdl__allgather_hier(&e->ctx, out, blocks)
+                          : hvdl__allgather_ring(&e->ctx, g, out, blocks)) {
+        if (!own) free(out);
         return -1;
     }
-    o->result = (hvdl_result){.data = out, .nbytes = total, .first_dim = rows};
+    o->result = (hvdl_result){.data = own ? NULL : out, .nbytes = total, .first_dim = rows};
     return 0;
 }
 
@@ -180,8 +183,8 @@ static int exec_broadcast(engine_t *e, const group_t *g, const meta_t *m, op_t *
     while (g->ranks[root] != m->root_rank) root++;
     if (g->me == root && o->output != o->input && o->nbytes)
         memcpy(o->output, o->input, (size_t)o->nbytes);
-    return alg == ALG_SHM ? hvdl__broadcast_shm(e, o->output, o->nbytes, root)
-                        : hvdl__broadcast_chain(e, g, o->output, o->nbytes, root);
+    return alg == ALG_SHM ? hvdl__broadcast_shm(&e->ctx, o->output, o->nbytes, root)
+                        : hvdl__broadcast_chain(&e->ctx, g, o->output, o->nbytes, root);
 }
 
 /* Rows of the first dimension for member i: lower members take the remainder. */
@@ -198,7 +201,7 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
     }
     if (alg == ALG_SHM) {
         /* each rank reduces its own segment straight from every rank's input */
-        if (hvdl__reducescatter_shm(e, o->input, seg, o->output, m->dtype, op)) return -1;
+        if (hvdl__reducescatter_shm(&e->ctx, o->input, seg, o->output, m->dtype, op)) return -1;
         hvdl__scale(m->dtype, o->output, seg[g->me] / esz, post);
         return 0;
     }
@@ -207,7 +210,7 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
     uint8_t *f = e->fusion.data;
     if (o->nbytes) memcpy(f, o->input, (size_t)o->nbytes);
     hvdl__scale(m->dtype, f, o->nbytes / esz, m->prescale);
-    if (hvdl__reduce_scatter_ring(e, g, f, seg, m->dtype, op)) return -1;
+    if (hvdl__reduce_scatter_ring(&e->ctx, g, f, seg, m->dtype, op)) return -1;
     if (seg[g->me]) memcpy(o->output, f + mine, (size_t)seg[g->me]);
     hvdl__scale(m->dtype, o->output, seg[g->me] / esz, post);
     return 0;
@@ -230,8 +233,8 @@ static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *
     int64_t longest = 0;
     for (int k = 0; k < n * n; k++)
         if (matrix[k] * row > longest) longest = matrix[k] * row;
-    if (alg == ALG_SHM ? hvdl__alltoall_shm(e, o->input, send, out, recv, longest)
-                     : hvdl__alltoall_pairwise(e, g, o->input, send, out, recv)) {
+    if (alg == ALG_SHM ? hvdl__alltoall_shm(&e->ctx, o->input, send, out, recv, longest)
+                     : hvdl__alltoall_pairwise(&e->ctx, g, o->input, send, out, recv)) {
         free(out);
         free(splits);
         return -1;

@@ -34,7 +34,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -56,17 +55,6 @@ typedef struct reply {
 
 static const char LABEL_ACCEPT[] = "hvdl accept ", LABEL_CONNECT[] = "hvdl connect";
 _Static_assert(sizeof LABEL_ACCEPT == sizeof LABEL_CONNECT, "labels of one length");
-
-static int random_bytes(uint8_t *p, size_t n) {
-    while (n) {
-        ssize_t k = getrandom(p, n, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
 
 static void proof(engine_t *e, const char *label, const hello_t *h, const uint8_t *acceptor_challenge,
                   uint8_t out[HVDL_SHA256_BYTES]) {
@@ -96,7 +84,7 @@ static int hello_as_connector(engine_t *e, int fd, int peer, int channel, double
     peer_t *p = &e->peers[peer];
     hello_t h = {WIRE_MAGIC, WIRE_VERSION, (uint32_t)e->rank, (uint32_t)peer, (uint32_t)channel,
                  e->key_len > 0, p->nonce, {0}};
-    if (e->key_len && random_bytes(h.challenge, CHALLENGE)) {
+    if (e->key_len && hvdl_random_bytes(h.challenge, CHALLENGE)) {
         hvdl__fail(e, HVDL_ERR_SYSTEM, "no random bytes for the connection handshake: %s", strerror(errno));
         return -1;
     }
@@ -128,8 +116,12 @@ lost:
 
 static int connect_to(engine_t *e, int peer, int channel, double deadline) {
     peer_t *p = &e->peers[peer];
-    /* Peers on our own node are reached over loopback whatever address they advertise. */
-    const char *ip = strcmp(p->host, e->host) ? p->ip : "127.0.0.1";
+    /* Every peer is dialled at the address it advertised, which is where it listens
+     * (loopback for a single-host job, one interface otherwise). A peer on our own node
+     * is reached through the loopback device either way: the kernel routes a local
+     * address there, so dialling 127.0.0.1 would gain nothing and finds nobody when the
+     * peer listens on its interface only. */
+    const char *ip = p->ip;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
     if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) {
         hvdl__fail(e, HVDL_ERR_INVALID, "rank %d (host %s) advertised a bad address '%s'",
@@ -230,7 +222,7 @@ static void advance(engine_t *e, acceptor_t *a, int i, int *expected) {
         if (why) { drop(a, i, why); return; }
         if (!e->key_len) { admit(e, a, i, expected); return; }
         reply_t r = {WIRE_MAGIC, 0, {0}, {0}};
-        if (random_bytes(c->challenge, CHALLENGE)) { drop(a, i, "no random bytes"); return; }
+        if (hvdl_random_bytes(c->challenge, CHALLENGE)) { drop(a, i, "no random bytes"); return; }
         memcpy(r.challenge, c->challenge, CHALLENGE);
         proof(e, LABEL_ACCEPT, &c->h, c->challenge, r.proof);
         /* 72 bytes into an empty socket buffer: all or nothing */

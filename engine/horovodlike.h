@@ -77,7 +77,10 @@ typedef struct hvdl_request {
     const void *input;       /* the caller's contiguous data (NULL only if empty) */
     void *output;            /* allreduce/broadcast: result buffer (may equal input);
                                 reducescatter: this rank's rows of the result;
-                                allgather/alltoall: NULL, the engine allocates the result */
+                                allgather: NULL, the engine allocates the result, or a
+                                buffer of n times the input's bytes (n = the set's size),
+                                written when the result fits (result.data is then NULL);
+                                alltoall: NULL, the engine allocates the result */
     const int64_t *splits;   /* alltoall: rows for each member of the process set, in
                                 set order (NULL: even split); copied at enqueue */
     const char *name;        /* unique among in-flight requests; required */
@@ -87,7 +90,8 @@ typedef struct hvdl_request {
 
 /* What a finished op produced (filled by hvdl_release). */
 typedef struct hvdl_result {
-    void *data;              /* allgather/alltoall: engine-allocated output, hvdl_free it */
+    void *data;              /* allgather/alltoall: engine-allocated output, hvdl_free it
+                                (NULL when the allgather wrote the caller's output) */
     int64_t nbytes;          /* bytes at data */
     int64_t first_dim;       /* allgather/alltoall: the first dimension of the output */
     int64_t *recv_splits;    /* alltoall: rows received from each member; hvdl_free it */

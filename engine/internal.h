@@ -1,7 +1,8 @@
 /*
  * Internal declarations shared by the engine's files. Public names are hvdl_x, internal
- * ones hvdl__x. Nothing here is global: all state hangs off one struct engine, so a C
- * test could run several engines as threads; api.c holds the one pointer Python uses.
+ * ones hvdl__x. Nothing here is global: all state hangs off one struct engine, so the C
+ * tests (tests/c) run several engines as threads in one process; api.c holds the one
+ * pointer Python uses. The algorithms see a narrow view of it (context.h).
  */
 #ifndef HVDL_INTERNAL_H
 #define HVDL_INTERNAL_H
@@ -11,9 +12,11 @@
 #include <stddef.h>
 #include "horovodlike.h"
 #include "util.h"
+#include "platform.h"
 #include "config.h"
 #include "log.h"
 #include "timeline.h"
+#include "context.h"
 
 /* What every rank must agree on for one named request. Also the unit the response
  * cache compresses: a request equal to its cached meta travels as one bit. */
@@ -23,15 +26,6 @@ typedef struct meta {
     double prescale, postscale;
 } meta_t;
 
-/* A process set as the algorithms see it: members' global ranks, sorted, and this
- * rank's index among them (-1 if not a member). Immutable once registered. */
-typedef struct group {
-    int id;
-    int n;
-    int me;
-    int *ranks;
-    int removed;
-} group_t;
 #define HVDL_MAX_SETS 256
 
 /* One enqueued request, from hvdl_enqueue until hvdl_release. */
@@ -80,41 +74,6 @@ enum { RESP_OK = 0, RESP_ERROR = 1, RESP_SHUTDOWN = 2 };
  * response, whatever rank 0 sends. */
 #define HVDL_MAX_FUSED 512
 
-/* The peer-to-peer transport every algorithm talks to. An algorithm never includes a
- * backend; it calls t->exchange(). */
-typedef void (*chunk_fn)(void *ctx, int64_t offset, const void *data, int64_t len);
-typedef struct xfer {
-    int send_peer;           /* -1: nothing to send */
-    const void *sbuf;
-    int64_t slen;
-    int recv_peer;           /* -1: nothing to receive */
-    void *rbuf;              /* destination of rlen bytes, or a staging buffer of chunk
-                                bytes when on_chunk is set */
-    int64_t rlen;
-    int64_t chunk;           /* staging size (a multiple of every dtype size) */
-    chunk_fn on_chunk;       /* called as each received chunk completes, in order */
-    void *ctx;
-} xfer_t;
-typedef struct transport {
-    const char *name;
-    int (*exchange)(struct transport *t, const xfer_t *x);
-} transport_t;
-
-struct engine;
-
-/* This node's shared-memory segment (shm.c). */
-typedef struct hvdl_shm {
-    uint8_t *base;
-    size_t bytes;
-    int nlocal;              /* ranks on this node */
-    int me;                  /* this rank's index among them */
-    int oversubscribed;      /* more local ranks than cores: spin less, use larger pieces */
-    int64_t chunk;           /* bytes each rank reduces per piece */
-    int64_t slot_bytes;
-    uint32_t phase;          /* phases posted; identical on every local rank */
-    uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
-} hvdl_shm_t;
-
 /* Per-peer connection state (net.c). Control frames arrive on ctrl; data on data. */
 typedef struct conn {
     int fd;
@@ -154,7 +113,8 @@ typedef struct engine {
     int spin_us;             /* look before sleeping (0 when ranks outnumber cores) */
     group_t *cross;          /* ranks with my local index on every node (hierarchical) */
     int nnodes;
-    buf_t hier;              /* hierarchical allreduce: this rank's shares */
+    int *node;               /* node index of every rank (ctx.node) */
+    ctx_t ctx;               /* what the algorithms see of this engine (context.h) */
 
     pthread_t thread;
     int thread_started;
@@ -185,7 +145,6 @@ typedef struct engine {
     int ncache;
     strmap_t cache_by_name;  /* name -> id+1 */
     buf_t fusion;            /* persistent fusion buffer */
-    buf_t scratch;           /* staging for receive-and-reduce */
     struct coordinator *coord;   /* rank 0 only */
     int inject_seen;         /* times this rank reached the injection site (inject.c) */
     int injected;            /* the injected failure has fired: messages say so */
@@ -212,8 +171,24 @@ typedef struct engine {
     atomic_int sets_changed;
 } engine_t;
 
-/* api.c: the one engine pointer behind the public API, and its error funnel */
-extern engine_t *hvdl__g_engine;
+/* api.c: one engine's life, and the error funnel of every public call. The public API
+ * (horovodlike.h) is these on the one engine Python uses; a C test runs several. */
+engine_t *hvdl__engine_new(void);    /* configuration from the environment; NULL: no memory */
+int hvdl__engine_prepare(engine_t *e, const char *hostname, const char *advertise_addr,
+                         const char *bind_addr, const unsigned char *key, int key_len, char *blob_out);
+int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs);
+int hvdl__engine_running(engine_t *e);
+int hvdl__engine_shutdown(engine_t *e);
+void hvdl__engine_free(engine_t *e); /* after shutdown, or instead of start */
+int hvdl__engine_timeline_start(engine_t *e, const char *path, int mark_cycles);
+/* ops.c */
+int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle);
+int hvdl__engine_poll(engine_t *e, int64_t handle);
+int hvdl__engine_wait(engine_t *e, int64_t handle, double timeout_s);
+int hvdl__engine_release(engine_t *e, int64_t handle, char *msg, hvdl_result *result);
+/* process_sets.c */
+int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n);
+int hvdl__engine_set_remove(engine_t *e, int id);
 int hvdl__err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void hvdl__wake(engine_t *e);
 
@@ -236,8 +211,7 @@ void hvdl__complete_all_locked(engine_t *e, int status, const char *msg);
 
 /* inject.c: failure injection for tests (HOROVODLIKE_TEST_INJECT=site[:rank[:nth]]).
  * A site asks HVDL_INJECT(e, INJ_X) and, when it is true, fails as its real cause would. */
-enum { INJ_NONE, INJ_RING_ALLOC, INJ_RD_ALLOC, INJ_SHM_ATTACH, INJ_TCP_SEND, INJ_CTRL_SEND,
-       INJ_FUSION_ALLOC, INJ_OUTPUT_ALLOC, INJ_PLAN_ALLOC, INJ_NSITES };
+/* The sites (INJ_*) are in context.h: the algorithms have sites too. */
 int hvdl__inject_fire(engine_t *e);
 const char *hvdl__inject_site_name(int site);
 #define HVDL_INJECT(e, site) \
@@ -394,40 +368,12 @@ static inline int hvdl__liveness_check(engine_t *e, double now) {
     return now >= e->next_tick ? hvdl__liveness_tick(e) : 0;
 }
 
-/* reduce.c */
-void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);
-void hvdl__scale(int dtype, void *buf, int64_t count, double factor);
+/* context.c: the algorithms' view of this engine, once start-up has connected the peers
+ * and opened the segment */
+void hvdl__ctx_fill(engine_t *e);
 
-/* collectives (one file each) */
-int hvdl__reduce_scatter_ring(engine_t *e, const group_t *g, void *buf, const int64_t *seg_bytes,
-                              int dtype, int op);
-int hvdl__allreduce_ring(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op);
-int hvdl__allgather_ring(engine_t *e, const group_t *g, void *out, const int64_t *block_bytes);
-int hvdl__broadcast_chain(engine_t *e, const group_t *g, void *buf, int64_t nbytes, int root);
-int hvdl__allreduce_shm(engine_t *e, const void *in, void *out, int64_t count, int dtype, int op);
-typedef struct span { const void *in; void *out; int64_t nbytes; } span_t;
-int hvdl__allreduce_shm_spans(engine_t *e, const span_t *v, int nspans, int dtype, int op);
-int hvdl__allreduce_rd(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op);
-int hvdl__allreduce_hier(engine_t *e, void *buf, int64_t count, int dtype, int op);
-int hvdl__allgather_hier(engine_t *e, void *out, const int64_t *block_bytes);
-int hvdl__shm_reduce_scatter(engine_t *e, const void *buf, int64_t bytes, int dtype, int op,
-                             buf_t *out, int64_t *share_bytes);
-int hvdl__shm_allgather_shares(engine_t *e, void *buf, int64_t bytes, int dtype, const void *shares);
-int hvdl__broadcast_shm(engine_t *e, void *buf, int64_t bytes, int root);
-int hvdl__reducescatter_shm(engine_t *e, const void *in, const int64_t *seg_bytes, void *out,
-                            int dtype, int op);
-int hvdl__alltoall_shm(engine_t *e, const void *in, const int64_t *send_bytes, void *out,
-                       const int64_t *recv_bytes, int64_t longest);
-int hvdl__allgather_shm(engine_t *e, void *out, const int64_t *block_bytes);
-
-/* shm.c */
+/* shm.c: setting up this node's segment (its waits are in context.h) */
 int hvdl__shm_open(engine_t *e);
 void hvdl__shm_close(engine_t *e);
-uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which);
-void hvdl__shm_post(engine_t *e);
-int hvdl__shm_wait_all(engine_t *e);
-
-int hvdl__alltoall_pairwise(engine_t *e, const group_t *g, const void *in, const int64_t *send_bytes,
-                            void *out, const int64_t *recv_bytes);
 
 #endif

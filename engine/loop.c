@@ -48,8 +48,7 @@ op_t *hvdl__queue_pop(op_queue_t *q) {
 
 /* Move newly enqueued ops to the loop's own queue; returns whether shutdown was asked. */
 static int take_incoming(engine_t *e) {
-    uint64_t v;
-    if (read(e->wake_fd, &v, sizeof v) < 0) { /* nothing to drain */ }
+    hvdl_wakefd_drain(e->wake_fd);
     pthread_mutex_lock(&e->mu);
     op_t *o;
     while ((o = hvdl__queue_pop(&e->incoming))) {

@@ -202,7 +202,7 @@ int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
     if (e->spin_us > 0 && timeout_ms != 0) {
         double until = hvdl_now() + e->spin_us * 1e-6;
         while (!(ready = poll(pf, (nfds_t)n + 1, 0)) && hvdl_now() < until)
-            for (int k = 0; k < 32; k++) __builtin_ia32_pause();
+            for (int k = 0; k < 32; k++) hvdl_pause();
     }
     if (!ready && poll(pf, (nfds_t)n + 1, timeout_ms) <= 0) return -1;
     for (int i = 0; i < n; i++)

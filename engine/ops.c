@@ -121,8 +121,7 @@ static int alloc_slot(engine_t *e) {
     return slot;
 }
 
-int hvdl_enqueue(const hvdl_request *q, int64_t *handle) {
-    engine_t *e = hvdl__g_engine;
+int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     if (!q || !handle) return hvdl__err(HVDL_ERR_INVALID, "NULL request or handle pointer");
     if (!e || !e->thread_started) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
     int64_t nbytes = 0;
@@ -180,8 +179,7 @@ static op_t *lookup(engine_t *e, int64_t h) {
     return e->slots[slot];
 }
 
-int hvdl_poll(int64_t h) {
-    engine_t *e = hvdl__g_engine;
+int hvdl__engine_poll(engine_t *e, int64_t h) {
     if (!e) return -1;
     pthread_mutex_lock(&e->mu);
     op_t *o = lookup(e, h);
@@ -190,15 +188,14 @@ int hvdl_poll(int64_t h) {
     return done;
 }
 
-int hvdl_wait(int64_t h, double timeout_s) {
-    engine_t *e = hvdl__g_engine;
+int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     if (!e) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized");
     pthread_mutex_lock(&e->mu);
     op_t *o = lookup(e, h);
     pthread_mutex_unlock(&e->mu);
     if (!o) return hvdl__err(HVDL_ERR_INVALID, "unknown or released handle %lld", (long long)h);
     for (int i = 0; i < 2000 && !atomic_load(&o->done); i++) {
-        if (i & 63) __builtin_ia32_pause();
+        if (i & 63) hvdl_pause();
         else sched_yield();
     }
     if (atomic_load(&o->done)) return HVDL_OK;
@@ -215,8 +212,7 @@ int hvdl_wait(int64_t h, double timeout_s) {
     return done ? HVDL_OK : hvdl__err(HVDL_ERR_TIMEOUT, "op '%s' not finished after %.1f s", o->name, timeout_s);
 }
 
-int hvdl_release(int64_t h, char *msg, hvdl_result *result) {
-    engine_t *e = hvdl__g_engine;
+int hvdl__engine_release(engine_t *e, int64_t h, char *msg, hvdl_result *result) {
     if (!e) return hvdl__err(HVDL_ERR_INVALID, "unknown handle %lld", (long long)h);
     pthread_mutex_lock(&e->mu);
     op_t *o = lookup(e, h);

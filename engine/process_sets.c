@@ -12,14 +12,8 @@
 
 /* ---- process sets ---- */
 
-static engine_t *set_engine(void) {
-    engine_t *e = hvdl__g_engine;
-    return e && e->peers ? e : NULL;
-}
-
-int hvdl_process_set_add(int id, const int *ranks, int n) {
-    engine_t *e = set_engine();
-    if (!e) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n) {
+    if (!e || !e->peers) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
     if (id < 0 || id >= HVDL_MAX_SETS)
         return hvdl__err(HVDL_ERR_INVALID, "process set id %d: at most %d process sets per job", id, HVDL_MAX_SETS);
     if (n < 1 || n > e->size) return hvdl__err(HVDL_ERR_INVALID, "a process set needs 1 to %d ranks, not %d", e->size, n);
@@ -49,9 +43,8 @@ int hvdl_process_set_add(int id, const int *ranks, int n) {
     return HVDL_OK;
 }
 
-int hvdl_process_set_remove(int id) {
-    engine_t *e = set_engine();
-    if (!e) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+int hvdl__engine_set_remove(engine_t *e, int id) {
+    if (!e || !e->peers) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
     if (id == 0) return hvdl__err(HVDL_ERR_INVALID, "the global process set cannot be removed");
     pthread_mutex_lock(&e->mu);
     group_t *g = id > 0 && id < HVDL_MAX_SETS ? e->sets[id] : NULL;

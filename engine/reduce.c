@@ -8,14 +8,10 @@
  * Sum/Max = OR and Min/Product = AND. Integer overflow wraps, as in numpy.
  * Cost: one read of src, one read and one write of dst; memory-bound above L2.
  */
-#include "internal.h"
+#include "context.h"
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define KERNEL
-#endif
+#define KERNEL HVDL_TARGET_CLONES
 
 typedef _Float16 f16_t;
 

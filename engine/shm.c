@@ -19,16 +19,13 @@
 #include "internal.h"
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <poll.h>
-#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,10 +49,6 @@ static _Atomic uint32_t *seq_of(hvdl_shm_t *s, int local) {
 uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which) {
     return s->base + header_bytes(s->nlocal) + (size_t)local * 2 * (size_t)s->slot_bytes +
            (size_t)which * (size_t)s->slot_bytes;
-}
-
-static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
-    return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
 }
 
 static uint64_t fnv(const char *s) {
@@ -163,12 +156,12 @@ void hvdl__shm_close(engine_t *e) {
     e->shm = NULL;
 }
 
-void hvdl__shm_post(engine_t *e) {
-    hvdl_shm_t *s = e->shm;
+void hvdl__shm_post(ctx_t *c) {
+    hvdl_shm_t *s = c->shm;
     _Atomic uint32_t *mine = seq_of(s, s->me);
     atomic_store_explicit(mine, ++s->phase, memory_order_release);
     if (atomic_load(&((shm_header_t *)s->base)->sleepers))
-        futex(mine, FUTEX_WAKE, INT_MAX, NULL);
+        hvdl_futex_wake_all(mine);
 }
 
 static int reached(_Atomic uint32_t *seq, uint32_t v) {
@@ -183,22 +176,23 @@ static int global_rank(engine_t *e, int local) {
 }
 
 /* Wait until every local rank has posted the phase this rank just posted. */
-int hvdl__shm_wait_all(engine_t *e) {
-    hvdl_shm_t *s = e->shm;
+int hvdl__shm_wait_all(ctx_t *c) {
+    engine_t *e = c->engine;
+    hvdl_shm_t *s = c->shm;
     shm_header_t *h = (shm_header_t *)s->base;
     uint32_t v = s->phase;
-    double now = hvdl_now(), spin_until = now + e->spin_us * 1e-6;
+    double now = hvdl_now(), spin_until = now + c->spin_us * 1e-6;
     if (hvdl__liveness_check(e, now)) return -1;
     for (int q = 0; q < s->nlocal; q++) {
         _Atomic uint32_t *seq = seq_of(s, q);
         while (!reached(seq, v) && hvdl_now() < spin_until)
-            for (int i = 0; i < 16; i++) __builtin_ia32_pause();
+            for (int i = 0; i < 16; i++) hvdl_pause();
         double since = hvdl_now();
         while (!reached(seq, v)) {
             uint32_t cur = atomic_load(seq);
             atomic_fetch_add(&h->sleepers, 1);
             struct timespec ts = {0, 50 * 1000 * 1000};
-            if (!reached(seq, v)) futex(seq, FUTEX_WAIT, cur, &ts);
+            if (!reached(seq, v)) hvdl_futex_wait(seq, cur, &ts);
             atomic_fetch_sub(&h->sleepers, 1);
             if (reached(seq, v)) break;
             /* Still waiting: has anyone reported a dead rank? Is everyone alive? */

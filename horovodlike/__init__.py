@@ -4,11 +4,11 @@
 `horovodlike.torch`, `horovodlike.tensorflow` and `horovodlike.tensorflow.keras` add the
 framework bindings.
 """
-from .common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                            gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-                            local_rank, local_size, mpi_built, mpi_enabled,
-                            mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
-                            size, start_timeline, stop_timeline)
+from .common.api import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                         gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                         local_rank, local_size, mpi_built, mpi_enabled,
+                         mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                         size, start_timeline, stop_timeline)
 from .common.exceptions import HorovodInternalError, TensorMismatchError
 from .common.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
                          allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,

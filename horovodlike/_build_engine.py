@@ -20,11 +20,13 @@ def _cdef_text():
     return text.split("/* CDEF-BEGIN */", 1)[1].split("/* CDEF-END */", 1)[0]
 
 
+# The engine's compiler flags; tests/test_c_engine.py builds the C tests with them too.
+COMPILE_FLAGS = ["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 # HOROVODLIKE_SANITIZE=1 builds a checking engine (scripts/sanitize.sh): every
 # out-of-bounds access, use after free and undefined behaviour aborts loudly.
-_SANITIZE = (["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-              "-fno-sanitize-recover=undefined", "-g"]
-             if os.environ.get("HOROVODLIKE_SANITIZE") == "1" else [])
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                  "-fno-sanitize-recover=undefined", "-g"]
+_SANITIZE = SANITIZE_FLAGS if os.environ.get("HOROVODLIKE_SANITIZE") == "1" else []
 
 def make_builder(absolute=False):
     """The cffi builder. setup.py needs source paths relative to the repo root (it runs
@@ -38,8 +40,7 @@ def make_builder(absolute=False):
         '#include "horovodlike.h"',
         sources=sorted(path(p) for p in glob.glob(os.path.join(ENGINE, "*.c"))),
         include_dirs=[path(ENGINE)],
-        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra",
-                            "-Wno-unused-parameter", "-fvisibility=hidden"] + _SANITIZE,
+        extra_compile_args=COMPILE_FLAGS + ["-fvisibility=hidden"] + _SANITIZE,
         extra_link_args=_SANITIZE,
         libraries=["pthread"],
     )

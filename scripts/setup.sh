@@ -8,17 +8,23 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 VENV="${HOROVODLIKE_VENV:-$ROOT/.venv}"
 
-# Debian's Chromium renders the timeline viewer's HTML in the browser test.
-if ! command -v chromium >/dev/null 2>&1; then
+# System tools some checks need, installed with apt-get only when missing (and only as
+# root on a machine with apt-get); without them those checks skip and say so.
+apt_tool() {   # apt_tool COMMAND PACKAGE WHAT-IT-IS-FOR
+    command -v "$1" >/dev/null 2>&1 && return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "setup: installing chromium (for the timeline viewer's browser test)"
-        apt-get update -qq >/dev/null && \
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
-            || echo "setup: chromium could not be installed; its test will be skipped"
+        echo "setup: installing $2 ($3)"
+        { [ -n "${APT_UPDATED:-}" ] || apt-get update -qq >/dev/null; } && APT_UPDATED=1 && \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null \
+            || echo "setup: $2 could not be installed; $3 will be skipped"
     else
-        echo "setup: no chromium and not root; the browser test will be skipped"
+        echo "setup: no $1 and no apt-get as root; $3 will be skipped"
     fi
-fi
+}
+# Debian's Chromium renders the timeline viewer's HTML in the browser test.
+apt_tool chromium chromium "the timeline viewer's browser test"
+# The aarch64 cross compiler: CI builds the engine for ARM too (scripts/cross_compile.sh).
+apt_tool aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu "the aarch64 build check"
 
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: creating $VENV"

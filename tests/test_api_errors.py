@@ -62,6 +62,23 @@ def case_before_init():
     check(hvd.is_initialized(), "is_initialized() after init")
 
 
+
+def case_bad_process_set_at_init():
+    # The engine starts, the set is refused, and the engine is stopped again: a later
+    # init() starts a working one.
+    check_raises(ValueError, lambda: hvd.init(process_sets=[[0, 5]]), "[0, 5]",
+                 what="init with a set beyond the world")
+    check(not hvd.is_initialized(), "not initialized after a refused set")
+    a = hvd.ProcessSet([0])
+    hvd.init(process_sets=[a])
+    check(hvd.is_initialized(), "is_initialized() after the second init")
+    hvd.shutdown()
+    hvd.init(process_sets=[hvd.ProcessSet([0])])
+    # `a` belonged to the previous engine; it must not alias the new set with its id.
+    check_raises(ValueError, lambda: hvd.allreduce(np.ones(2), process_set=a),
+                 "not registered", what="a set of the previous engine")
+
+
 def case_not_an_array():
     hvd.init()
     for bad, tname in ((None, "NoneType"), ([1.0, 2.0], "list"), (3.0, "float"),
@@ -226,7 +243,7 @@ SINGLE = RANK_PRELUDE + LIB + SINGLE_RANK_CASES
 
 SINGLE_CASES = ["before_init", "not_an_array", "unsupported_dtype", "non_contiguous",
                 "allgather_0d", "bad_root", "bool_average", "bad_op_and_dims",
-                "unknown_handle"]
+                "unknown_handle", "bad_process_set_at_init"]
 
 
 @pytest.mark.parametrize("case", SINGLE_CASES)

@@ -11,6 +11,7 @@ import pytest
 from harness import HOROVODLIKERUN, PYTHON, REPO
 from horovodlike.common import elastic as proto
 from horovodlike.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovodlike.runner import args as cli
 from horovodlike.runner import elastic_driver as ed
 from horovodlike.runner import launch
 
@@ -91,7 +92,7 @@ def test_settings_defaults(monkeypatch):
 def test_elastic_flags_defined_elsewhere_win():
     p = argparse.ArgumentParser()
     p.add_argument("--min-np", dest="theirs", type=int)
-    ed.add_elastic_args(p)
+    cli.add_elastic_args(p)
     args = p.parse_args(["--min-np", "2", "--max-np", "4"])
     assert args.theirs == 2 and args.max_num_proc == 4
 

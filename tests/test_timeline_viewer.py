@@ -315,3 +315,31 @@ def test_html_is_self_contained_and_renders_in_headless_chromium(trace, tmp_path
     img = matplotlib.image.imread(str(shot))
     assert img.shape[1] >= 1000 and img.shape[0] >= 600
     assert img[..., :3].std() > 0.05          # not a blank page
+
+
+def test_page_carries_the_static_script_and_style_and_the_wheel_ships_them(trace, tmp_path,
+                                                                          capsys):
+    import ast
+    import fnmatch
+    import pathlib
+    page = tmp_path / "timeline.html"
+    assert run_cli(capsys, trace, "--html", page, "-q")[0] == 0
+    html = page.read_text()
+    static = pathlib.Path(timeline_viewer.__file__).parent / "static"
+    for name in ("viewer.js", "viewer.css"):
+        text = (static / name).read_text()
+        assert len(text) > 500 and text in html, name
+    # Every file of static/ is package data in setup.py, so an installed viewer has it.
+    setup = (pathlib.Path(__file__).parent.parent / "setup.py").read_text()
+    call = next(n for n in ast.walk(ast.parse(setup))
+                if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    data = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "package_data"))
+    for f in static.iterdir():
+        assert any(fnmatch.fnmatch(f"static/{f.name}", pat)
+                   for pat in data["timeline_viewer"]), f.name
+
+
+def test_one_string_interner():
+    s = Strings()
+    assert [s.intern(x) for x in ("a", "b", "a")] == [0, 1, 0]
+    assert s.names == ["a", "b"] and s.id("b") == 1 and s.id("c") == -1

@@ -1,1 +1,19 @@
-"""Framework-free core of horovodlike: start-up, the engine binding and collectives on numpy."""
+"""Framework-free core of horovodlike: start-up, the engine binding and collectives on numpy.
+
+The modules are layered; each imports only from the layers below it (tests/test_layering.py
+checks this, function-level imports included):
+
+    exceptions, jobkey, compression, affinity   no horovodlike imports
+    engine, store                    the cffi engine; the launcher's rendezvous store
+    launch_env, bootstrap            who am I: the launch environment, the blob exchange
+    basics                           start/stop the engine, topology queries
+    process_sets                     registered sets; start() = engine + static sets
+    request                          what a collective call means (names, roots, splits)
+    ops                              collectives on numpy arrays, handles
+    objects, dynamic_sets, elastic   object collectives, add/remove sets, elastic rounds
+    api                              init(): elastic or plain, the public entry point
+
+A layer that needs to act when a lower one does (ops forgets its buffers on shutdown)
+registers a callback there (basics._on_shutdown, basics.start's after_start) instead of
+being imported by it.
+"""

@@ -1,4 +1,8 @@
-"""init / shutdown and the topology queries, shared by every framework binding."""
+"""Starting and stopping the engine, and the topology queries every binding shares.
+
+Nothing here knows of process sets, collectives or elastic mode: those sit above
+(see horovodlike/common/__init__.py for the layers) and hook in through start()'s
+after_start and _on_shutdown."""
 import atexit
 import threading
 
@@ -9,20 +13,18 @@ _topo = None
 _atexit_registered = False
 
 
-def init(comm=None, process_sets=None):
-    """Start horovodlike on this process (idempotent).
+def start(comm=None, after_start=None):
+    """Start the engine on this process, if it is not running. True if it started one.
 
     comm: an mpi4py communicator to run on, or a list of MPI_COMM_WORLD ranks (Horovod's
-    argument); by default the launch environment decides. process_sets: a list of ProcessSet (or rank lists) to register
-    on every rank, or "dynamic" to allow add_process_set() later.
+    argument); by default the launch environment decides. after_start() runs under the
+    start-up lock once the engine is up (the layers above register their state there);
+    if it raises, the engine is stopped again. The public init() is api.init().
     """
     global _topo, _atexit_registered
-    from . import elastic     # horovodlikerun's elastic mode: the driver assigns rank and size
-    if comm is None and elastic.enabled() and not elastic.joining():
-        return elastic.init(process_sets)
     with _lock:
         if _topo is not None and engine.is_running():
-            return
+            return False
         if _topo is not None:   # the engine failed: stop it before starting the next
             _stop_engine()
         if isinstance(comm, (list, tuple)):
@@ -39,15 +41,16 @@ def init(comm=None, process_sets=None):
         with affinity.engine_thread_affinity(topo.local_rank, topo.local_size):
             engine.start(rank, size, [b for _, b in peers])
         _topo = topo
-        from . import process_sets as _ps
-        try:
-            _ps.init_sets(process_sets)
-        except Exception:
-            _stop_engine()
-            raise
+        if after_start is not None:
+            try:
+                after_start()
+            except Exception:
+                _stop_engine()
+                raise
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+        return True
 
 
 _on_shutdown = []   # callbacks run once the engine has stopped (the layers above use it)

@@ -28,6 +28,10 @@ import queue
 import sys
 import threading
 
+import numpy as np
+
+from . import basics, engine, ops, request
+from . import process_sets as _sets
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ["State", "ObjectState", "run_fn", "HorovodInternalError", "HostsUpdatedInterrupt",
@@ -104,7 +108,6 @@ class _Worker:
         self.assignment = None       # the round this process last joined
         self.reason = "new"          # why it asks for the next one
         self.process_sets = None     # what later rounds pass to init(): None or "dynamic"
-        self.updates = None
 
     def _current(self):
         try:
@@ -149,7 +152,6 @@ class _Worker:
 
 
 _worker = None
-_joining = threading.local()
 
 
 def _the_worker():
@@ -159,20 +161,14 @@ def _the_worker():
     return _worker
 
 
-def joining():
-    """True while init() below is starting the engine for a round (basics.init's guard)."""
-    return getattr(_joining, "active", False)
-
-
 def current_assignment():
     return _worker.assignment if _worker is not None else None
 
 
 def init(process_sets=None):
-    """basics.init() under the elastic driver: join the next round and start the engine
-    with the rank and size it assigns. A round whose engine cannot start (a member died
+    """init() under the elastic driver: join the next round and start the engine with
+    the rank and size it assigns. A round whose engine cannot start (a member died
     during start-up) is given up and the next one joined."""
-    from . import basics, engine, request
     if basics.is_initialized() and engine.is_running():
         return
     w = _the_worker()
@@ -188,9 +184,8 @@ def init(process_sets=None):
                            ROUND_ENV: str(a.round)})
         # Unnamed ops are numbered per process: start every member of the round at zero.
         request.counters.reset()
-        _joining.active = True
         try:
-            basics.init(process_sets=sets)
+            _sets.start(process_sets=sets)
             w.assignment = a
             w.reason = "new"
             return
@@ -203,26 +198,20 @@ def init(process_sets=None):
                 raise
             sys.stderr.write(f"horovodlike elastic: round {a.round} did not start "
                              f"({e}); waiting for the next one\n")
-        finally:
-            _joining.active = False
-
-
-def _drop_process_sets():
-    """After a reset the ranks mean something else: user process sets are unregistered
-    (passing one raises 'not registered'); re-add them in a reset callback."""
-    from . import process_sets as ps
-    for s in list(ps._sets.values()):
-        s.process_set_id = None
-    ps._sets.clear()
 
 
 def reset():
-    """Shut the engine down and start it again in the driver's next round (what every
-    framework's elastic.run does between attempts)."""
-    from . import basics
-    _drop_process_sets()
+    """Shut the engine down and start it again (in the driver's next round, under
+    horovodlikerun's elastic mode): what every framework's elastic.run does between
+    attempts."""
     basics.shutdown()
-    basics.init()
+    # The ranks mean other processes now: user sets are unregistered (re-add them in a
+    # reset callback).
+    _sets.forget_all()
+    if enabled():
+        init()
+    else:
+        _sets.start()
 
 
 class _Notifications:
@@ -352,12 +341,9 @@ def _round_update_seq(default=0):
 
 
 def _broadcast_ints(values):
-    import numpy as np
-    from . import basics
-    from . import ops as _ops
     arr = np.asarray(values, np.int64)
     if basics.size() > 1:
-        arr = _ops.broadcast(arr, 0, name="elastic.check_host_updates")
+        arr = ops.broadcast(arr, 0, name="elastic.check_host_updates")
     return [int(v) for v in arr]
 
 

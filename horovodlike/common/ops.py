@@ -17,9 +17,7 @@ import itertools
 import numpy as np
 
 from . import basics, engine, request
-
-Average, Sum, Adasum, Min, Max, Product = (engine.AVERAGE, engine.SUM, engine.ADASUM,
-                                           engine.MIN, engine.MAX, engine.PRODUCT)
+from .request import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (the API's ops)
 
 _pending = {}       # handle -> (engine handle, keep-alive objects, finisher(Result) -> output)
 _handles = itertools.count(1)

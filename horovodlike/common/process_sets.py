@@ -86,10 +86,17 @@ def _register(ps):
     return ps
 
 
-def init_sets(process_sets):
-    """Called by init(): static sets (a list), or "dynamic"."""
+def start(comm=None, process_sets=None):
+    """Start the engine (basics.start) and register `process_sets` on it: a list of
+    ProcessSet or rank lists, "dynamic" to allow adding sets later, or None. Nothing
+    happens if the engine is already running. The public init() adds elastic mode on
+    top (api.init)."""
+    basics.start(comm, after_start=lambda: _init_sets(process_sets))
+
+
+def _init_sets(process_sets):
     global _dynamic, _next_id
-    _sets.clear()
+    forget_all()        # a set of an earlier engine must not alias one of this engine
     _next_id = 1
     _dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") \
         not in ("", "0")
@@ -109,3 +116,28 @@ def _unregister(sid):
     ps = _sets.pop(sid, None)
     if ps is not None:
         ps.process_set_id = None
+
+
+def find(ranks):
+    """The registered set whose members are exactly `ranks` (sorted), or None."""
+    ranks = list(ranks)
+    return next((ps for ps in list(_sets.values()) if ps.ranks == ranks), None)
+
+
+def by_id(sid):
+    """The registered set with engine id `sid` (0 is the global set)."""
+    if sid == 0:
+        return global_process_set
+    try:
+        return _sets[sid]
+    except KeyError:
+        raise ValueError(f"no process set with id {sid}") from None
+
+
+def forget_all():
+    """Unregister every user set on this side only, after the engine that knew them has
+    stopped (elastic reset: the ranks now mean other processes). Passing one of them
+    afterwards raises 'not registered'."""
+    for ps in list(_sets.values()):
+        ps.process_set_id = None
+    _sets.clear()

@@ -9,5 +9,5 @@ __all__ = ["StoreClient", "StoreServer", "main", "run"]
 def main(argv=None):
     # Imported lazily so ranks that only need the store client do not pay
     # for the launcher's imports.
-    from .launch import main as _main
+    from .entry import main as _main
     return _main(argv)

@@ -23,6 +23,8 @@ import socket
 import sys
 import warnings
 
+from ..common import jobkey
+
 PROG = "horovodlikerun"
 DEFAULT_START_TIMEOUT = 60
 LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
@@ -169,7 +171,6 @@ def add_arguments(p):
     g.add_argument("--autotune-gaussian-process-noise",
                    dest="autotune_gaussian_process_noise", type=float, help="ignored")
 
-    from .elastic_driver import add_elastic_args     # docs/elastic.md
     add_elastic_args(p.add_argument_group("elastic arguments"))
 
     g = p.add_argument_group("timeline arguments")
@@ -714,8 +715,7 @@ def mpirun_argv(args, env, flavour="openmpi"):
             argv += ["-outfile-pattern" if simple else "--output-filename",
                      args.output_filename]
     if not simple:
-        from .launch import _exportable    # the same rule as for ssh-started ranks
-        argv += [w for key in sorted(env) if _exportable(key) for w in ("-x", key)]
+        argv += [w for key in sorted(env) if exportable(key) for w in ("-x", key)]
     if args.mpi_args:
         argv += _mpi_words(args.mpi_args, flavour)
     return argv + list(args.command)
@@ -740,3 +740,43 @@ def run_mpi(args, job_vars):
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)
+
+
+# Variables that describe the launcher's own shell session; exporting them to
+# a remote shell would be wrong or would break it.
+_NOT_EXPORTED = {"OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT",
+                 "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", jobkey.ENV}
+
+
+def exportable(name):
+    """Whether the launcher passes variable `name` on to ranks it starts by ssh or mpirun."""
+    return (name.isidentifier() and name.isascii()
+            and not name.startswith("BASH_FUNC_") and name not in _NOT_EXPORTED)
+
+def add_elastic_args(parser):
+    """docs/elastic.md: horovodrun's elastic flags. A flag the parser already has is left as it is."""
+    have = getattr(parser, "_option_string_actions", {})
+
+    def add(*names, **kw):
+        if not any(n in have for n in names):
+            parser.add_argument(*names, **kw)
+
+    add("--min-np", "--min-num-proc", dest="min_num_proc", type=int,
+        help="elastic: the fewest processes training may continue with (default: -np)")
+    add("--max-np", "--max-num-proc", dest="max_num_proc", type=int,
+        help="elastic: the most processes to run (default: -np)")
+    add("--slots-per-host", dest="slots", type=int,
+        help="elastic: slots of a discovered host that prints no ':slots'")
+    add("--host-discovery-script", dest="host_discovery_script",
+        help="elastic: an executable that prints one 'host[:slots]' per line; polled "
+             "every second")
+    add("--elastic-timeout", dest="elastic_timeout", type=int,
+        help="elastic: seconds to wait for --min-np slots before failing "
+             "(default: HOROVOD_ELASTIC_TIMEOUT or 600)")
+    add("--reset-limit", dest="reset_limit", type=int,
+        help="elastic: the most times the job may be re-formed")
+    add("--blacklist-cooldown-range", dest="cooldown_range", type=int, nargs=2,
+        metavar=("MIN", "MAX"),
+        help="elastic: seconds a failed host stays blacklisted, doubling per failure "
+             "from MIN up to MAX (default: for good)")
+    return parser

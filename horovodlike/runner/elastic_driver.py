@@ -62,33 +62,6 @@ _LIVE = (STARTING, MEMBER)
 _ANY_HOST = "(hosts that discovery will find)"
 
 
-def add_elastic_args(parser):
-    """horovodrun's elastic flags. A flag the parser already has is left as it is."""
-    have = getattr(parser, "_option_string_actions", {})
-
-    def add(*names, **kw):
-        if not any(n in have for n in names):
-            parser.add_argument(*names, **kw)
-
-    add("--min-np", "--min-num-proc", dest="min_num_proc", type=int,
-        help="elastic: the fewest processes training may continue with (default: -np)")
-    add("--max-np", "--max-num-proc", dest="max_num_proc", type=int,
-        help="elastic: the most processes to run (default: -np)")
-    add("--slots-per-host", dest="slots", type=int,
-        help="elastic: slots of a discovered host that prints no ':slots'")
-    add("--host-discovery-script", dest="host_discovery_script",
-        help="elastic: an executable that prints one 'host[:slots]' per line; polled "
-             "every second")
-    add("--elastic-timeout", dest="elastic_timeout", type=int,
-        help="elastic: seconds to wait for --min-np slots before failing "
-             "(default: HOROVOD_ELASTIC_TIMEOUT or 600)")
-    add("--reset-limit", dest="reset_limit", type=int,
-        help="elastic: the most times the job may be re-formed")
-    add("--blacklist-cooldown-range", dest="cooldown_range", type=int, nargs=2,
-        metavar=("MIN", "MAX"),
-        help="elastic: seconds a failed host stays blacklisted, doubling per failure "
-             "from MIN up to MAX (default: for good)")
-    return parser
 
 
 def is_elastic(args):

@@ -32,10 +32,6 @@ DEFAULT_SSH_COMMAND = (
     "ssh -o BatchMode=yes -o StrictHostKeyChecking=no {host} {command}")
 GRACE_SECONDS = 5.0
 _LOCAL_NAMES = ("localhost", "127.0.0.1")
-# Variables that describe the launcher's own shell session; exporting them to
-# a remote shell would be wrong or would break it.
-_NOT_EXPORTED = {"OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT",
-                 "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", jobkey.ENV}
 _READ_LIMIT = 64 * 1024
 
 
@@ -152,7 +148,7 @@ def remote_argv(template, host, cwd, env, command):
     quoted once more.
     """
     exported = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
-                        if _exportable(k))
+                        if cli.exportable(k))
     line = (f"cd {shlex.quote(cwd)} && env {exported} "
             + " ".join(shlex.quote(c) for c in command))
     argv = []
@@ -163,11 +159,6 @@ def remote_argv(template, host, cwd, env, command):
             argv.append(word.replace("{host}", host)
                         .replace("{command}", shlex.quote(line)))
     return argv
-
-
-def _exportable(name):
-    return (name.isidentifier() and name.isascii()
-            and not name.startswith("BASH_FUNC_") and name not in _NOT_EXPORTED)
 
 
 def store_bind_and_advertise(plan):
@@ -438,13 +429,8 @@ def _start_ranks(job, args, store_addr, job_id):
                       dict(base))
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    from .elastic_driver import is_elastic, run_elastic
-    if is_elastic(args):
-        return run_elastic(args)
-    if args.use_mpi:
-        return cli.run_mpi(args, tuning_env(args))
+def run_static(args):
+    """Run a job of a fixed size with our own rank processes; the launcher's exit status."""
     try:
         plan = compute_plan(args.host_list, args.num_proc)
     except ValueError as exc:

@@ -6,12 +6,12 @@ Collectives work on tf.Tensor / tf.Variable eagerly and inside tf.function (one
 stateful py-call per batch of tensors; no TensorFlow headers, no custom op), with
 Horovod's gradients. See docs/tensorflow.md for usage and the differences.
 """
-from horovodlike.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
-                                       ddl_built, gloo_built, gloo_enabled, init,
-                                       is_homogeneous, is_initialized, local_rank, local_size,
-                                       mpi_built, mpi_enabled, mpi_threads_supported,
-                                       nccl_built, rank, rocm_built, shutdown, size,
-                                       start_timeline, stop_timeline)
+from horovodlike.common.api import (ccl_built, cross_rank, cross_size, cuda_built,
+                                    ddl_built, gloo_built, gloo_enabled, init,
+                                    is_homogeneous, is_initialized, local_rank, local_size,
+                                    mpi_built, mpi_enabled, mpi_threads_supported,
+                                    nccl_built, rank, rocm_built, shutdown, size,
+                                    start_timeline, stop_timeline)
 from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
 
 from . import _keras2_compat

@@ -15,14 +15,14 @@ Errors carry Horovod's tf.errors types (see _errors).
 """
 import tensorflow as tf
 
-from horovodlike.common import basics, request
+from horovodlike.common import basics, process_sets, request
 # Horovod's tensorflow.mpi_ops carries the basics too; scripts import them from here.
-from horovodlike.common.basics import (ccl_built, cross_rank, cross_size,  # noqa: F401
-                                       cuda_built, ddl_built, gloo_built, gloo_enabled, init,
-                                       is_homogeneous, is_initialized, local_rank,
-                                       local_size, mpi_built, mpi_enabled,
-                                       mpi_threads_supported, nccl_built, rank, rocm_built,
-                                       shutdown, size, start_timeline, stop_timeline)
+from horovodlike.common.api import (ccl_built, cross_rank, cross_size,  # noqa: F401
+                                    cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+                                    is_homogeneous, is_initialized, local_rank,
+                                    local_size, mpi_built, mpi_enabled,
+                                    mpi_threads_supported, nccl_built, rank, rocm_built,
+                                    shutdown, size, start_timeline, stop_timeline)
 from horovodlike.common.dynamic_sets import (add_process_set,  # noqa: F401
                                              remove_process_set)
 from horovodlike.common.process_sets import ProcessSet, global_process_set  # noqa: F401
@@ -438,8 +438,7 @@ def join():
 # ------------------------------------------------- topology as tensors
 
 def size_op(process_set_id=0, name=None):
-    return tf.constant(basics.size() if process_set_id == 0 else
-                       _set_by_id(process_set_id).size(), tf.int32, name=name)
+    return tf.constant(process_sets.by_id(process_set_id).size(), tf.int32, name=name)
 
 
 def rank_op(name=None):
@@ -455,13 +454,5 @@ def local_rank_op(name=None):
 
 
 def process_set_included_op(process_set_id=0, name=None):
-    included = True if process_set_id == 0 else _set_by_id(process_set_id).included()
-    return tf.constant(int(included), tf.int32, name=name)
-
-
-def _set_by_id(process_set_id):
-    from horovodlike.common import process_sets
-    try:
-        return process_sets._sets[process_set_id]
-    except KeyError:
-        raise ValueError(f"no process set with id {process_set_id}") from None
+    return tf.constant(int(process_sets.by_id(process_set_id).included()), tf.int32,
+                       name=name)

@@ -19,12 +19,11 @@ import torch
 
 from horovodlike.common import ops as _ops
 from horovodlike.common import request
+from horovodlike.common.request import (Adasum, Average, Max, Min,  # noqa: F401
+                                        Product, Sum)
 
 from . import _tensors
 from ._process_sets import global_process_set
-
-Average, Sum, Adasum, Min, Max, Product = (request.Average, request.Sum, request.Adasum,
-                                           request.Min, request.Max, request.Product)
 
 _groups = {}                 # negative handle -> list of member handles
 _group_ids = itertools.count(1)

@@ -7,12 +7,12 @@ The value-level collectives accept anything tf.constant accepts and return tenso
 """
 import tensorflow as tf
 
-from horovodlike.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
-                                       ddl_built, gloo_built, gloo_enabled, init,
-                                       is_homogeneous, is_initialized, local_rank, local_size,
-                                       mpi_built, mpi_enabled, mpi_threads_supported,
-                                       nccl_built, rank, rocm_built, shutdown, size,
-                                       start_timeline, stop_timeline)
+from horovodlike.common.api import (ccl_built, cross_rank, cross_size, cuda_built,
+                                    ddl_built, gloo_built, gloo_enabled, init,
+                                    is_homogeneous, is_initialized, local_rank, local_size,
+                                    mpi_built, mpi_enabled, mpi_threads_supported,
+                                    nccl_built, rank, rocm_built, shutdown, size,
+                                    start_timeline, stop_timeline)
 from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
 
 from .. import mpi_ops as _ops

@@ -1,0 +1,45 @@
+/*
+ * The engine's side of the algorithms' context (context.h): filling it at start-up, and
+ * the few calls through which an algorithm reaches back into the engine (failure, trace).
+ */
+#include "internal.h"
+#include <stdarg.h>
+#include <stdio.h>
+
+void hvdl__ctx_fill(engine_t *e) {
+    e->ctx.rank = e->rank;
+    e->ctx.size = e->size;
+    e->ctx.node = e->node;
+    e->ctx.nnodes = e->nnodes;
+    e->ctx.tcp = e->tcp;
+    e->ctx.chunk_bytes = e->cfg.chunk_bytes;
+    e->ctx.shm = e->shm;
+    e->ctx.spin_us = e->spin_us;
+    e->ctx.cross = e->cross;
+    e->ctx.tl_on = &e->tl_on;
+    e->ctx.inject_site = e->cfg.inject_site;
+    e->ctx.engine = e;
+}
+
+void hvdl__ctx_fail(ctx_t *c, int status, const char *fmt, ...) {
+    char msg[HVDL_MSG_BYTES];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    hvdl__fail_job(c->engine, status, "%s", msg);
+}
+
+int hvdl__ctx_oom(ctx_t *c, const char *what, int64_t bytes) {
+    return hvdl__oom(c->engine, what, bytes);
+}
+
+int hvdl__ctx_inject_fire(ctx_t *c) {
+    return hvdl__inject_fire(c->engine);
+}
+
+void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t bytes) {
+    char args[64];
+    snprintf(args, sizeof args, "\"bytes\": %lld", (long long)bytes);
+    hvdl__tl_span(c->engine, TL_ALGORITHM, name, t0, t1, args);
+}

@@ -1,0 +1,140 @@
+/*
+ * What a collective algorithm sees of the engine: a narrow context (this rank's place in
+ * the job, the transport, the node's shared-memory segment, scratch space, and where to
+ * report a failure), as Gloo's algorithms see a Context rather than a whole library.
+ *
+ * The algorithm files (allreduce_*.c, allgather_*.c, broadcast_chain.c,
+ * alltoall_pairwise.c, collectives_shm.c, reduce.c) include this header and not
+ * internal.h, so the compiler keeps them off engine_t: an algorithm cannot read the
+ * queues, the negotiation state or the configuration, only what is here. The engine
+ * fills one context at start-up (context.c) and hands &e->ctx to every call (exec.c).
+ * The transport and the shm waits are the engine's side of this boundary: they reach
+ * the peers' sockets and the liveness checks through the context's engine.
+ */
+#ifndef HVDL_CONTEXT_H
+#define HVDL_CONTEXT_H
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stddef.h>
+#include "horovodlike.h"
+#include "util.h"
+#include "platform.h"
+#include "timeline.h"
+
+/* A process set as the algorithms see it: members' global ranks, sorted, and this
+ * rank's index among them (-1 if not a member). Immutable once registered. */
+typedef struct group {
+    int id;
+    int n;
+    int me;
+    int *ranks;
+    int removed;
+} group_t;
+
+/* The peer-to-peer transport every algorithm talks to. An algorithm never includes a
+ * backend; it calls t->exchange(). */
+typedef void (*chunk_fn)(void *ctx, int64_t offset, const void *data, int64_t len);
+typedef struct xfer {
+    int send_peer;           /* -1: nothing to send */
+    const void *sbuf;
+    int64_t slen;
+    int recv_peer;           /* -1: nothing to receive */
+    void *rbuf;              /* destination of rlen bytes, or a staging buffer of chunk
+                                bytes when on_chunk is set */
+    int64_t rlen;
+    int64_t chunk;           /* staging size (a multiple of every dtype size) */
+    chunk_fn on_chunk;       /* called as each received chunk completes, in order */
+    void *ctx;
+} xfer_t;
+typedef struct transport {
+    const char *name;
+    int (*exchange)(struct transport *t, const xfer_t *x);
+} transport_t;
+
+/* This node's shared-memory segment (shm.c). */
+typedef struct hvdl_shm {
+    uint8_t *base;
+    size_t bytes;
+    int nlocal;              /* ranks on this node */
+    int me;                  /* this rank's index among them */
+    int oversubscribed;      /* more local ranks than cores: spin less, use larger pieces */
+    int64_t chunk;           /* bytes each rank reduces per piece */
+    int64_t slot_bytes;
+    uint32_t phase;          /* phases posted; identical on every local rank */
+    uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
+} hvdl_shm_t;
+
+struct engine;
+
+/* Failure injection sites, for tests (inject.c). An algorithm asks HVDL_CTX_INJECT(c, INJ_X),
+ * the engine's own files HVDL_INJECT(e, INJ_X); one comparison when injection is off. */
+enum { INJ_NONE, INJ_RING_ALLOC, INJ_RD_ALLOC, INJ_SHM_ATTACH, INJ_TCP_SEND, INJ_CTRL_SEND,
+       INJ_FUSION_ALLOC, INJ_OUTPUT_ALLOC, INJ_PLAN_ALLOC, INJ_NSITES };
+
+/* The context. Everything in it is set at start-up and read-only afterwards, except the
+ * scratch buffers, which the algorithms grow, and the segment's phase counters. */
+typedef struct ctx {
+    int rank, size;          /* this rank; ranks in the job (global numbering) */
+    const int *node;         /* node index of every global rank (0 = rank 0's node) */
+    int nnodes;
+    transport_t *tcp;        /* exchanges between any two ranks */
+    int64_t chunk_bytes;     /* staging size of receive-and-reduce (HOROVODLIKE_CHUNK_BYTES) */
+    hvdl_shm_t *shm;         /* this node's segment, NULL when alone or disabled */
+    int spin_us;             /* look before sleeping in a shm wait (0: ranks outnumber cores) */
+    const group_t *cross;    /* ranks with my local index on every node (hierarchical), or NULL */
+    buf_t scratch;           /* staging for receive-and-reduce and recursive doubling */
+    buf_t hier;              /* hierarchical allreduce: this rank's shares */
+    atomic_int *tl_on;       /* tracing switch (timeline.c) */
+    int inject_site;         /* HOROVODLIKE_TEST_INJECT's site, INJ_NONE when off */
+    struct engine *engine;   /* opaque: only for the calls below and hvdl__tl_span */
+} ctx_t;
+
+/* Failure reporting: the one way an algorithm fails with a cause of its own (out of
+ * memory...); the cause is the job's, so every rank reports it (hvdl__fail_job).
+ * Failures inside the transport or a shm wait are reported where they happen; the
+ * algorithm just returns -1. */
+void hvdl__ctx_fail(ctx_t *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int hvdl__ctx_oom(ctx_t *c, const char *what, int64_t bytes);   /* reports it; returns -1 */
+static inline int hvdl__ctx_tracing(const ctx_t *c) {
+    return atomic_load_explicit(c->tl_on, memory_order_relaxed);
+}
+int hvdl__ctx_inject_fire(ctx_t *c);
+#define HVDL_CTX_INJECT(c, site) \
+    (__builtin_expect((c)->inject_site == (site), 0) && hvdl__ctx_inject_fire(c))
+void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t bytes);
+
+/* reduce.c */
+void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);
+void hvdl__scale(int dtype, void *buf, int64_t count, double factor);
+
+/* shm.c: the segment's one synchronisation primitive */
+uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which);
+void hvdl__shm_post(ctx_t *c);
+int hvdl__shm_wait_all(ctx_t *c);
+
+/* The collectives, one file each. Every member of the group calls with the same sizes. */
+int hvdl__reduce_scatter_ring(ctx_t *c, const group_t *g, void *buf, const int64_t *seg_bytes,
+                              int dtype, int op);
+int hvdl__allreduce_ring(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op);
+int hvdl__allgather_ring(ctx_t *c, const group_t *g, void *out, const int64_t *block_bytes);
+int hvdl__broadcast_chain(ctx_t *c, const group_t *g, void *buf, int64_t nbytes, int root);
+int hvdl__allreduce_rd(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op);
+int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op);
+int hvdl__allgather_hier(ctx_t *c, void *out, const int64_t *block_bytes);
+int hvdl__alltoall_pairwise(ctx_t *c, const group_t *g, const void *in, const int64_t *send_bytes,
+                            void *out, const int64_t *recv_bytes);
+/* collectives_shm.c: the group is every rank of this node */
+int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int dtype, int op);
+typedef struct span { const void *in; void *out; int64_t nbytes; } span_t;
+int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op);
+int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype, int op,
+                             buf_t *out, int64_t *share_bytes);
+int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t bytes, int dtype, const void *shares);
+int hvdl__broadcast_shm(ctx_t *c, void *buf, int64_t bytes, int root);
+int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
+                            int dtype, int op);
+int hvdl__alltoall_shm(ctx_t *c, const void *in, const int64_t *send_bytes, void *out,
+                       const int64_t *recv_bytes, int64_t longest);
+int hvdl__allgather_shm(ctx_t *c, void *out, const int64_t *block_bytes);
+
+#endif

@@ -1,0 +1,125 @@
+#include "harness.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+atomic_int g_failures;
+
+/* One write per failure, so that ranks' messages never interleave; the first 20 only. */
+void check_failed(const char *file, int line, const char *fmt, ...) {
+    if (atomic_fetch_add(&g_failures, 1) >= 20) return;
+    char msg[1024];
+    int n = snprintf(msg, sizeof msg, "FAIL %s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", msg);
+}
+
+typedef struct job {
+    world_t *w;
+    int rank;
+    const char *blobs;
+    void (*body)(world_t *w, int rank, void *arg);
+    void *arg;
+    int rc;
+    char msg[HVDL_MSG_BYTES];
+} job_t;
+
+static void on_threads(world_t *w, void *(*fn)(void *), job_t *jobs) {
+    pthread_t t[w->size];
+    for (int r = 0; r < w->size; r++)
+        if (pthread_create(&t[r], NULL, fn, &jobs[r])) {
+            fprintf(stderr, "%s: cannot start a thread\n", w->label);
+            exit(2);
+        }
+    for (int r = 0; r < w->size; r++) pthread_join(t[r], NULL);
+}
+
+static void *start_one(void *p) {
+    job_t *j = p;
+    j->rc = hvdl__engine_start(j->w->e[j->rank], j->rank, j->w->size, j->blobs);
+    if (j->rc) snprintf(j->msg, sizeof j->msg, "%s", hvdl_last_error());
+    return NULL;
+}
+
+world_t *world_start(int size, const world_opts_t *o) {
+    world_t *w = calloc(1, sizeof *w);
+    char *blobs = calloc((size_t)size, HVDL_BLOB_BYTES);
+    job_t *jobs = calloc((size_t)size, sizeof *jobs);
+    if (!w || !blobs || !jobs || !(w->e = calloc((size_t)size, sizeof *w->e))) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    w->size = size;
+    w->label = o->label;
+    static const unsigned char key[] = "tests/c job key";
+    for (int r = 0; r < size; r++) {
+        engine_t *e = hvdl__engine_new();
+        if (!e) { fprintf(stderr, "out of memory\n"); exit(2); }
+        if (o->tweak) o->tweak(&e->cfg);
+        const char *host = o->hosts ? o->hosts[r] : "localhost";
+        if (hvdl__engine_prepare(e, host, "127.0.0.1", "127.0.0.1", key, (int)sizeof key - 1,
+                                 blobs + (size_t)r * HVDL_BLOB_BYTES)) {
+            fprintf(stderr, "%s: prepare of rank %d failed: %s\n", w->label, r, hvdl_last_error());
+            exit(2);
+        }
+        w->e[r] = e;
+    }
+    for (int r = 0; r < size; r++) jobs[r] = (job_t){.w = w, .rank = r, .blobs = blobs};
+    on_threads(w, start_one, jobs);
+    for (int r = 0; r < size; r++)
+        if (jobs[r].rc) {
+            fprintf(stderr, "%s: start of rank %d of %d failed: %s\n", w->label, r, size, jobs[r].msg);
+            exit(2);
+        }
+    free(jobs);
+    free(blobs);
+    return w;
+}
+
+static void *run_one(void *p) {
+    job_t *j = p;
+    j->body(j->w, j->rank, j->arg);
+    return NULL;
+}
+
+void world_run(world_t *w, void (*body)(world_t *w, int rank, void *arg), void *arg) {
+    job_t jobs[w->size];
+    for (int r = 0; r < w->size; r++) jobs[r] = (job_t){.w = w, .rank = r, .body = body, .arg = arg};
+    on_threads(w, run_one, jobs);
+}
+
+static void *stop_one(void *p) {
+    job_t *j = p;
+    j->rc = hvdl__engine_shutdown(j->w->e[j->rank]);
+    return NULL;
+}
+
+void world_stop(world_t *w) {
+    job_t jobs[w->size];
+    for (int r = 0; r < w->size; r++) jobs[r] = (job_t){.w = w, .rank = r};
+    on_threads(w, stop_one, jobs);
+    for (int r = 0; r < w->size; r++) {
+        CHECK(!w->e[r]->failed, "%s: rank %d failed: %s", w->label, r, w->e[r]->fail_msg);
+        hvdl__engine_free(w->e[r]);
+    }
+    free(w->e);
+    free(w);
+}
+
+int run_op(engine_t *e, const hvdl_request *q, hvdl_result *res, char *msg) {
+    int64_t h;
+    int rc = hvdl__engine_enqueue(e, q, &h);
+    if (rc) {
+        snprintf(msg, HVDL_MSG_BYTES, "enqueue: %s", hvdl_last_error());
+        return rc;
+    }
+    if ((rc = hvdl__engine_wait(e, h, 60))) {
+        snprintf(msg, HVDL_MSG_BYTES, "wait: %s", hvdl_last_error());
+        return rc;
+    }
+    return hvdl__engine_release(e, h, msg, res);
+}

@@ -1,0 +1,43 @@
+/*
+ * Several engines as threads in one process, as Gloo's tests run ranks: each rank's
+ * engine is prepared, the address blobs are exchanged in memory, and every rank starts,
+ * runs the test body and shuts down on its own thread. Engines talk over loopback TCP
+ * and, when they share a host name, over their node's shared-memory segment; distinct
+ * host names make distinct "nodes" inside the one process.
+ */
+#ifndef HVDL_TEST_HARNESS_H
+#define HVDL_TEST_HARNESS_H
+#include "internal.h"
+
+typedef struct world {
+    int size;
+    engine_t **e;
+    const char *label;       /* for failure messages */
+} world_t;
+
+/* How a world is set up: host of every rank (NULL = all "localhost") and a hook that
+ * adjusts each engine's configuration before its blob is written. */
+typedef struct world_opts {
+    const char *const *hosts;
+    void (*tweak)(config_t *cfg);
+    const char *label;
+} world_opts_t;
+
+/* Start size engines; exits the process with a message if start-up fails. */
+world_t *world_start(int size, const world_opts_t *o);
+/* Run body(world, rank, arg) on one thread per rank and wait for all of them. */
+void world_run(world_t *w, void (*body)(world_t *w, int rank, void *arg), void *arg);
+/* Shut every engine down (concurrently: shutdown waits for every rank) and free them. */
+void world_stop(world_t *w);
+
+/* Checks: a failure prints where and why and counts; the process exits 1 at the end. */
+extern atomic_int g_failures;
+#define CHECK(cond, ...)                                                                 \
+    do {                                                                                 \
+        if (!(cond)) check_failed(__FILE__, __LINE__, __VA_ARGS__);                      \
+    } while (0)
+void check_failed(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Enqueue, then wait (bounded) and release: the op's status; *res filled if given. */
+int run_op(engine_t *e, const hvdl_request *q, hvdl_result *res, char *msg);
+#endif
