@@ -262,7 +262,6 @@ static int build_response(engine_t *e, response_t *r, pending_t *group, int n) {
     return 0;
 }
 
-
 /* Everything ready, as responses in execution order; rank 0's cache is updated as each
  * is planned, exactly as every worker's will be when it receives them. */
 int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {

@@ -49,7 +49,9 @@ CASES = [
      "recursive-doubling scratch buffer"),
     ("tcp_send", 1, {"HOROVODLIKE_SHM": "0"}, "big_allreduce", "sending data to rank 2 failed"),
     ("shm_attach", 1, {}, "init", "could not set up the shared-memory segment"),
+    ("shm_attach", 0, {}, "init", "could not set up the shared-memory segment"),
     ("ctrl_send", 2, {}, "small_allreduce", "sending a control frame to rank 0 failed"),
+    ("ctrl_send", 0, {}, "small_allreduce", "sending a control frame to rank"),
     ("fusion_alloc", 0, {"HOROVODLIKE_SHM": "0", "HOROVOD_CYCLE_TIME": "20"}, "fused",
      "out of memory for a"),
     ("output_alloc", 2, {}, "allgather", "out of memory for a 72-byte allgather result"),
@@ -64,7 +66,7 @@ def _fnv(s):
     return h
 
 
-@pytest.mark.parametrize("site,victim,env,op,reason", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("site,victim,env,op,reason", CASES, ids=[f"{c[0]}@{c[1]}" for c in CASES])
 def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, reason):
     host = f"inj{uuid.uuid4().hex[:8]}"
     env = dict(env, HOROVODLIKE_TEST_INJECT=f"{site}:{victim}", HVDTEST_OP=op,
