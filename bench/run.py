@@ -3,15 +3,20 @@
     python bench/run.py                 # everything (about 10 minutes here)
     python bench/run.py --quick         # fewer sizes and rounds
     python bench/run.py --cases sizes --np 2 --rounds 3
+    python bench/run.py --cases sizes,train --np 2 --plot   # + docs/bench_sizes.png
+    python bench/run.py --replot bench/results/latest.json --plot out.png
 
 Each implementation runs in its own processes, never two in one process (a busy
 thread of one would slow the other), and the jobs alternate: ours, peer, ours, peer...
 so slow drift of this noisy machine hits everyone alike. Peers: mpi4py's Allreduce on
-OpenMPI, torch.distributed with gloo, and Horovod when it is importable (skipped with a
-note otherwise). Prints a table of medians and of our time divided by each peer's, and
-writes the raw samples as JSON.
+OpenMPI, torch.distributed with gloo, DeepSpeed's CPU shared-memory allreduce for sizes
+up to 1 MiB when `deepspeed` is importable, and Horovod when it is importable (each
+skipped with a note otherwise; --peers picks a subset). --plot draws time and bus
+bandwidth against message size, ours against each peer. Prints a table of medians and
+of our time divided by each peer's, and writes the raw samples as JSON.
 """
 import argparse
+import glob
 import importlib.util
 import json
 import os
@@ -28,6 +33,9 @@ WORKER = os.path.join(HERE, "worker.py")
 TRAIN_WORKER = os.path.join(HERE, "train_worker.py")
 SIZES = [4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 QUICK_SIZES = [4096, 1 << 20, 64 << 20]
+DEEPSPEED_MAX = 1 << 20     # DeepSpeed's shm allreduce is its small-message (inference) path
+DEEPSPEED_TIMEOUT = 120     # a DeepSpeed job that runs longer has hung (see collect)
+HUNG = []                   # DeepSpeed jobs killed as hung, for the notes
 
 
 def free_port():
@@ -44,6 +52,14 @@ def available_peers():
     if importlib.util.find_spec("torch") is None:
         peers.remove("gloo")
         notes.append("gloo skipped: torch is not installed")
+    if importlib.util.find_spec("deepspeed") is None:
+        notes.append("DeepSpeed skipped: not importable (it is not a dependency; install it "
+                     "anywhere on PYTHONPATH, e.g. pip install --target DIR deepspeed, to add "
+                     "its CPU shm allreduce as a peer for sizes up to 1 MiB)")
+    else:
+        peers.append("deepspeed")
+        notes.append(f"DeepSpeed: its CPU shm allreduce, sizes up to {human(DEEPSPEED_MAX)} "
+                     f"and rank counts up to the core count only")
     if importlib.util.find_spec("horovod") is None:
         notes.append("Horovod skipped: not importable (horovod 0.28.1 does not build against "
                      "torch 2.13); see docs/benchmarks.md for figures measured elsewhere")
@@ -62,16 +78,36 @@ def command(impl, np_, worker_args, launcher_args=()):
 
 
 def run_job(impl, np_, worker_args, timeout, launcher_args=(), extra_env=None):
+    port = free_port()
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONPATH=ROOT,
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1", **(extra_env or {}))
-    res = subprocess.run(command(impl, np_, worker_args, launcher_args), capture_output=True,
-                         text=True, timeout=timeout, env=env)
+    try:
+        res = subprocess.run(command(impl, np_, worker_args, launcher_args),
+                             capture_output=True, text=True, timeout=timeout, env=env)
+    finally:
+        # DeepSpeed's shm.cpp leaves its named segments behind (named by address and port)
+        for name in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_127.0.0.1_{port}_*"):
+            os.unlink(name)
     for line in res.stdout.splitlines():
         if "BENCH " in line:
             return json.loads(line.split("BENCH ", 1)[1])
     raise RuntimeError(f"{impl} at {np_} ranks failed ({res.returncode}):\n"
                        f"{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+
+
+def peer_args(impl, case, np_, worker_args):
+    """The worker arguments for impl on this case, or None where it does not take part:
+    DeepSpeed's shm allreduce only on sizes up to DEEPSPEED_MAX, and not oversubscribed
+    (its ranks busy-poll)."""
+    if impl != "deepspeed":
+        return worker_args
+    if case != "sizes" or np_ > (os.cpu_count() or 1):
+        return None
+    sizes = [s for s in worker_args[worker_args.index("--sizes") + 1].split(",")
+             if int(s) <= DEEPSPEED_MAX]
+    return ["--sizes", ",".join(sizes)] if sizes else None
 
 
 def collect(cases, impls, rounds, budget, timeout):
@@ -80,9 +116,22 @@ def collect(cases, impls, rounds, budget, timeout):
         for rnd in range(rounds):
             order = impls if rnd % 2 == 0 else impls[::-1]
             for impl in order:
+                args = peer_args(impl, case, np_, worker_args)
+                if args is None:
+                    continue
                 t = time.time()
-                out = run_job(impl, np_, ["--case", case, "--budget", str(budget)] + worker_args,
-                              timeout)
+                try:
+                    out = run_job(impl, np_, ["--case", case, "--budget", str(budget)] + args,
+                                  DEEPSPEED_TIMEOUT if impl == "deepspeed" else timeout)
+                except subprocess.TimeoutExpired:
+                    if impl != "deepspeed":
+                        raise
+                    # seen here: rank 0 waiting in gloo's barrier for a rank that never
+                    # came out of the shm allreduce; the row keeps the finished rounds
+                    HUNG.append(f"{case} np={np_} round {rnd + 1}")
+                    print(f"  {case} np={np_} round {rnd + 1}/{rounds} deepspeed: hung, "
+                          f"killed after {DEEPSPEED_TIMEOUT} s", file=sys.stderr, flush=True)
+                    continue
                 for label, vals in out["results"].items():
                     samples.setdefault((case, np_, label, impl), []).extend(vals)
                 print(f"  {case} np={np_} round {rnd + 1}/{rounds} {impl}: {time.time() - t:.1f} s",
@@ -159,6 +208,61 @@ def table(samples, impls):
     return "\n".join(lines)
 
 
+def bus_bandwidth(nbytes, np_, seconds):
+    """NCCL's convention: an allreduce moves 2(n-1)/n of the buffer over the slowest
+    link, so bus bandwidth is comparable across rank counts."""
+    return 2 * (np_ - 1) / np_ * nbytes / seconds
+
+
+PEER_NAMES = {"ours": "horovodlike", "mpi": "mpi4py / OpenMPI", "gloo": "torch gloo",
+              "deepspeed": "DeepSpeed shm"}
+
+
+def plot(samples, path):
+    """Time and bus bandwidth against message size, a row per rank count and a line per
+    implementation (medians), written to path as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    curves = {}           # np -> impl -> [(bytes, median seconds)]
+    for (case, np_, label, impl), vals in samples.items():
+        if case == "sizes" and label.isdigit():
+            curves.setdefault(np_, {}).setdefault(impl, []).append(
+                (int(label), statistics.median(vals)))
+    rows = sorted(n for n, c in curves.items() if max(len(v) for v in c.values()) > 1)
+    if not rows:
+        raise SystemExit("--plot: no rank count has more than one message size to plot")
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.6 * len(rows)), squeeze=False)
+    for (ax_t, ax_b), np_ in zip(axes, rows):
+        for impl, pts in sorted(curves[np_].items(), key=lambda kv: kv[0] != "ours"):
+            pts.sort()
+            x = [b for b, _ in pts]
+            style = dict(marker="o", lw=2.2 if impl == "ours" else 1.2,
+                         label=PEER_NAMES.get(impl, impl))
+            ax_t.plot(x, [t * 1e3 for _, t in pts], **style)
+            ax_b.plot(x, [bus_bandwidth(b, np_, t) / 1e9 for b, t in pts], **style)
+        for ax, what in ((ax_t, "time (ms)"), (ax_b, "bus bandwidth (GB/s)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted({b for pts in curves[np_].values() for b, _ in pts}))
+            ax.set_xticklabels([human(b).replace(" ", "") for b in ax.get_xticks()],
+                               fontsize=8)
+            ax.set_xlabel("message size (float32 allreduce)")
+            ax.set_ylabel(what)
+            ax.set_title(f"{np_} ranks: {what.split(' (')[0]}", fontsize=10)
+            ax.grid(alpha=0.3, which="both")
+        ax_t.set_yscale("log")
+        ax_t.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def load_samples(path):
+    with open(path) as f:
+        raw = json.load(f)
+    return {(s["case"], s["np"], s["label"], s["impl"]): s["seconds"] for s in raw["samples"]}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -168,9 +272,25 @@ def main(argv=None):
                     help="sizes for rank counts above the core count (peers that busy-poll "
                          "take minutes there)")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--peers", help="comma-separated subset of the available peers "
+                                    "(mpi, gloo, deepspeed); default: all of them")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "latest.json"))
+    ap.add_argument("--plot", nargs="?", const=os.path.join(ROOT, "docs", "bench_sizes.png"),
+                    help="also write a PNG of time and bus bandwidth against message size "
+                         "(default docs/bench_sizes.png)")
+    ap.add_argument("--replot", metavar="JSON",
+                    help="only draw --plot from the raw samples of an earlier run")
     args = ap.parse_args(argv)
+    if args.replot:
+        return plot(load_samples(args.replot), args.plot or os.path.join(ROOT, "docs",
+                                                                         "bench_sizes.png"))
     impls, notes = available_peers()
+    if args.peers is not None:
+        unknown = set(args.peers.split(",")) - set(impls) - {""}
+        if unknown:
+            raise SystemExit(f"--peers: {', '.join(sorted(unknown))} not available "
+                             f"(available: {', '.join(impls)})")
+        impls = [i for i in impls if i in args.peers.split(",")]
     impls = ["ours"] + impls
     rounds = args.rounds or (2 if args.quick else 3)
     budget = 0.3 if args.quick else 1.0
@@ -197,6 +317,8 @@ def main(argv=None):
     print(table(samples, impls))
     for line in train_lines + net_lines:
         print(line)
+    if HUNG:
+        notes.append(f"DeepSpeed hung and was killed in {len(HUNG)} job(s): {'; '.join(HUNG)}")
     for n in notes:
         print(f"note: {n}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -207,6 +329,8 @@ def main(argv=None):
                    "train": train_samples, "netns": net_samples,
                    "summary": train_lines + net_lines}, f, indent=1)
     print(f"raw samples: {args.out}")
+    if args.plot:
+        plot(samples, args.plot)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One benchmark job: ONE implementation, in its own processes, over all sizes.
 
-    python bench/worker.py --impl ours|mpi|gloo|horovod --case sizes|resnet50|idle
+    python bench/worker.py --impl ours|mpi|gloo|deepspeed|horovod --case sizes|resnet50|idle
 
 Launched by bench/run.py under the implementation's own launcher. Rank 0 prints one JSON
 line: {"impl": ..., "case": ..., "np": N, "results": {label: [seconds, ...]}}.
@@ -83,13 +83,47 @@ class Gloo:
         self.dist.barrier()
 
 
+class DeepSpeed:
+    """DeepSpeed's CPU shared-memory allreduce (deepspeed/ops/csrc/cpu/comm/shm.cpp), as
+    its inference path calls it: deepspeed.comm over torch.distributed (gloo for the
+    rendezvous), then torch.ops.deepspeed.inference_all_reduce_ on the tensor in place."""
+
+    def __init__(self):
+        import torch
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = (os.environ["HOROVOD_RANK"],
+                                                        os.environ["HOROVOD_SIZE"])
+        os.environ["LOCAL_RANK"] = os.environ["HOROVOD_LOCAL_RANK"]
+        os.environ["LOCAL_SIZE"] = os.environ["HOROVOD_LOCAL_SIZE"]   # shm.cpp reads it
+        import deepspeed
+        import deepspeed.comm as dist
+        torch.set_num_threads(1)
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        if not (hasattr(torch.ops, "deepspeed")
+                and hasattr(torch.ops.deepspeed, "inference_all_reduce_")):
+            raise SystemExit("DeepSpeed's shm allreduce op did not load "
+                             "(deepspeed.ops.op_builder.cpu.ShareMemCommBuilder)")
+        self.torch, self.dist = torch, dist
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def allreduce(self, x):
+        self.torch.ops.deepspeed.inference_all_reduce_(self.torch.from_numpy(x))
+
+    def step(self, grads):
+        for g in grads:
+            self.allreduce(g)
+
+    def barrier(self):
+        self.dist.barrier()
+
+
 class Horovod(Ours):
     def __init__(self):
         import horovod.torch as hvd  # noqa: F401  (only when installed)
         raise SystemExit("horovod benchmarking is not wired up")
 
 
-IMPLS = {"ours": Ours, "mpi": Mpi, "gloo": Gloo, "horovod": Horovod}
+IMPLS = {"ours": Ours, "mpi": Mpi, "gloo": Gloo, "deepspeed": DeepSpeed, "horovod": Horovod}
 
 
 def timed(impl, fn, min_iters=5, max_iters=50, budget=1.0):

@@ -39,7 +39,7 @@ int hvdl__allgather_hier(ctx_t *c, void *out, const int64_t *block_bytes) {
             *all = malloc((size_t)total + 1), *nodes = malloc((size_t)total + 1);
     int rc = -1;
     if (!node || !cross || !all || !nodes) {
-        hvdl__ctx_oom(c, "hierarchical allgather buffer", total);
+        hvdl__ctx_oom(c, "hierarchical allgather buffer", 3 * total);
         goto done;
     }
 

@@ -29,7 +29,8 @@ int hvdl__allreduce_rd(ctx_t *c, const group_t *g, void *buf, int64_t count, int
     int n = g->n, me = g->me, esz = hvdl_dtype_size(dtype);
     int64_t bytes = count * esz;
     if (n == 1 || count == 0) return 0;
-    if (buf_reserve(&c->scratch, 2 * bytes)) return hvdl__ctx_oom(c, "recursive-doubling buffer", 2 * bytes);
+    if (HVDL_CTX_INJECT(c, INJ_RD_ALLOC) || buf_reserve(&c->scratch, 2 * bytes))
+        return hvdl__ctx_oom(c, "recursive-doubling scratch buffer", 2 * bytes);
     uint8_t *tmp = c->scratch.data, *mine = tmp + bytes;
     int p = 1;
     while (p * 2 <= n) p *= 2;

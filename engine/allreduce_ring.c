@@ -38,7 +38,8 @@ int hvdl__reduce_scatter_ring(ctx_t *c, const group_t *g, void *buf, const int64
     int64_t off[n + 1];
     off[0] = 0;
     for (int i = 0; i < n; i++) off[i + 1] = off[i] + seg_bytes[i];
-    if (buf_reserve(&c->scratch, c->chunk_bytes)) return hvdl__ctx_oom(c, "ring staging buffer", c->chunk_bytes);
+    if (HVDL_CTX_INJECT(c, INJ_RING_ALLOC) || buf_reserve(&c->scratch, c->chunk_bytes))
+        return hvdl__ctx_oom(c, "ring staging buffer", c->chunk_bytes);
     reduce_ctx_t rc = {NULL, dtype, op, hvdl_dtype_size(dtype)};
     uint8_t *b = buf;
     int left = g->ranks[mod(r - 1, n)], right = g->ranks[mod(r + 1, n)];

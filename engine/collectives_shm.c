@@ -196,7 +196,7 @@ int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype
          * k + 1, which every rank reaches once it has finished reducing piece k. */
         reduce_share(s, len, dtype, op, which, &off, &n);
         if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n))
-            return hvdl__ctx_oom(c, "hierarchical allreduce buffer", out->len + n);
+            return hvdl__ctx_oom(c, "hierarchical share buffer", out->len + n);
     }
     *share_bytes = out->len;
     return 0;
@@ -276,9 +276,14 @@ int hvdl__allgather_shm(ctx_t *c, void *out, const int64_t *block_bytes) {
     return 0;
 }
 
-/* Reducescatter by slices: in round t every rank copies the t-th chunk of every member's
- * segment into its slot (chunk j at position j), one barrier, and member j reduces
- * position j of every slot straight into its output. Segments may differ in size. */
+/* Reducescatter by slices: in round t every rank copies the t-th chunk of every OTHER
+ * member's segment into its slot (chunk j at position j), one barrier, and member j
+ * reduces position j of every other slot, and its own input's chunk in their place,
+ * straight into its output, in rank order (so a rank's result does not depend on which
+ * rank computes it). Its own segment never goes through the segment: per rank, 1/L of
+ * the copy-in less than the allreduce's two-shot, and one barrier per round instead of
+ * two. (Only if the output overlaps the own segment of the input, as an in-place call
+ * would, is that chunk staged in the slot too.) Segments may differ in size. */
 int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
                             int dtype, int op) {
     hvdl_shm_t *s = c->shm;
@@ -289,21 +294,28 @@ int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, 
         off[q + 1] = off[q] + seg_bytes[q];
         if (seg_bytes[q] > longest) longest = seg_bytes[q];
     }
+    const uint8_t *own = (const uint8_t *)in + off[s->me];
+    int staged = (const uint8_t *)out < own + seg_bytes[s->me] &&
+                 own < (const uint8_t *)out + seg_bytes[s->me];    /* output overlaps it */
     for (int64_t lo = 0; lo < longest; lo += C) {
         int which = s->epoch++ & 1;
         uint8_t *mine = hvdl__shm_slot(s, s->me, which);
         for (int j = 0; j < L; j++) {
             int64_t n = min64(C, seg_bytes[j] - lo);
-            if (n > 0) memcpy(mine + j * C, (const uint8_t *)in + off[j] + lo, (size_t)n);
+            if (n > 0 && (j != s->me || staged))
+                memcpy(mine + j * C, (const uint8_t *)in + off[j] + lo, (size_t)n);
         }
         hvdl__shm_post(c);
         if (hvdl__shm_wait_all(c)) return -1;
         int64_t n = min64(C, seg_bytes[s->me] - lo);
         if (n <= 0) continue;
         uint8_t *dst = (uint8_t *)out + lo;
-        memcpy(dst, hvdl__shm_slot(s, 0, which) + s->me * C, (size_t)n);
-        for (int q = 1; q < L; q++)
-            hvdl__reduce(dtype, op, dst, hvdl__shm_slot(s, q, which) + s->me * C, n / esz);
+        for (int q = 0; q < L; q++) {
+            const uint8_t *src = q == s->me && !staged ? own + lo
+                                                       : hvdl__shm_slot(s, q, which) + s->me * C;
+            if (q == 0) memcpy(dst, src, (size_t)n);
+            else hvdl__reduce(dtype, op, dst, src, n / esz);
+        }
     }
     return 0;
 }

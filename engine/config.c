@@ -64,6 +64,13 @@ void hvdl__config_read(config_t *c) {
     c->start_timeout = env_num("HOROVODLIKE_START_TIMEOUT", 60);
     if (!(c->start_timeout > 0)) c->start_timeout = 60;     /* also refuses NaN */
     if (c->start_timeout > 86400) c->start_timeout = 86400;
+    const char *inject = getenv("HOROVODLIKE_TEST_INJECT");
+    if (inject && *inject && hvdl__inject_parse(inject, c))
+        hvdl__log(HVDL_LOG_ERROR, "HOROVODLIKE_TEST_INJECT=%s is not site[:rank[:nth]] with a known "
+                  "site; no failure will be injected", inject);
+    else if (inject && *inject)
+        hvdl__log(HVDL_LOG_WARNING, "HOROVODLIKE_TEST_INJECT=%s: this job will fail on purpose "
+                  "(for testing only)", inject);
     if (c->fusion_threshold < 0) c->fusion_threshold = 0;
     if (c->cycle_time < 0) c->cycle_time = 0;
     if (c->cache_capacity < 0) c->cache_capacity = 0;

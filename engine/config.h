@@ -31,6 +31,9 @@ typedef struct config {
     int64_t timeline_stop_step;  /* HOROVOD_TIMELINE_STOP_STEP, -1 = never */
     double start_timeout;        /* HOROVODLIKE_START_TIMEOUT: every wait of start-up
                                     (connecting, shared-memory attach, clock sync) */
+    int inject_site;             /* HOROVODLIKE_TEST_INJECT, for tests only (inject.c): */
+    int inject_rank;             /*   the site (INJ_*, 0 = none), the rank (-1 = every */
+    int inject_nth;              /*   rank) and which visit to the site fails (1 = first) */
 } config_t;
 
 /* The settings every rank must share (they pick algorithms and memory layouts). They
@@ -41,9 +44,12 @@ typedef struct agreed {
     int64_t small_bytes, shm_chunk_bytes;
 } agreed_t;
 
-enum { ALG_AUTO, ALG_SHM, ALG_RING, ALG_RD, ALG_HIER };
+/* Algorithms: the first five are also the values of the algorithm knobs; the rest are
+ * only ever chosen by exec.c (a response carries the one chosen for it). */
+enum { ALG_AUTO, ALG_SHM, ALG_RING, ALG_RD, ALG_HIER, ALG_CHAIN, ALG_PAIRWISE, ALG_NONE, ALG_COUNT };
 
 void hvdl__config_read(config_t *c);
+int hvdl__inject_parse(const char *spec, config_t *c);   /* inject.c: 0, or -1 if malformed */
 void hvdl__config_log(const config_t *c, int rank);
 void hvdl__config_agreed(const config_t *c, agreed_t *out);
 /* 0 if a and b agree; else writes "VARIABLE (x here, y there)" to msg and returns 1. */

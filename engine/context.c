@@ -17,6 +17,7 @@ void hvdl__ctx_fill(engine_t *e) {
     e->ctx.spin_us = e->spin_us;
     e->ctx.cross = e->cross;
     e->ctx.tl_on = &e->tl_on;
+    e->ctx.inject_site = e->cfg.inject_site;
     e->ctx.engine = e;
 }
 
@@ -26,12 +27,15 @@ void hvdl__ctx_fail(ctx_t *c, int status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    hvdl__fail(c->engine, status, "%s", msg);
+    hvdl__fail_job(c->engine, status, "%s", msg);
 }
 
 int hvdl__ctx_oom(ctx_t *c, const char *what, int64_t bytes) {
-    hvdl__ctx_fail(c, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte %s", (long long)bytes, what);
-    return -1;
+    return hvdl__oom(c->engine, what, bytes);
+}
+
+int hvdl__ctx_inject_fire(ctx_t *c) {
+    return hvdl__inject_fire(c->engine);
 }
 
 void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t bytes) {

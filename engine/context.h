@@ -66,6 +66,11 @@ typedef struct hvdl_shm {
 
 struct engine;
 
+/* Failure injection sites, for tests (inject.c). An algorithm asks HVDL_CTX_INJECT(c, INJ_X),
+ * the engine's own files HVDL_INJECT(e, INJ_X); one comparison when injection is off. */
+enum { INJ_NONE, INJ_RING_ALLOC, INJ_RD_ALLOC, INJ_SHM_ATTACH, INJ_TCP_SEND, INJ_CTRL_SEND,
+       INJ_FUSION_ALLOC, INJ_OUTPUT_ALLOC, INJ_PLAN_ALLOC, INJ_NSITES };
+
 /* The context. Everything in it is set at start-up and read-only afterwards, except the
  * scratch buffers, which the algorithms grow, and the segment's phase counters. */
 typedef struct ctx {
@@ -80,17 +85,22 @@ typedef struct ctx {
     buf_t scratch;           /* staging for receive-and-reduce and recursive doubling */
     buf_t hier;              /* hierarchical allreduce: this rank's shares */
     atomic_int *tl_on;       /* tracing switch (timeline.c) */
+    int inject_site;         /* HOROVODLIKE_TEST_INJECT's site, INJ_NONE when off */
     struct engine *engine;   /* opaque: only for the calls below and hvdl__tl_span */
 } ctx_t;
 
 /* Failure reporting: the one way an algorithm fails with a cause of its own (out of
- * memory...). Failures inside the transport or a shm wait are reported where they
- * happen; the algorithm just returns -1. */
+ * memory...); the cause is the job's, so every rank reports it (hvdl__fail_job).
+ * Failures inside the transport or a shm wait are reported where they happen; the
+ * algorithm just returns -1. */
 void hvdl__ctx_fail(ctx_t *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int hvdl__ctx_oom(ctx_t *c, const char *what, int64_t bytes);   /* reports it; returns -1 */
 static inline int hvdl__ctx_tracing(const ctx_t *c) {
     return atomic_load_explicit(c->tl_on, memory_order_relaxed);
 }
+int hvdl__ctx_inject_fire(ctx_t *c);
+#define HVDL_CTX_INJECT(c, site) \
+    (__builtin_expect((c)->inject_site == (site), 0) && hvdl__ctx_inject_fire(c))
 void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t bytes);
 
 /* reduce.c */

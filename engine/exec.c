@@ -27,12 +27,6 @@ typedef struct slot {
     int64_t nbytes;
 } slot_t;
 
-static int64_t meta_bytes(const meta_t *m) {
-    int64_t n = hvdl_dtype_size(m->dtype);
-    for (int d = 0; d < m->ndim; d++) n *= m->shape[d];
-    return n;
-}
-
 /* Average reduces as Sum and folds 1/n into the postscale. */
 static void reduce_params(const group_t *g, const meta_t *m, int *op, double *post) {
     *op = m->reduce_op == HVDL_AVERAGE ? HVDL_SUM : m->reduce_op;
@@ -49,8 +43,7 @@ static int on_shm(engine_t *e, const group_t *g) {
 }
 
 /* Which allreduce runs: from the set, the topology and the size, unless
- * HOROVODLIKE_ALLREDUCE_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLREDUCE) says otherwise.
- * Every member computes the same answer from the same inputs. */
+ * HOROVODLIKE_ALLREDUCE_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLREDUCE) says otherwise. */
 static int pick_allreduce(engine_t *e, const group_t *g, int64_t bytes) {
     int forced = e->cfg.algorithm;
     int hier_ok = g->id == 0 && e->cross && e->shm;
@@ -61,20 +54,37 @@ static int pick_allreduce(engine_t *e, const group_t *g, int64_t bytes) {
     return bytes <= e->cfg.small_bytes ? ALG_RD : ALG_RING;
 }
 
-static int allreduce_any(engine_t *e, const group_t *g, void *buf, int64_t count, int dtype, int op) {
-    switch (pick_allreduce(e, g, count * hvdl_dtype_size(dtype))) {
+/* The algorithm of response r, chosen once, before it runs; it is carried in the
+ * response (r->alg), run by dispatch and traced under the same name. Every member
+ * computes the same answer from the same inputs. */
+static int choose_algorithm(engine_t *e, const group_t *g, const response_t *r) {
+    int shm = on_shm(e, g);
+    switch (r->meta.op) {
+    case HVDL_OP_ALLREDUCE: {
+        int64_t bytes = 0;
+        for (int i = 0; i < r->ntensors; i++) bytes += hvdl__meta_bytes(&r->metas[i]);
+        return pick_allreduce(e, g, bytes);
+    }
+    case HVDL_OP_ALLGATHER:
+        if (shm) return ALG_SHM;
+        return g->id == 0 && e->cross && e->shm && e->cfg.allgather_algorithm != ALG_RING ? ALG_HIER : ALG_RING;
+    case HVDL_OP_BROADCAST: return shm ? ALG_SHM : ALG_CHAIN;
+    case HVDL_OP_REDUCESCATTER: return shm && r->meta.prescale == 1.0 ? ALG_SHM : ALG_RING;
+    case HVDL_OP_ALLTOALL: return shm ? ALG_SHM : ALG_PAIRWISE;
+    default: return ALG_NONE;     /* barrier, join: negotiation itself was the work */
+    }
+}
+
+static const char *ALG_NAMES[ALG_COUNT] = {"", "shm", "tcp_ring", "tcp_recursive_doubling", "hierarchical",
+                                           "tcp_chain", "tcp_pairwise", "negotiation"};
+
+static int allreduce_with(engine_t *e, int alg, const group_t *g, void *buf, int64_t count, int dtype, int op) {
+    switch (alg) {
     case ALG_SHM: return hvdl__allreduce_shm(&e->ctx, buf, buf, count, dtype, op);
     case ALG_HIER: return hvdl__allreduce_hier(&e->ctx, buf, count, dtype, op);
     case ALG_RD: return hvdl__allreduce_rd(&e->ctx, g, buf, count, dtype, op);
     default: return hvdl__allreduce_ring(&e->ctx, g, buf, count, dtype, op);
     }
-}
-
-static const char *algorithm(engine_t *e, const group_t *g, const response_t *r, int64_t bytes) {
-    static const char *NAMES[] = {"", "shm", "tcp_ring", "tcp_recursive_doubling", "hierarchical"};
-    if (r->meta.op == HVDL_OP_ALLREDUCE) return NAMES[pick_allreduce(e, g, bytes)];
-    if (on_shm(e, g) && r->meta.op != HVDL_OP_BARRIER && r->meta.op != HVDL_OP_JOIN) return "shm";
-    return e->tcp->name;
 }
 
 /* Outputs the engine hands to callers are 64-byte aligned: frameworks (TensorFlow's
@@ -84,17 +94,12 @@ static void *alloc_output(int64_t n) {
     return posix_memalign(&p, 64, (size_t)(n ? n : 1)) ? NULL : p;
 }
 
-static int oom(engine_t *e, const char *what, int64_t n) {
-    hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte %s", (long long)n, what);
-    return -1;
-}
-
-static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t *s, int n) {
+static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t *s, int n, int alg) {
     int op, esz = hvdl_dtype_size(m->dtype);
     double post;
     reduce_params(g, m, &op, &post);
     if (n == 1) {
-        if (m->prescale == 1.0 && pick_allreduce(e, g, s->nbytes) == ALG_SHM) {
+        if (m->prescale == 1.0 && alg == ALG_SHM) {
             /* straight from the caller's input into shared memory and back out */
             if (hvdl__allreduce_shm(&e->ctx, s->in, s->out, s->nbytes / esz, m->dtype, op)) return -1;
             hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
@@ -102,13 +107,13 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         }
         if (s->out != s->in && s->nbytes) memcpy(s->out, s->in, (size_t)s->nbytes);
         hvdl__scale(m->dtype, s->out, s->nbytes / esz, m->prescale);
-        if (allreduce_any(e, g, s->out, s->nbytes / esz, m->dtype, op)) return -1;
+        if (allreduce_with(e, alg, g, s->out, s->nbytes / esz, m->dtype, op)) return -1;
         hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
         return 0;
     }
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += s[i].nbytes;
-    if (m->prescale == 1.0 && pick_allreduce(e, g, total) == ALG_SHM) {
+    if (m->prescale == 1.0 && alg == ALG_SHM) {
         /* the tensors go straight into shared memory and back: no fusion-buffer copies */
         span_t v[n];
         for (int i = 0; i < n; i++) v[i] = (span_t){s[i].in, s[i].out, s[i].nbytes};
@@ -122,14 +127,14 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         }
         return 0;
     }
-    if (buf_reserve(&e->fusion, total)) return oom(e, "fusion buffer", total);
+    if (HVDL_INJECT(e, INJ_FUSION_ALLOC) || buf_reserve(&e->fusion, total)) return hvdl__oom(e, "fusion buffer", total);
     uint8_t *f = e->fusion.data;
     double t0 = hvdl_now();
     for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)
         if (s[i].nbytes) memcpy(f + at, s[i].in, (size_t)s[i].nbytes);
     hvdl__scale(m->dtype, f, total / esz, m->prescale);
     double t1 = hvdl_now();
-    if (allreduce_any(e, g, f, total / esz, m->dtype, op)) return -1;
+    if (allreduce_with(e, alg, g, f, total / esz, m->dtype, op)) return -1;
     double t2 = hvdl_now();
     hvdl__scale(m->dtype, f, total / esz, post);
     for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)
@@ -149,7 +154,7 @@ static int64_t row_bytes(const meta_t *m) {
     return row;
 }
 
-static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t *dim0) {
+static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t *dim0, int alg) {
     int64_t row = row_bytes(&o->meta), blocks[g->n], total = 0, rows = 0, mine = 0;
     for (int i = 0; i < g->n; i++) {
         blocks[i] = dim0[i] * row;
@@ -157,34 +162,35 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
         total += blocks[i];
         rows += dim0[i];
     }
-    uint8_t *out = alloc_output(total);
-    if (!out) return oom(e, "allgather result", total);
-    if (o->nbytes) memcpy(out + mine, o->input, (size_t)o->nbytes);
-    int hier = !on_shm(e, g) && g->id == 0 && e->cross && e->shm &&
-               e->cfg.allgather_algorithm != ALG_RING;
-    if (on_shm(e, g) ? hvdl__allgather_shm(&e->ctx, out, blocks)
-        : hier       ? hvdl__allgather_hier(&e->ctx, out, blocks)
-                     : hvdl__allgather_ring(&e->ctx, g, out, blocks)) {
-        free(out);
+    /* A caller's output holds n blocks of its input's size: used when the result fits */
+    int own = o->output && total <= o->nbytes * g->n;
+    uint8_t *out = own ? o->output : HVDL_INJECT(e, INJ_OUTPUT_ALLOC) ? NULL : alloc_output(total);
+    if (!out) return hvdl__oom(e, "allgather result", total);
+    if (o->nbytes && out + mine != (const uint8_t *)o->input)
+        memmove(out + mine, o->input, (size_t)o->nbytes);
+    if (alg == ALG_SHM   ? hvdl__allgather_shm(&e->ctx, out, blocks)
+        : alg == ALG_HIER ? hvdl__allgather_hier(&e->ctx, out, blocks)
+                          : hvdl__allgather_ring(&e->ctx, g, out, blocks)) {
+        if (!own) free(out);
         return -1;
     }
-    o->result = (hvdl_result){.data = out, .nbytes = total, .first_dim = rows};
+    o->result = (hvdl_result){.data = own ? NULL : out, .nbytes = total, .first_dim = rows};
     return 0;
 }
 
-static int exec_broadcast(engine_t *e, const group_t *g, const meta_t *m, op_t *o) {
+static int exec_broadcast(engine_t *e, const group_t *g, const meta_t *m, op_t *o, int alg) {
     int root = 0;                          /* the root's index in the set */
     while (g->ranks[root] != m->root_rank) root++;
     if (g->me == root && o->output != o->input && o->nbytes)
         memcpy(o->output, o->input, (size_t)o->nbytes);
-    return on_shm(e, g) ? hvdl__broadcast_shm(&e->ctx, o->output, o->nbytes, root)
+    return alg == ALG_SHM ? hvdl__broadcast_shm(&e->ctx, o->output, o->nbytes, root)
                         : hvdl__broadcast_chain(&e->ctx, g, o->output, o->nbytes, root);
 }
 
 /* Rows of the first dimension for member i: lower members take the remainder. */
 static int64_t share(int64_t rows, int n, int i) { return rows / n + (i < rows % n); }
 
-static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op_t *o) {
+static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op_t *o, int alg) {
     int op, esz = hvdl_dtype_size(m->dtype);
     double post;
     reduce_params(g, m, &op, &post);
@@ -193,14 +199,14 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
         seg[i] = share(m->shape[0], g->n, i) * row;
         if (i < g->me) mine += seg[i];
     }
-    if (on_shm(e, g) && m->prescale == 1.0) {
+    if (alg == ALG_SHM) {
         /* each rank reduces its own segment straight from every rank's input */
         if (hvdl__reducescatter_shm(&e->ctx, o->input, seg, o->output, m->dtype, op)) return -1;
         hvdl__scale(m->dtype, o->output, seg[g->me] / esz, post);
         return 0;
     }
     /* The ring reduces in place, and the caller's input must stay intact. */
-    if (buf_reserve(&e->fusion, o->nbytes)) return oom(e, "reducescatter buffer", o->nbytes);
+    if (buf_reserve(&e->fusion, o->nbytes)) return hvdl__oom(e, "reducescatter buffer", o->nbytes);
     uint8_t *f = e->fusion.data;
     if (o->nbytes) memcpy(f, o->input, (size_t)o->nbytes);
     hvdl__scale(m->dtype, f, o->nbytes / esz, m->prescale);
@@ -210,11 +216,11 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
     return 0;
 }
 
-static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *matrix) {
+static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *matrix, int alg) {
     int n = g->n, me = g->me;
     int64_t row = row_bytes(&o->meta), send[n], recv[n], total = 0, rows = 0;
     int64_t *splits = malloc(sizeof(int64_t) * (size_t)n);
-    if (!splits) return oom(e, "alltoall splits", 8 * n);
+    if (!splits) return hvdl__oom(e, "alltoall splits", 8 * n);
     for (int j = 0; j < n; j++) {
         send[j] = matrix[me * n + j] * row;
         splits[j] = matrix[j * n + me];
@@ -222,12 +228,12 @@ static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *
         total += recv[j];
         rows += splits[j];
     }
-    uint8_t *out = alloc_output(total);
-    if (!out) { free(splits); return oom(e, "alltoall result", total); }
+    uint8_t *out = HVDL_INJECT(e, INJ_OUTPUT_ALLOC) ? NULL : alloc_output(total);
+    if (!out) { free(splits); return hvdl__oom(e, "alltoall result", total); }
     int64_t longest = 0;
     for (int k = 0; k < n * n; k++)
         if (matrix[k] * row > longest) longest = matrix[k] * row;
-    if (on_shm(e, g) ? hvdl__alltoall_shm(&e->ctx, o->input, send, out, recv, longest)
+    if (alg == ALG_SHM ? hvdl__alltoall_shm(&e->ctx, o->input, send, out, recv, longest)
                      : hvdl__alltoall_pairwise(&e->ctx, g, o->input, send, out, recv)) {
         free(out);
         free(splits);
@@ -241,11 +247,11 @@ static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *
 static int dispatch(engine_t *e, const group_t *g, response_t *r, slot_t *s) {
     const meta_t *m = &r->meta;
     switch (m->op) {
-    case HVDL_OP_ALLREDUCE: return exec_allreduce(e, g, m, s, r->ntensors);
-    case HVDL_OP_ALLGATHER: return exec_allgather(e, g, s->op, r->dim0);
-    case HVDL_OP_BROADCAST: return exec_broadcast(e, g, m, s->op);
-    case HVDL_OP_REDUCESCATTER: return exec_reducescatter(e, g, m, s->op);
-    case HVDL_OP_ALLTOALL: return exec_alltoall(e, g, s->op, r->matrix);
+    case HVDL_OP_ALLREDUCE: return exec_allreduce(e, g, m, s, r->ntensors, r->alg);
+    case HVDL_OP_ALLGATHER: return exec_allgather(e, g, s->op, r->dim0, r->alg);
+    case HVDL_OP_BROADCAST: return exec_broadcast(e, g, m, s->op, r->alg);
+    case HVDL_OP_REDUCESCATTER: return exec_reducescatter(e, g, m, s->op, r->alg);
+    case HVDL_OP_ALLTOALL: return exec_alltoall(e, g, s->op, r->matrix, r->alg);
     case HVDL_OP_JOIN:
         s->op->result.value = m->root_rank;
         e->joined = 0;
@@ -309,7 +315,7 @@ static void trace_response(engine_t *e, const group_t *g, const response_t *r, c
         put_fmt(&a, ", \"fused\": %lld", r->ntensors, 0);
         put_fmt(&a, ", \"fusion_threshold\": %lld", (long long)e->cfg.fusion_threshold, 0);
         buf_put(&a, ", \"algorithm\": ", 15);
-        hvdl__json_str(&a, algorithm(e, g, r, total));
+        hvdl__json_str(&a, ALG_NAMES[r->alg]);
         hvdl__tl_span(e, TL_COLLECTIVE, UPPER[r->meta.op], t_exec, t_done, buf_cstr(&a));
     }
     buf_free(&a);
@@ -320,7 +326,7 @@ static int bad_response(engine_t *e, const char *tensor, const char *why) {
     char msg[HVDL_MSG_BYTES];
     snprintf(msg, sizeof msg, "sent a response for '%.200s' with %s", tensor, why);
     if (e->rank != 0) hvdl__peer_lost(e, 0, msg);
-    else hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: rank 0 planned a response for '%.200s' with %s", tensor, why);
+    else hvdl__fail_job(e, HVDL_ERR_SYSTEM, "internal error: rank 0 planned a response for '%.200s' with %s", tensor, why);
     return -1;
 }
 
@@ -328,16 +334,16 @@ int hvdl__execute(engine_t *e, response_t *r) {
     double t_exec = hvdl_now();
     const group_t *g = e->sets[r->meta.process_set];
     slot_t *s = calloc((size_t)r->ntensors + 1, sizeof *s);
-    if (!s) return oom(e, "response", r->ntensors);
+    if (!s) return hvdl__oom(e, "response", r->ntensors);
     int rc = 0;
     for (int i = 0; i < r->ntensors && !rc; i++) {
         op_t *o = strmap_del(&e->mine, r->names[i]);
         if (o) {
             s[i] = (slot_t){o, o->input, o->output, o->nbytes};
         } else if (e->joined && r->meta.op == HVDL_OP_ALLREDUCE) {
-            int64_t nb = meta_bytes(&r->metas[i]);
+            int64_t nb = hvdl__meta_bytes(&r->metas[i]);
             void *zeros = calloc(1, (size_t)(nb ? nb : 1));
-            if (!zeros) rc = oom(e, "zero contribution", nb);
+            if (!zeros) rc = hvdl__oom(e, "zero contribution", nb);
             s[i] = (slot_t){NULL, zeros, zeros, nb};
         } else if (!(e->joined && r->kind == RESP_ERROR)) {
             /* Every member announced every name in a response: a miss is a broken peer. */
@@ -355,6 +361,7 @@ int hvdl__execute(engine_t *e, response_t *r) {
         for (int i = 0; i < r->ntensors; i++)
             if (s[i].op) hvdl__complete(e, s[i].op, HVDL_ERR_MISMATCH, r->error);
     } else if (!rc) {
+        r->alg = choose_algorithm(e, g, r);
         rc = dispatch(e, g, r, s);
         if (!rc && TL_ON(e)) trace_response(e, g, r, s, t_exec, hvdl_now());
         /* On failure hvdl__fail has completed every op; touch none of them again. */

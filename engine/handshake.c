@@ -116,8 +116,12 @@ lost:
 
 static int connect_to(engine_t *e, int peer, int channel, double deadline) {
     peer_t *p = &e->peers[peer];
-    /* Peers on our own node are reached over loopback whatever address they advertise. */
-    const char *ip = strcmp(p->host, e->host) ? p->ip : "127.0.0.1";
+    /* Every peer is dialled at the address it advertised, which is where it listens
+     * (loopback for a single-host job, one interface otherwise). A peer on our own node
+     * is reached through the loopback device either way: the kernel routes a local
+     * address there, so dialling 127.0.0.1 would gain nothing and finds nobody when the
+     * peer listens on its interface only. */
+    const char *ip = p->ip;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
     if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) {
         hvdl__fail(e, HVDL_ERR_INVALID, "rank %d (host %s) advertised a bad address '%s'",

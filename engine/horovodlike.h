@@ -12,8 +12,13 @@
  * the error message and (for ops whose output size is only known after negotiation,
  * such as allgather) the output buffer, which the caller frees with hvdl_free().
  *
- * Threading: every function may be called from any thread; waits block (after a short
- * spin) and are meant to be called without the caller's interpreter lock held.
+ * Threading: hvdl_enqueue, hvdl_poll, hvdl_wait, hvdl_release and the process-set calls
+ * may be called from any thread, concurrently; the engine's own background thread does
+ * all the I/O. hvdl_prepare, hvdl_start and hvdl_shutdown are serialized with each
+ * other, but no other call may be in flight across hvdl_shutdown and the next
+ * hvdl_prepare (which frees the old engine). hvdl_last_error() is per thread. Waits spin
+ * briefly, then block, and are meant to be called without the caller's interpreter lock
+ * held.
  */
 #ifndef HOROVODLIKE_H
 #define HOROVODLIKE_H
@@ -72,7 +77,10 @@ typedef struct hvdl_request {
     const void *input;       /* the caller's contiguous data (NULL only if empty) */
     void *output;            /* allreduce/broadcast: result buffer (may equal input);
                                 reducescatter: this rank's rows of the result;
-                                allgather/alltoall: NULL, the engine allocates the result */
+                                allgather: NULL, the engine allocates the result, or a
+                                buffer of n times the input's bytes (n = the set's size),
+                                written when the result fits (result.data is then NULL);
+                                alltoall: NULL, the engine allocates the result */
     const int64_t *splits;   /* alltoall: rows for each member of the process set, in
                                 set order (NULL: even split); copied at enqueue */
     const char *name;        /* unique among in-flight requests; required */
@@ -82,7 +90,8 @@ typedef struct hvdl_request {
 
 /* What a finished op produced (filled by hvdl_release). */
 typedef struct hvdl_result {
-    void *data;              /* allgather/alltoall: engine-allocated output, hvdl_free it */
+    void *data;              /* allgather/alltoall: engine-allocated output, hvdl_free it
+                                (NULL when the allgather wrote the caller's output) */
     int64_t nbytes;          /* bytes at data */
     int64_t first_dim;       /* allgather/alltoall: the first dimension of the output */
     int64_t *recv_splits;    /* alltoall: rows received from each member; hvdl_free it */
@@ -104,8 +113,12 @@ int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *b
                  const unsigned char *key, int key_len, char *blob_out);
 int hvdl_start(int rank, int size, const char *all_blobs);
 
-/* Waits for every rank to call it (pending ops finish first), then stops the engine.
- * A lost peer makes it return at once. Safe to call twice. */
+/* Stops the engine on every rank: any rank's shutdown is every rank's, as in Horovod.
+ * This rank's requests not yet sent are announced, rank 0 tells every rank to stop, and
+ * every op not finished by then completes with HVDL_ERR_SHUT_DOWN (on every rank).
+ * Returns once this rank's background thread has exited (rank 0 first waits, up to
+ * HOROVODLIKE_PEER_TIMEOUT_SECONDS, for every worker to leave); after a failure it
+ * returns at once. Safe to call twice. */
 int hvdl_shutdown(void);
 int hvdl_is_running(void);
 

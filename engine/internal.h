@@ -47,17 +47,21 @@ typedef struct op {
 } op_t;
 
 typedef struct op_queue { op_t *head, *tail; } op_queue_t;
+/* loop.c */
 void hvdl__queue_push(op_queue_t *q, op_t *o);
 op_t *hvdl__queue_pop(op_queue_t *q);
 
-/* A fused response: tensors that are moved by one collective call, in order. Built by
- * the coordinator (negotiate.c), sent to every rank, executed by exec.c. */
+/* A fused response: tensors that are moved by one collective call, in order. Planned by
+ * the coordinator (coordinator.c), sent to every member by the loop, executed by exec.c. */
 typedef struct response {
     int kind;                /* RESP_* below */
+    int alg;                 /* ALG_* (config.h): chosen once, by exec.c, before it runs */
     meta_t meta;             /* shared op/dtype/reduce/root/scales (shape unused) */
     int ntensors;
-    char **names;
+    char **names;            /* NULL for a tensor that arrived as a cache id, until cache.c fills it */
     meta_t *metas;           /* per tensor: the agreed request (joined ranks size zeros by it) */
+    int32_t *cache_id;       /* per tensor: its response-cache id, or -1 (cache.c decides) */
+    uint8_t *cached;         /* per tensor: 1 = it travels as its cache id alone */
     int64_t *dim0;           /* allgather: ntensors x n first dimensions (n = set size) */
     int64_t *matrix;         /* alltoall: n x n rows, [i * n + j] = rows i sends to j */
     char *error;             /* RESP_ERROR: the message every rank reports */
@@ -65,7 +69,10 @@ typedef struct response {
     double *ready_at;        /* rank 0 only: ntensors x size, when each rank was ready */
 } response_t;
 enum { RESP_OK = 0, RESP_ERROR = 1, RESP_SHUTDOWN = 2 };
-void hvdl__response_free(response_t *r);
+/* The most tensors one response carries (fusion.c stops there; more ready tensors go in
+ * the next response of the same frame). It bounds what a worker allocates for one
+ * response, whatever rank 0 sends. */
+#define HVDL_MAX_FUSED 512
 
 /* Per-peer connection state (net.c). Control frames arrive on ctrl; data on data. */
 typedef struct conn {
@@ -139,13 +146,16 @@ typedef struct engine {
     strmap_t cache_by_name;  /* name -> id+1 */
     buf_t fusion;            /* persistent fusion buffer */
     struct coordinator *coord;   /* rank 0 only */
+    int inject_seen;         /* times this rank reached the injection site (inject.c) */
+    int injected;            /* the injected failure has fired: messages say so */
+    int awaiting_verdict;    /* fail.c is reading rank 0's verdict (no recursion) */
     int joined;              /* this rank has a join in flight: zeros for others' allreduces */
     double next_tick;        /* when liveness.c next sends heartbeats and checks peers */
     int in_tick;
 
     /* Tracing (timeline.c). tl_on is the one branch every event site pays. */
     atomic_int tl_on;
-    atomic_int tl_mark_cycles;
+    atomic_int tl_mark_cycles;   /* HOROVOD_TIMELINE_MARK_CYCLES: CYCLE_START instants */
     pthread_mutex_t tl_mu;
     struct timeline *tl;
     double t0;               /* hvdl_now() at start: trace ts are relative to it */
@@ -182,89 +192,177 @@ int hvdl__engine_set_remove(engine_t *e, int id);
 int hvdl__err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void hvdl__wake(engine_t *e);
 
-/* loop.c */
-void *hvdl__loop(void *arg);
-void hvdl__fail(engine_t *e, int status, const char *fmt, ...);
-void hvdl__complete(engine_t *e, op_t *o, int status, const char *msg);
+/* ==== The control plane, top-down: loop -> negotiation -> wire -> frames -> sockets ==== */
 
-/* wire.c: the negotiation messages */
-int hvdl__announce(engine_t *e);                    /* tell rank 0 about unsent requests */
-int hvdl__parse_requests(engine_t *e, int from, reader_t *r);
+/* loop.c: the background thread; owns what is done with each frame */
+void *hvdl__loop(void *arg);
+
+/* fail.c: failure is sticky and names its cause. hvdl__fail records a cause on this
+ * rank; hvdl__fail_job also tells every other rank (through rank 0), so that the whole
+ * job reports the one true cause. Both return -1, so a failing site can return them. */
+int hvdl__fail(engine_t *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int hvdl__fail_job(engine_t *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int hvdl__oom(engine_t *e, const char *what, int64_t bytes);   /* fail_job: out of memory for what */
+void hvdl__peer_lost(engine_t *e, int peer, const char *why);
+int hvdl__abort_received(engine_t *e, int from, const void *msg, int64_t n);   /* -1 */
+int hvdl__malformed(engine_t *e, int from, const char *what, const char *why); /* -1 */
+void hvdl__complete(engine_t *e, op_t *o, int status, const char *msg);
+void hvdl__complete_all_locked(engine_t *e, int status, const char *msg);
+
+/* inject.c: failure injection for tests (HOROVODLIKE_TEST_INJECT=site[:rank[:nth]]).
+ * A site asks HVDL_INJECT(e, INJ_X) and, when it is true, fails as its real cause would. */
+/* The sites (INJ_*) are in context.h: the algorithms have sites too. */
+int hvdl__inject_fire(engine_t *e);
+const char *hvdl__inject_site_name(int site);
+#define HVDL_INJECT(e, site) \
+    (__builtin_expect((e)->cfg.inject_site == (site), 0) && hvdl__inject_fire(e))
+
+/* announce.c: this rank's side of negotiation: tell rank 0 about unsent requests */
+int hvdl__announce(engine_t *e);
+
+/* shutdown.c: any rank's shutdown is every rank's */
+int hvdl__say_bye(engine_t *e);                     /* this rank calls shutdown */
+int hvdl__bye_received(engine_t *e, int from);
+void hvdl__goodbye(engine_t *e);                    /* the loop's last act after a clean stop */
+
+/* coordinator.c: rank 0 matches requests and plans responses. What it knows about one
+ * name until every member of its set has submitted it: */
+typedef struct pending {
+    char *name;
+    meta_t *metas;           /* per global rank */
+    int64_t *splits;         /* alltoall: size x size rows, [rank * size + j] */
+    uint8_t *have;           /* per global rank: has submitted */
+    double *have_at;         /* per global rank: when rank 0 learned it (for the trace) */
+    int count;
+    int ref;                 /* the first rank that submitted: its meta is the reference */
+    double first_at, warned_at;
+    char *error;             /* set when ready and the ranks disagree */
+    struct pending *next;    /* link in the ready list, then in a fusion group */
+} pending_t;
+typedef struct coordinator {
+    strmap_t pending;        /* name -> pending_t*, until every member is ready */
+    pending_t *ready_head, *ready_tail;
+    uint8_t *joined;         /* per rank: called join() and waits for the others */
+    int last_joined;
+    int shutdown_from;       /* rank that asked to shut down, or -1 */
+    double last_stall_check;
+} coordinator_t;
+/* Requests as they come off the wire (wire.c): cache ids of unchanged requests, then
+ * the full ones. */
+typedef struct request {
+    char *name;
+    meta_t meta;
+    int64_t *splits;         /* alltoall: one per set member, else NULL */
+    uint32_t nsplits;
+} request_t;
+typedef struct request_list {
+    uint32_t *hits;          /* cache ids */
+    int nhits;
+    request_t *full;
+    int nfull;
+} request_list_t;
+int hvdl__coordinator_new(engine_t *e);
+void hvdl__coordinator_free(engine_t *e);
+int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
+                       const int64_t *splits, int nsplits);
+/* A worker's request list: 0; -1 with *why = the worker sent nonsense; -1 without = failed */
+int hvdl__coordinator_take(engine_t *e, int from, const request_list_t *l, const char **why);
+/* Everything ready, as responses in execution order (rank 0's cache updated): 0 or -1 */
+int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count);
+int hvdl__coordinator_pending(engine_t *e);
+
+/* fusion.c: which ready tensors travel together */
+pending_t *hvdl__fusion_take(engine_t *e, int *count);   /* a chain through ->next */
+int64_t hvdl__meta_bytes(const meta_t *m);
+
+/* stall.c: rank 0 names the ranks that did not submit a name others did */
+void hvdl__stall_check(engine_t *e, double now);
+
+/* wire.c: pure encode/decode of the negotiation messages (no engine state is changed) */
+int hvdl__put_request(buf_t *full, const char *name, const meta_t *m, const int64_t *splits, int n);
+int hvdl__write_requests(buf_t *msg, const uint64_t *bits, int nwords, int nfull, const buf_t *full);
+int hvdl__read_requests(engine_t *e, reader_t *r, request_list_t *out);
+void hvdl__request_list_free(request_list_t *l);
 int hvdl__write_response(engine_t *e, buf_t *b, const response_t *r);
 int hvdl__read_responses(engine_t *e, reader_t *r, response_t **out, int *count);
 int hvdl__response_alloc(response_t *r, int ntensors, int n, int op);
-
-/* negotiate.c: rank 0's coordinator and the frame dispatcher */
-int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
-                       const int64_t *splits, int nsplits);
-int hvdl__coordinator_new(engine_t *e);
-void hvdl__coordinator_free(engine_t *e);
-void hvdl__coordinator_rescan(engine_t *e);
-int hvdl__coordinator_step(engine_t *e);            /* rank 0: match, plan, broadcast */
-int hvdl__handle_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n);
-void hvdl__stall_check(engine_t *e, double now);
-int hvdl__say_bye(engine_t *e);                     /* this rank calls shutdown */
-int hvdl__coordinator_pending(engine_t *e);
+void hvdl__response_free(response_t *r);
 
 /* wire_check.c: what peers send is checked before it is trusted (NULL = fine, else why) */
 const char *hvdl__meta_problem(engine_t *e, const meta_t *m);
 const char *hvdl__splits_problem(const meta_t *m, const int64_t *splits, uint32_t n, int nmembers);
 const char *hvdl__response_problem(engine_t *e, const group_t *g, const response_t *r, op_t *const *ops);
 
-/* cache.c */
+/* cache.c: the response cache, updated by negotiation in response order on every rank */
 int hvdl__cache_meta_equal(const meta_t *a, const meta_t *b);
 int hvdl__cacheable(const meta_t *m);
 int hvdl__cache_lookup(engine_t *e, const char *name);
 meta_t hvdl__cache_meta_for(engine_t *e, int id, int rank);
-int hvdl__cache_store(engine_t *e, int id, const char *name, const meta_t *m, const int64_t *dim0);
+int hvdl__cache_assign(engine_t *e, response_t *r);  /* rank 0: ids for a planned response */
+/* a worker: fill what arrived as ids, store new entries; 0, or -1 with *why (rank 0
+ * sent nonsense) or without (this rank failed, recorded) */
+int hvdl__cache_apply(engine_t *e, response_t *r, const char **why);
 void hvdl__cache_free(engine_t *e);
 
-/* exec.c */
+/* exec.c: choose the algorithm, move the data, complete the handles */
 int hvdl__execute(engine_t *e, response_t *r);
 
 /* The wire's magic number and version: the blob, the hello and every control frame. */
 #define WIRE_MAGIC 0x4876444cu   /* "HvDL" */
 #define WIRE_VERSION 2u
 #define HVDL_MAX_FRAME (256ll << 20)   /* a longer control frame is malformed */
-
-/* handshake.c: connecting every pair, authenticated by the job key */
-int hvdl__connect_all(engine_t *e);
-
-/* net.c: sockets, framing, waiting on control traffic */
-int hvdl__listen(engine_t *e);
-void hvdl__tune_socket(engine_t *e, int fd);
-int hvdl__set_nonblocking(int fd);
-int hvdl__io_full(int fd, void *p, size_t n, int writing, double deadline);
-int hvdl__ctrl_read(conn_t *c);     /* buffer what arrived; -1 once the peer has closed */
-void hvdl__close_all(engine_t *e);
-int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n);
-int hvdl__pump_control(engine_t *e, int timeout_ms, int wake_fd);
-int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap);
-int hvdl__control_readable(engine_t *e, int peer);
-int hvdl__watch_control(engine_t *e, int timeout_ms);
-transport_t *hvdl__tcp_transport(engine_t *e);
-void hvdl__peer_lost(engine_t *e, int peer, const char *why);
-void hvdl__blob_write(engine_t *e, int port, const char *ip, char *out);
-int hvdl__clock_sync(engine_t *e);
-int hvdl__blob_read(const char *in, peer_t *p);
+typedef struct frame_hdr {
+    uint32_t magic, type;
+    int64_t len;
+} frame_hdr_t;
 
 /* Frame types on the control plane. */
 enum {
     MSG_REQUESTS = 1,        /* worker -> rank 0: bits of cached requests + full ones */
     MSG_RESPONSES = 2,       /* rank 0 -> workers: the ordered list of responses */
     MSG_BYE = 3,             /* worker -> rank 0: this rank called shutdown */
-    MSG_ABORT = 4,           /* any -> any: a rank was lost; payload is the message */
+    MSG_ABORT = 4,           /* any -> any: the job failed; payload is the message */
     MSG_PING = 5,            /* start-up clock sync: worker -> rank 0 */
     MSG_PONG = 6,            /* rank 0 -> worker: rank 0's wall clock */
     MSG_HEARTBEAT = 7        /* either way, when nothing else was sent for a while */
 };
+
+/* net.c: control frames over the control star, and waiting on control traffic */
+int hvdl__ctrl_read(engine_t *e, int peer);   /* buffer what arrived; -1 once the peer has closed */
+int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n);
+/* The next complete frame buffered from peer: 1 (payload malloc'd), 0 (none), -1 (failed) */
+int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_t *len);
+/* The loop's one blocking point; returns a peer whose connection closed, or -1 */
+int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd);
+int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap);
+int hvdl__control_readable(engine_t *e, int peer);
+int hvdl__watch_control(engine_t *e, int timeout_ms);
+int hvdl__startup_abort(engine_t *e, int timeout_ms);   /* -1: an ABORT arrived, now failed */
+
+/* sockets.c: listening, socket options, blocking I/O with a deadline, closing */
+int hvdl__listen(engine_t *e);
+void hvdl__tune_socket(engine_t *e, int fd);
+int hvdl__set_nonblocking(int fd);
+int hvdl__io_full(int fd, void *p, size_t n, int writing, double deadline);
+void hvdl__close_all(engine_t *e);
+
+/* handshake.c: connecting every pair, authenticated by the job key */
+int hvdl__connect_all(engine_t *e);
+
+/* blob.c: the address blob every rank publishes */
+void hvdl__blob_write(engine_t *e, int port, const char *ip, char *out);
+int hvdl__blob_read(const char *in, peer_t *p);
+
+/* clock.c: rank 0's wall clock minus ours, for the timeline */
+int hvdl__clock_sync(engine_t *e);
+
+transport_t *hvdl__tcp_transport(engine_t *e);
 
 /* liveness.c: heartbeats on the control star; a silent peer is named and the job ends */
 void hvdl__liveness_start(engine_t *e);
 int hvdl__liveness_tick(engine_t *e);               /* -1 once the engine has failed */
 int hvdl__liveness_ms(const engine_t *e);            /* until the next tick is due */
 double hvdl__heartbeat_interval(const engine_t *e);
-void hvdl__goodbye(engine_t *e);                    /* the loop's last act after a clean stop */
 /* Every wait calls this with the time it has at hand: one comparison when nothing is due. */
 static inline int hvdl__liveness_check(engine_t *e, double now) {
     return now >= e->next_tick ? hvdl__liveness_tick(e) : 0;

@@ -14,17 +14,12 @@
  * keeps beating. The data paths' own "no progress" timeouts wait one interval longer,
  * so that the heartbeat verdict, which names the right rank, comes first.
  *
- * The same holds at shutdown: a worker leaves by half-closing its control connection as
- * soon as rank 0's goodbye has stopped it, and rank 0 waits (up to the peer timeout)
- * for every worker to do so, naming any that does not: a worker stopped while the job
- * shuts down would otherwise keep its launcher waiting forever.
+ * The same holds at shutdown (shutdown.c): rank 0 names a worker that does not leave.
  *
  * Cost on the hot path: one comparison of the clock against next_tick.
  */
 #include "internal.h"
-#include <poll.h>
 #include <stdio.h>
-#include <sys/socket.h>
 
 double hvdl__heartbeat_interval(const engine_t *e) {
     double hb = e->cfg.peer_timeout / 4;
@@ -67,39 +62,4 @@ int hvdl__liveness_ms(const engine_t *e) {
     if (e->size < 2) return -1;
     double left = e->next_tick - hvdl_now();
     return left <= 0 ? 0 : (int)(left * 1000) + 1;
-}
-
-void hvdl__goodbye(engine_t *e) {
-    if (e->rank != 0) {
-        if (e->peers && e->peers[0].ctrl.fd >= 0) shutdown(e->peers[0].ctrl.fd, SHUT_WR);
-        return;
-    }
-    double deadline = hvdl_now() + e->cfg.peer_timeout;
-    struct pollfd pf[e->size];
-    int who[e->size];
-    for (;;) {
-        int n = 0;
-        for (int w = 1; w < e->size; w++) {
-            conn_t *c = &e->peers[w].ctrl;
-            if (c->fd < 0 || c->eof) continue;
-            pf[n] = (struct pollfd){c->fd, POLLIN, 0};
-            who[n++] = w;
-        }
-        double left = deadline - hvdl_now();
-        if (!n) return;
-        if (left <= 0) break;
-        if (poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) continue;
-        for (int i = 0; i < n; i++) {
-            conn_t *c = &e->peers[who[i]].ctrl;
-            if (pf[i].revents && hvdl__ctrl_read(c)) c->eof = 1;   /* it left */
-            c->rx.len = 0;                                         /* frames no longer matter */
-        }
-    }
-    for (int w = 1; w < e->size; w++) {
-        conn_t *c = &e->peers[w].ctrl;
-        if (c->fd < 0 || c->eof) continue;
-        hvdl__log(HVDL_LOG_ERROR, "rank %d (host %s) was lost: it did not finish shutting down within "
-                  "%.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is stopped or hung",
-                  w, e->peers[w].host, e->cfg.peer_timeout);
-    }
 }

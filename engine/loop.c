@@ -1,22 +1,30 @@
 /*
- * The background loop: one thread per engine, and the only thread that does I/O.
+ * The background loop: one thread per engine, and the only thread that does I/O. It
+ * reads top-down; each step is one call into the file that does that job:
+ *
+ *   take_incoming      ops enqueued by the API move to the loop's own queue
+ *   hvdl__announce     (announce.c) unsent requests go to rank 0, as one frame a cycle
+ *   hvdl__say_bye      (shutdown.c) this rank asked to shut down
+ *   lead               rank 0: hvdl__coordinator_plan (coordinator.c) turns what is
+ *                      ready into responses; the loop sends each worker its share of
+ *                      the plan (wire.c encodes) and then executes rank 0's (exec.c)
+ *   hvdl__stall_check  (stall.c) rank 0 names ranks that hold others up
+ *   liveness           (liveness.c) heartbeats and the check on peers
+ *   pump               wait (net.c) for an enqueue or a control frame, and do what each
+ *                      frame says: requests to the coordinator, responses through the
+ *                      cache (cache.c) to execution, a goodbye to shutdown.c, an abort
+ *                      to fail.c
  *
  * It sleeps in poll() until an enqueue (the wake eventfd) or a control frame arrives, so
  * an idle engine costs nothing. A request that finds nothing else in flight is announced
  * at once; requests that arrive while others are in flight wait out HOROVOD_CYCLE_TIME
  * from the oldest one, so that requests made close together (a backward pass) are
- * announced, negotiated and fused together; rank 0 also turns
- * whatever has become ready on every rank into responses and executes them. Workers
- * execute responses as their frames arrive (negotiate.c).
+ * announced, negotiated and fused together.
  *
- * Failure is sticky: hvdl__fail completes every unfinished op with the error, makes
- * later enqueues fail at once, and the loop exits. Sockets stay open until shutdown so
- * that peers blame the rank that really died, not the ranks that noticed it.
+ * Failure is sticky (fail.c): the loop exits once the engine has failed, and every
+ * unfinished op has then been completed with the recorded cause.
  */
-#define _GNU_SOURCE          /* POLLRDHUP */
 #include "internal.h"
-#include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,83 +44,6 @@ op_t *hvdl__queue_pop(op_queue_t *q) {
     if (!q->head) q->tail = NULL;
     o->next = NULL;
     return o;
-}
-
-/* Called with mu held. */
-static void complete_locked(engine_t *e, op_t *o, int status, const char *msg) {
-    if (atomic_load(&o->done)) return;
-    o->status = status;
-    o->msg = msg ? strdup(msg) : NULL;
-    strmap_del(&e->inflight, o->name);
-    atomic_store(&o->done, 1);
-}
-
-void hvdl__complete(engine_t *e, op_t *o, int status, const char *msg) {
-    pthread_mutex_lock(&e->mu);
-    complete_locked(e, o, status, msg);
-    pthread_cond_broadcast(&e->done_cv);
-    pthread_mutex_unlock(&e->mu);
-}
-
-/* Fail every unfinished op with one status and message. Called with mu held. */
-static void complete_all_locked(engine_t *e, int status, const char *msg) {
-    for (int i = 0; i < e->inflight.cap; i++) {
-        op_t *o = e->inflight.vals ? e->inflight.vals[i] : NULL;
-        if (o) complete_locked(e, o, status, msg);
-    }
-    pthread_cond_broadcast(&e->done_cv);
-}
-
-void hvdl__fail(engine_t *e, int status, const char *fmt, ...) {
-    char msg[HVDL_MSG_BYTES];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    pthread_mutex_lock(&e->mu);
-    int first = !e->failed;
-    if (first) {
-        e->failed = 1;
-        e->fail_status = status;
-        snprintf(e->fail_msg, sizeof e->fail_msg, "%s", msg);
-        complete_all_locked(e, status, msg);
-    }
-    pthread_mutex_unlock(&e->mu);
-    if (first && status != HVDL_ERR_SHUT_DOWN) hvdl__log(HVDL_LOG_ERROR, "%s", msg);
-}
-
-/* A peer died or broke the protocol. Rank 0 tells every other rank who it was, so the
- * whole job reports the same culprit; a worker tells rank 0, which relays it. */
-void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
-    if (e->failed || e->stopped) return;
-    char msg[HVDL_MSG_BYTES], silent[160];
-    /* A worker whose coordinator went silent cannot hear the others' verdicts (they
-     * travel through rank 0), so a neighbour that gave up on rank 0 first and closed
-     * looks lost itself. Rank 0 missing two heartbeats is the real story: name it. */
-    const conn_t *c0 = e->rank != 0 && peer != 0 && e->peers ? &e->peers[0].ctrl : NULL;
-    double quiet = c0 && c0->fd >= 0 && !c0->eof ? hvdl_now() - c0->last_rx : 0;
-    /* The same when rank 0 has died: its control connection is closed, maybe behind
-     * frames not read yet (POLLRDHUP sees past them). */
-    struct pollfd pf = {c0 && c0->fd >= 0 ? c0->fd : -1, POLLRDHUP, 0};
-    int closed = c0 && (c0->eof || (pf.fd >= 0 && poll(&pf, 1, 0) > 0 &&
-                                    (pf.revents & (POLLRDHUP | POLLHUP | POLLERR))));
-    if (closed || quiet > 2 * hvdl__heartbeat_interval(e)) {
-        if (closed)
-            snprintf(silent, sizeof silent, "its connection closed (rank %d gave up "
-                     "meanwhile: %s)", peer, why);
-        else
-            snprintf(silent, sizeof silent, "it sent nothing for %.1f s (rank %d gave up "
-                     "meanwhile: %s)", quiet, peer, why);
-        peer = 0;
-        why = silent;
-    }
-    snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s. horovodlike cannot go on "
-             "without it; the job should be restarted", peer, e->peers[peer].host, why);
-    hvdl__fail(e, HVDL_ERR_PEER_LOST, "%s", msg);
-    for (int i = 0; i < e->size; i++) {
-        if (i == peer || e->peers[i].ctrl.fd < 0) continue;
-        hvdl__send_frame(e, i, MSG_ABORT, msg, (int64_t)strlen(msg));
-    }
 }
 
 /* Move newly enqueued ops to the loop's own queue; returns whether shutdown was asked. */
@@ -142,6 +73,138 @@ static int sleep_ms(engine_t *e, double now) {
     return ms < 0 || (beat >= 0 && beat < ms) ? beat : ms;
 }
 
+static int is_member(const group_t *g, int rank) {
+    for (int i = 0; i < g->n; i++)
+        if (g->ranks[i] == rank) return 1;
+    return 0;
+}
+
+/* Send each worker, in one frame, the responses of the plan that involve it. */
+static int send_plan(engine_t *e, const response_t *rs, int n) {
+    buf_t *wire = calloc((size_t)n, sizeof *wire), msg = {0};
+    int rc = wire ? 0 : hvdl__oom(e, "response plan", (int64_t)sizeof *wire * n);
+    for (int i = 0; i < n && !rc; i++)
+        if (hvdl__write_response(e, &wire[i], &rs[i])) rc = hvdl__oom(e, "response frame", wire[i].len);
+    for (int w = 1; w < e->size && !rc; w++) {
+        uint32_t count = 0;
+        msg.len = 0;
+        if (buf_put_u32(&msg, 0)) { rc = hvdl__oom(e, "response frame", 4); break; }
+        for (int i = 0; i < n; i++) {
+            if (!is_member(e->sets[rs[i].meta.process_set], w)) continue;
+            if (buf_put(&msg, wire[i].data, wire[i].len)) { rc = hvdl__oom(e, "response frame", msg.len); break; }
+            count++;
+        }
+        if (rc || !count) continue;
+        memcpy(msg.data, &count, 4);
+        rc = hvdl__send_frame(e, w, MSG_RESPONSES, msg.data, msg.len);
+    }
+    for (int i = 0; wire && i < n; i++) buf_free(&wire[i]);
+    free(wire);
+    buf_free(&msg);
+    return rc;
+}
+
+/* Rank 0: plan, send the plan, then execute rank 0's share of it, in order. */
+static int lead(engine_t *e) {
+    response_t *rs = NULL;
+    int n = 0, rc = hvdl__coordinator_plan(e, &rs, &n);
+    if (!rc && n) rc = send_plan(e, rs, n);
+    for (int i = 0; i < n; i++) {
+        if (!rc && is_member(e->sets[rs[i].meta.process_set], 0)) rc = hvdl__execute(e, &rs[i]);
+        hvdl__response_free(&rs[i]);
+    }
+    free(rs);
+    return rc;
+}
+
+/* ---- what to do with each frame ---- */
+
+static int take_requests(engine_t *e, int from, reader_t *r) {
+    request_list_t l = {0};
+    const char *why = NULL;
+    int rc = hvdl__read_requests(e, r, &l);
+    if (rc) why = r->why;
+    else rc = hvdl__coordinator_take(e, from, &l, &why);
+    hvdl__request_list_free(&l);
+    if (rc && why) return hvdl__malformed(e, from, "request list", why);
+    return rc;
+}
+
+static int take_responses(engine_t *e, int from, reader_t *r) {
+    response_t *rs;
+    int n, rc = 0;
+    const char *why = NULL;
+    if (hvdl__read_responses(e, r, &rs, &n))
+        return e->failed ? -1 : hvdl__malformed(e, from, "response list", r->why);
+    /* The cache follows the responses in order, as rank 0's did when it planned them. */
+    for (int i = 0; i < n && !rc; i++) rc = hvdl__cache_apply(e, &rs[i], &why);
+    if (rc && why) hvdl__malformed(e, from, "response list", why);
+    double now = hvdl_now();
+    for (int i = 0; i < n; i++) {
+        rs[i].received_at = now;
+        if (!rc) rc = hvdl__execute(e, &rs[i]);
+        hvdl__response_free(&rs[i]);
+    }
+    free(rs);
+    return rc;
+}
+
+static int on_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n) {
+    reader_t r = {p, n, 0, NULL};
+    switch (type) {
+    case MSG_REQUESTS: return take_requests(e, from, &r);
+    case MSG_RESPONSES: return take_responses(e, from, &r);
+    case MSG_BYE: return hvdl__bye_received(e, from);
+    case MSG_HEARTBEAT: return 0;         /* its arrival was the point (liveness.c) */
+    case MSG_ABORT: return hvdl__abort_received(e, from, p, n);
+    default:      /* net.c lets through only the types this rank may receive */
+        return hvdl__malformed(e, from, "control frame", "a type this rank does not take");
+    }
+}
+
+/* Handle every complete frame buffered from peer. Returns how many, or -1. */
+static int handle_buffered(engine_t *e, int peer) {
+    int type, k, count = 0;
+    uint8_t *p;
+    int64_t len;
+    while ((k = hvdl__frame_take(e, peer, &type, &p, &len)) > 0) {
+        int rc = on_frame(e, peer, type, p, len);
+        free(p);
+        if (rc) return -1;
+        count++;
+    }
+    return k < 0 ? -1 : count;
+}
+
+/* Frames already buffered (read during a data transfer) are handled first, without
+ * waiting; else wait up to timeout_ms and handle what came. */
+static int pump(engine_t *e, int timeout_ms) {
+    int handled = 0;
+    for (int i = 0; i < e->size; i++) {
+        if (e->peers[i].ctrl.fd < 0) continue;
+        int k = handle_buffered(e, i);
+        if (k < 0) return -1;
+        handled += k;
+        if (e->peers[i].ctrl.eof && !e->stopped) {
+            /* closed after its goodbye, and the goodbye did not stop us: it was a worker
+             * telling rank 0, which has now answered everyone */
+            hvdl__peer_lost(e, i, "its connection closed");
+            return -1;
+        }
+    }
+    if (handled || e->stopped) return 0;
+    int closed = hvdl__wait_control(e, timeout_ms, e->wake_fd);
+    if (closed >= 0) {
+        /* A frame that came before the close (a BYE, an ABORT) still counts. */
+        if (handle_buffered(e, closed) < 0 || e->failed) return -1;
+        hvdl__peer_lost(e, closed, "its connection closed");
+        return -1;
+    }
+    for (int i = 0; i < e->size; i++)
+        if (e->peers[i].ctrl.fd >= 0 && handle_buffered(e, i) < 0) return -1;
+    return 0;
+}
+
 void *hvdl__loop(void *arg) {
     engine_t *e = arg;
     while (!e->failed && !e->stopped) {
@@ -160,21 +223,25 @@ void *hvdl__loop(void *arg) {
             if (hvdl__say_bye(e)) break;
         }
         if (e->rank == 0) {
-            if (hvdl__coordinator_step(e)) break;
+            if (lead(e)) break;
             hvdl__stall_check(e, now);
         }
         if (hvdl__liveness_check(e, hvdl_now())) break;
         if (e->failed || e->stopped) break;
-        if (hvdl__pump_control(e, sleep_ms(e, hvdl_now()), e->wake_fd)) break;
+        if (pump(e, sleep_ms(e, hvdl_now()))) break;
     }
     /* From here on enqueue refuses (it checks this flag under mu), so every op that made
-     * it in is completed below and none can slip in after. */
+     * it in is completed below and none can slip in after. Only a real shutdown is
+     * reported as one: every other exit has recorded its cause (fail.c). */
     pthread_mutex_lock(&e->mu);
     e->shutdown_requested = 1;
-    if (!e->failed)
-        complete_all_locked(e, HVDL_ERR_SHUT_DOWN,
-                            "horovodlike was shut down (a rank called shutdown) before this op finished");
+    int failed = e->failed;
+    if (!failed && e->stopped)
+        hvdl__complete_all_locked(e, HVDL_ERR_SHUT_DOWN,
+                                  "horovodlike was shut down (a rank called shutdown) before this op finished");
     pthread_mutex_unlock(&e->mu);
+    if (!failed && !e->stopped)
+        hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: the background loop stopped without recording why");
     if (e->stopped && !e->failed) hvdl__goodbye(e);
     return NULL;
 }

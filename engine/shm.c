@@ -98,6 +98,7 @@ static uint64_t fnv(const char *s) {
  * nothing else travels on it before start-up ends). */
 static const char *attach_wait(engine_t *e, double deadline) {
     static __thread char why[320];
+    if (hvdl__startup_abort(e, 0)) return e->fail_msg;   /* a rank failed and said why */
     if (hvdl_now() > deadline) {
         snprintf(why, sizeof why, "not every local rank attached within %.0f s (HOROVODLIKE_START_TIMEOUT)",
                  e->cfg.start_timeout);
@@ -110,6 +111,7 @@ static const char *attach_wait(engine_t *e, double deadline) {
         char c;
         if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLERR | POLLRDHUP) ||
                                      recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)) {
+            if (hvdl__startup_abort(e, 1000)) return e->fail_msg;   /* did it say why? */
             snprintf(why, sizeof why, "rank %d (host %s) died while the local ranks attached", r, e->host);
             return why;
         }
@@ -142,6 +144,7 @@ int hvdl__shm_open(engine_t *e) {
     double deadline = hvdl_now() + e->cfg.start_timeout;
     const char *why = NULL;
     int fd = -1, err = 0;
+    if (HVDL_INJECT(e, INJ_SHM_ATTACH)) { why = "cannot attach it"; goto fail; }
     if (me == 0) {
         fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
         if (fd < 0 || ftruncate(fd, (off_t)bytes)) { err = errno; why = "cannot create it"; goto fail; }
@@ -173,7 +176,7 @@ int hvdl__shm_open(engine_t *e) {
     e->shm = s;
     return 0;
 fail:
-    hvdl__fail(e, HVDL_ERR_SYSTEM, "could not set up the shared-memory segment %s of host %s "
+    hvdl__fail_job(e, HVDL_ERR_SYSTEM, "could not set up the shared-memory segment %s of host %s "
                "with %d local ranks: %s%s%s", name, e->host, nlocal, why,
                err ? ": " : "", err ? strerror(err) : "");
     shm_unlink(name);               /* whoever fails removes the name: none is left behind */

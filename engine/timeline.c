@@ -31,7 +31,6 @@ struct timeline {
     int64_t tail_at;         /* file offset of the closing "\n]}" */
     int64_t cap;             /* bytes; 0 = no cap */
     int truncated;
-    int mark_cycles;
     pthread_t writer;
 };
 
@@ -135,7 +134,6 @@ int hvdl__timeline_open(engine_t *e, const char *path, int mark_cycles) {
     pthread_cond_init(&t->cv, NULL);
     t->fd = fd;
     t->cap = e->cfg.timeline_max_bytes;
-    t->mark_cycles = mark_cycles;
     atomic_store(&e->tl_mark_cycles, mark_cycles);
     buf_t h = {0};
     write_header(e, &h);

@@ -19,8 +19,6 @@
 #include <string.h>
 #include <sys/socket.h>
 
-void hvdl__peer_lost(engine_t *e, int peer, const char *why);
-
 typedef struct tcp {
     transport_t base;
     engine_t *e;
@@ -44,6 +42,7 @@ static int tcp_exchange(transport_t *t, const xfer_t *x) {
     while (sent < x->slen || rcvd < x->rlen) {
         int progress = 0;
         if (sent < x->slen) {
+            if (HVDL_INJECT(e, INJ_TCP_SEND)) return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "sending data to rank %d failed", x->send_peer);
             ssize_t k = send(sfd, (const uint8_t *)x->sbuf + sent,
                              (size_t)min64(x->slen - sent, MAX_IO), MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k > 0) { sent += k; progress = 1; }

@@ -22,7 +22,6 @@ int buf_put(buf_t *b, const void *p, int64_t n) {
 }
 
 int buf_put_u32(buf_t *b, uint32_t v) { return buf_put(b, &v, 4); }
-int buf_put_i64(buf_t *b, int64_t v) { return buf_put(b, &v, 8); }
 
 int buf_put_str(buf_t *b, const char *s) {
     uint32_t n = (uint32_t)strlen(s);
@@ -65,7 +64,6 @@ void rd_get(reader_t *r, void *out, int64_t n) {
 }
 
 uint32_t rd_u32(reader_t *r) { uint32_t v; rd_get(r, &v, 4); return v; }
-int64_t rd_i64(reader_t *r) { int64_t v; rd_get(r, &v, 8); return v; }
 
 char *rd_str(reader_t *r) {
     uint32_t n = rd_u32(r);

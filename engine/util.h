@@ -12,7 +12,6 @@ typedef struct buf {
 int buf_reserve(buf_t *b, int64_t cap);     /* 0 or -1 (out of memory) */
 int buf_put(buf_t *b, const void *p, int64_t n);
 int buf_put_u32(buf_t *b, uint32_t v);
-int buf_put_i64(buf_t *b, int64_t v);
 int buf_put_str(buf_t *b, const char *s);
 void buf_consume(buf_t *b, int64_t n);      /* drop n bytes from the front */
 const char *buf_cstr(buf_t *b);             /* NUL-terminated view (the NUL is not counted) */
@@ -29,7 +28,6 @@ typedef struct reader {
 } reader_t;
 void rd_get(reader_t *r, void *out, int64_t n);
 uint32_t rd_u32(reader_t *r);
-int64_t rd_i64(reader_t *r);
 char *rd_str(reader_t *r);                  /* malloc'd copy, NULL if bad (or holds a NUL) */
 int rd_fail(reader_t *r, const char *why);  /* mark bad with a reason; returns -1 */
 

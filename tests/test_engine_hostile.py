@@ -95,7 +95,8 @@ RANK = textwrap.dedent("""
     key = bytes.fromhex(os.environ.get("T_KEY", ""))
     iters, idle = int(os.environ.get("T_ITERS", "3")), float(os.environ.get("T_IDLE", "0"))
     elems = int(os.environ.get("T_ELEMS", "1000"))
-    blob = engine.prepare(os.environ["T_HOST"], "127.0.0.1", "127.0.0.1", key)
+    addr = os.environ.get("T_ADDR", "127.0.0.1")     # where this rank listens and is reached
+    blob = engine.prepare(os.environ["T_HOST"], addr, addr, key)
     with open(f"{d}/blob.{rank}.tmp", "wb") as f:
         f.write(blob)
     os.rename(f"{d}/blob.{rank}.tmp", f"{d}/blob.{rank}")
@@ -614,6 +615,35 @@ def test_goodbye_then_reset_while_sending_is_a_clean_stop(job_factory):
     assert rc == 0, f"rank 1 crashed or hung (rc={rc})\n{out}\n{err}"
     assert "done" in out, out + err
     assert "was lost" not in out + err, out + err
+
+
+def _outward_address():
+    """This host's address on the route out (not loopback), or None."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            addr = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if addr.startswith("127.") else addr
+
+
+@pytest.mark.timeout(120)
+def test_ranks_of_one_host_in_a_multi_host_job_reach_each_other(job_factory):
+    """In a multi-host job a rank listens only on its advertised interface, not loopback.
+    Two such ranks on one host must still connect: they dial each other's advertised
+    address (dialling 127.0.0.1 found nobody listening, so no job with two ranks per host
+    on several hosts could start)."""
+    addr = _outward_address()
+    if addr is None:
+        pytest.skip("this host has no address besides loopback")
+    job = job_factory(2, env={"T_ADDR": addr, "T_ITERS": "2", "HOROVODLIKE_START_TIMEOUT": "10"})
+    for r in range(2):
+        job.spawn(r)
+    for r in range(2):
+        rc, out, err = job.wait(r, timeout=60)
+        assert rc == 0 and "done" in out, f"rank {r} (rc={rc})\n{out}\n{err}"
+        assert "op 1 2.0" in out, out
 
 
 # ------------------------------------------------------------------- liveness

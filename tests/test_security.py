@@ -364,3 +364,52 @@ def test_handles_byte_order_and_names():
     assert "BYTEORDER" in out and ">f4" in out, out
     assert "NAME-REFUSED 'a\\x00b'" in out and "NUL" in out, out
     assert "NAME-OK 'a'" in out, out
+
+
+# ------------------------------------------------- two real hosts (network namespaces)
+
+ON_THE_LINK = """
+    import numpy as np, horovodlike as hvd
+    hvd.init()
+    x = hvd.allreduce(np.full(3, float(hvd.rank())), op=hvd.Sum, name="x")
+    local = set()
+    with open("/proc/net/tcp") as f:          # this namespace's sockets
+        for line in f.readlines()[1:]:
+            addr, state = line.split()[1], line.split()[3]
+            if state == "01":                  # established
+                local.add(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    print("RESULT", hvd.rank(), x.tolist(), sorted(local), flush=True)
+    hvd.shutdown()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_two_hosts_with_two_ranks_each_connect_on_their_link_addresses():
+    """Two network namespaces are two hosts, two ranks each. A multi-host rank listens
+    on its host's link address only, so the two ranks of a host must reach each other
+    there too (dialling loopback found nobody, and no such job could start)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import netns
+    why = netns.available()
+    if why:
+        pytest.skip(why)
+    with netns.TwoNodes() as net:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("HOROVOD_", "HOROVODLIKE_", "OMPI_COMM_WORLD", "PMI"))}
+        env.update(LAUNCH_ENV, **net.env())
+        proc = subprocess.Popen([PYTHON, "-m", "horovodlike.runner", "-np", "4",
+                                 *net.launcher_args(2), PYTHON, "-c", textwrap.dedent(ON_THE_LINK)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            kill_tree(proc)
+            proc.wait()
+    assert proc.returncode == 0, out
+    results = [line.split("RESULT ", 1)[1] for line in out.splitlines() if "RESULT" in line]
+    assert len(results) == 4, out
+    for line in results:
+        assert "[6.0, 6.0, 6.0]" in line, line
+        addresses = line.split("] ", 1)[1]
+        assert netns.SUBNET in addresses and "127.0.0.1" not in addresses, line

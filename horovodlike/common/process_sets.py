@@ -118,6 +118,12 @@ def _unregister(sid):
         ps.process_set_id = None
 
 
+def find(ranks):
+    """The registered set whose members are exactly `ranks` (sorted), or None."""
+    ranks = list(ranks)
+    return next((ps for ps in list(_sets.values()) if ps.ranks == ranks), None)
+
+
 def by_id(sid):
     """The registered set with engine id `sid` (0 is the global set)."""
     if sid == 0:

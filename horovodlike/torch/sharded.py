@@ -49,10 +49,13 @@ from contextlib import contextmanager
 import torch
 
 from horovodlike.common import basics
+from horovodlike.common import ops as _ops
+from horovodlike.common import request
 from horovodlike.common import dynamic_sets
 from horovodlike.common import process_sets as _sets
 
 from . import _collectives as C
+from . import _tensors
 from ._process_sets import global_process_set, resolve
 from .compression import Compression
 from .optimizer import (_IN_FLIGHT_MSG, _TOO_MANY_MSG, _DistributedOptimizer,
@@ -102,16 +105,41 @@ def _set_of(ranks, base, base_ranks):
         return base
     if list(ranks) == list(range(basics.size())):
         return global_process_set
-    for ps in list(_sets._sets.values()):
-        if ps.ranks == list(ranks):
-            return ps
-    if _sets._dynamic and base_ranks == list(range(basics.size())):
+    found = _sets.find(ranks)
+    if found is not None:
+        return found
+    if _sets.dynamic() and base_ranks == list(range(basics.size())):
         return dynamic_sets.add_process_set(list(ranks))
     raise ValueError(
         f"ShardedDistributedOptimizer needs a process set with ranks {list(ranks)}: "
         f"start with hvd.init(process_sets='dynamic') (or HOROVOD_DYNAMIC_PROCESS_SETS=1) "
         f"so it can add its partition and replica groups, or register the sets from "
         f"horovodlike.torch.sharded.partition_ranks() yourself on every rank")
+
+
+def _reducescatter_into(tensor, out, name, op, process_set):
+    """Reduce-scatter the flat `tensor` straight into `out` (this rank's rows, contiguous):
+    no result tensor to allocate and copy from."""
+    code = _tensors.check_tensor(tensor, "reducescatter")
+    req = request.reducescatter(name, op, 1.0, 1.0, process_set, 1)
+    return _ops.submit((tensor, out), lambda _: out,
+                       **req.fields(code, tensor.shape, tensor.data_ptr(), out.data_ptr()))
+
+
+def _allgather_into(chunk, out, name, process_set):
+    """All-gather the flat, equal-sized `chunk` of every member straight into `out` (the
+    set's size times chunk's elements). chunk may be this rank's own slice of out: the
+    engine writes the result in place (it falls back to its own buffer, copied here, only
+    if the result does not fit, which equal chunks never cause)."""
+    code = _tensors.check_tensor(chunk, "allgather")
+    req = request.allgather(name, process_set, 1)
+
+    def finish(res):
+        if res.data is not None:
+            out.copy_(_tensors.from_engine(res, out.dtype, ()))
+        return out
+    return _ops.submit((chunk, out), finish,
+                       **req.fields(code, chunk.shape, chunk.data_ptr(), out.data_ptr()))
 
 
 # ------------------------------------------------------------------ layout
@@ -478,7 +506,13 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
                     b.staging[off:off + numel].zero_()
         compressed, ctx = self.compression.compress(b.staging)
         handle = None
-        if self.partition_set is not None:
+        if self.partition_set is not None and (compressed.dtype == b.dtype
+                                               and self.backward_passes_per_step == 1):
+            # one pass per step: the reduced chunk lands in the gradient shard itself
+            handle = _reducescatter_into(compressed, self._shard_grad[b.dtype][
+                b.shard_off:b.shard_off + b.chunk], f"{self._uid}.rs.{b.index}", self.op,
+                self.partition_set)
+        elif self.partition_set is not None:
             handle = C.reducescatter_async(compressed, name=f"{self._uid}.rs.{b.index}",
                                            op=self.op, process_set=self.partition_set)
         b.pending = (handle, ctx, compressed)
@@ -497,7 +531,10 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         out = self.compression.decompress(out, ctx)
         dst = self._shard_grad[b.dtype][b.shard_off:b.shard_off + b.chunk]
         with torch.no_grad():
-            dst.copy_(out) if b.passes == 0 else dst.add_(out)
+            if b.passes:
+                dst.add_(out)
+            elif out.data_ptr() != dst.data_ptr():
+                dst.copy_(out)
         b.passes += 1
         if b.passes == self.backward_passes_per_step:
             self._allreduce_shard(b)      # the last pass: the second hop starts now
@@ -638,9 +675,14 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
             inner.update({k: v for k, v in outer.items() if k != "params"})
         self._inner.step()
         if self.partition_set is not None:
-            for b, full in self._gather(self._flat, "params"):
-                with torch.no_grad():
-                    self._flat[b.dtype][b.base:b.base + b.padded].copy_(full)
+            # every bucket's owned chunk is gathered straight into the flat parameters
+            handles = []
+            for b in self._buckets:
+                full = self._flat[b.dtype][b.base:b.base + b.padded]
+                own = full[self.shard_rank * b.chunk:(self.shard_rank + 1) * b.chunk]
+                handles.append(_allgather_into(own, full, f"{self._uid}.params.{b.index}",
+                                               self.partition_set))
+            request.wait_all(handles, _ops.synchronize)
         return loss
 
     def zero_grad(self, set_to_none=True):

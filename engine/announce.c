@@ -1,0 +1,52 @@
+/*
+ * Announcing: this rank's side of negotiation. Each cycle the loop hands over the
+ * requests enqueued since the last one; they become this rank's in-flight ops (`mine`,
+ * matched later against rank 0's responses) and travel to rank 0 in one MSG_REQUESTS
+ * frame. A request whose name and metadata equal its response-cache entry travels as
+ * one bit; any other travels in full (wire.c encodes). Rank 0 announces to its own
+ * coordinator in memory.
+ */
+#include "internal.h"
+#include <stdlib.h>
+#include <string.h>
+
+int hvdl__announce(engine_t *e) {
+    buf_t full = {0};
+    int nwords = (e->ncache + 63) / 64, nfull = 0, rc = 0;
+    uint64_t *bits = calloc((size_t)nwords + 1, 8);
+    if (!bits) return hvdl__oom(e, "request bit vector", 8 * (int64_t)(nwords + 1));
+    op_t *o;
+    while ((o = hvdl__queue_pop(&e->unsent))) {
+        if (strmap_put(&e->mine, o->name, o)) { rc = hvdl__oom(e, "request table", (int64_t)strlen(o->name)); break; }
+        hvdl__tl_count_step(e, o->name);
+        if (o->meta.op == HVDL_OP_JOIN) e->joined = 1;
+        int n = o->splits ? e->sets[o->meta.process_set]->n : 0;
+        if (e->rank == 0) {
+            if ((rc = hvdl__coord_record(e, 0, o->name, &o->meta, o->splits, n))) break;
+            continue;
+        }
+        int id = hvdl__cacheable(&o->meta) ? hvdl__cache_lookup(e, o->name) : -1;
+        if (id >= 0) {
+            meta_t cached = hvdl__cache_meta_for(e, id, e->rank);
+            if (hvdl__cache_meta_equal(&cached, &o->meta)) {
+                bits[id / 64] |= 1ull << (id % 64);
+                continue;
+            }
+        }
+        if (hvdl__put_request(&full, o->name, &o->meta, o->splits, n)) {
+            rc = hvdl__oom(e, "request frame", full.len);
+            break;
+        }
+        nfull++;
+    }
+    if (!rc && e->rank != 0) {
+        buf_t msg = {0};
+        rc = hvdl__write_requests(&msg, bits, nwords, nfull, &full)
+                 ? hvdl__oom(e, "request frame", full.len)
+                 : hvdl__send_frame(e, 0, MSG_REQUESTS, msg.data, msg.len);
+        buf_free(&msg);
+    }
+    free(bits);
+    buf_free(&full);
+    return rc;
+}

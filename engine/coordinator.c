@@ -1,0 +1,301 @@
+/*
+ * The coordinator (rank 0), as Horovod's controller:
+ *
+ *  a. Every rank's loop announces the requests enqueued during one cycle (announce.c);
+ *     rank 0's own arrive in memory, a worker's in one MSG_REQUESTS frame, where a
+ *     request equal to its response-cache entry is one bit (wire.c, cache.c).
+ *  b. Per name, rank 0 counts the ranks that are ready. Readiness is per process set
+ *     (all its members), and a rank that called join() counts as present for allreduce,
+ *     contributing zeros.
+ *  c. When all are ready it checks that they agree (op, dtype, shape, reduce op, root,
+ *     scale factors); a disagreement becomes an error response naming the field and the
+ *     ranks, and the engine goes on with the next op.
+ *  d. hvdl__coordinator_plan turns everything ready into responses, in the order names
+ *     became ready, fusing what fusion.c says travels together, and assigns cache ids
+ *     (cache.c). It returns the plan: the loop sends it and then executes it.
+ *
+ * Stalls (names some ranks submitted and others did not) are watched by stall.c; any
+ * rank's shutdown is every rank's (shutdown.c).
+ */
+#include "internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int hvdl__coordinator_new(engine_t *e) {
+    e->coord = calloc(1, sizeof *e->coord);
+    if (!e->coord || !(e->coord->joined = calloc((size_t)e->size, 1))) return -1;
+    e->coord->shutdown_from = -1;
+    return 0;
+}
+
+static void pending_free(pending_t *p) {
+    free(p->name);
+    free(p->metas);
+    free(p->splits);
+    free(p->have);
+    free(p->have_at);
+    free(p->error);
+    free(p);
+}
+
+void hvdl__coordinator_free(engine_t *e) {
+    coordinator_t *c = e->coord;
+    if (!c) return;
+    for (int i = 0; i < c->pending.cap; i++)
+        if (c->pending.vals && c->pending.vals[i]) pending_free(c->pending.vals[i]);
+    strmap_free(&c->pending);
+    for (pending_t *p = c->ready_head, *n; p; p = n) { n = p->next; pending_free(p); }
+    free(c->joined);
+    free(c);
+    e->coord = NULL;
+}
+
+/* ---- agreement ---- */
+
+static const char *OP_NAMES[] = {"allreduce", "allgather", "broadcast", "barrier",
+                                 "alltoall", "reducescatter", "join"};
+static const char *DTYPE_NAMES[] = {"uint8", "int8", "int16", "int32", "int64", "float16",
+                                    "bfloat16", "float32", "float64", "bool"};
+static const char *REDUCE_NAMES[] = {"Sum", "Average", "Min", "Max", "Product", "Adasum"};
+
+/* Metadata from the wire is range-checked (wire_check.c); this guards the tables anyway. */
+static const char *name_of(const char *const *names, int n, int v) {
+    return v >= 0 && v < n ? names[v] : "?";
+}
+
+static void describe_value(const meta_t *m, int field, char *out, size_t cap) {
+    switch (field) {
+    case 0: snprintf(out, cap, "%s", name_of(OP_NAMES, 7, m->op)); break;
+    case 1: snprintf(out, cap, "%s", name_of(DTYPE_NAMES, 10, m->dtype)); break;
+    case 2: {
+        int n = snprintf(out, cap, "[");
+        for (int d = 0; d < m->ndim && n < (int)cap; d++)
+            n += snprintf(out + n, cap - (size_t)n, d ? ", %lld" : "%lld", (long long)m->shape[d]);
+        if (n < (int)cap) snprintf(out + n, cap - (size_t)n, "]");
+        break;
+    }
+    case 3: snprintf(out, cap, "%s", name_of(REDUCE_NAMES, 6, m->reduce_op)); break;
+    case 4: snprintf(out, cap, "%d", m->root_rank); break;
+    case 5: snprintf(out, cap, "%g/%g", m->prescale, m->postscale); break;
+    default: snprintf(out, cap, "%d", m->process_set); break;
+    }
+}
+
+static const char *FIELD_NAMES[] = {"op", "dtype", "shape", "reduce op", "root rank",
+                                    "prescale/postscale", "process set"};
+
+static int field_differs(const meta_t *a, const meta_t *b, int field) {
+    switch (field) {
+    case 0: return a->op != b->op;
+    case 1: return a->dtype != b->dtype;
+    case 2: {
+        if (a->ndim != b->ndim) return 1;
+        /* allgather and alltoall concatenate on the first dimension: it may differ */
+        int from = a->op == HVDL_OP_ALLGATHER || a->op == HVDL_OP_ALLTOALL ? 1 : 0;
+        for (int d = from; d < a->ndim; d++)
+            if (a->shape[d] != b->shape[d]) return 1;
+        return 0;
+    }
+    case 3: return a->reduce_op != b->reduce_op;
+    case 4: return a->root_rank != b->root_rank;
+    case 5: return a->prescale != b->prescale || a->postscale != b->postscale;
+    default: return a->process_set != b->process_set;
+    }
+}
+
+/* The first field on which the submitting ranks disagree, as a message; NULL if none. */
+static char *check_agreement(engine_t *e, const pending_t *p) {
+    const meta_t *ref = &p->metas[p->ref];
+    for (int f = 0; f < 7; f++) {
+        int bad = 0;
+        for (int r = 0; r < e->size; r++) bad |= p->have[r] && field_differs(ref, &p->metas[r], f);
+        if (!bad) continue;
+        char msg[HVDL_MSG_BYTES], val[256];
+        describe_value(ref, f, val, sizeof val);
+        int n = snprintf(msg, sizeof msg, "%s '%s': ranks disagree on %s: rank %d has %s",
+                         name_of(OP_NAMES, 7, ref->op), p->name, FIELD_NAMES[f], p->ref, val);
+        for (int r = 0, shown = 0; r < e->size && n < (int)sizeof msg - 64; r++) {
+            if (!p->have[r] || !field_differs(ref, &p->metas[r], f)) continue;
+            if (++shown > 6) { n += snprintf(msg + n, sizeof msg - (size_t)n, ", ..."); break; }
+            describe_value(&p->metas[r], f, val, sizeof val);
+            n += snprintf(msg + n, sizeof msg - (size_t)n, ", rank %d has %s", r, val);
+        }
+        return strdup(msg);
+    }
+    return NULL;
+}
+
+/* ---- readiness ---- */
+
+static void make_ready(coordinator_t *c, pending_t *p) {
+    strmap_del(&c->pending, p->name);
+    p->next = NULL;
+    if (c->ready_tail) c->ready_tail->next = p;
+    else c->ready_head = p;
+    c->ready_tail = p;
+}
+
+/* A name is ready when every member of its set has submitted it. A member that has
+ * joined counts as present for allreduce (it contributes zeros); for any other op it
+ * never will be, so the op fails rather than wait forever. */
+static void maybe_ready(engine_t *e, pending_t *p) {
+    coordinator_t *c = e->coord;
+    const meta_t *m = &p->metas[p->ref];
+    group_t *g = e->sets[m->process_set];
+    if (!g) return;                     /* rank 0 has not registered this set yet */
+    char joined_missing[256] = "";
+    int k = 0;
+    for (int i = 0; i < g->n; i++) {
+        int r = g->ranks[i];
+        if (p->have[r]) continue;
+        if (!c->joined[r] || m->op == HVDL_OP_JOIN) return;
+        if (m->op == HVDL_OP_ALLREDUCE) continue;
+        k += snprintf(joined_missing + k, sizeof joined_missing - (size_t)k, k ? ", %d" : "%d", r);
+        if (k >= (int)sizeof joined_missing - 16) break;
+    }
+    if (k) {
+        char msg[HVDL_MSG_BYTES];
+        snprintf(msg, sizeof msg, "%s '%s': ranks [%s] have called join(); only allreduce can "
+                 "run until every rank has joined", name_of(OP_NAMES, 7, m->op), p->name, joined_missing);
+        p->error = strdup(msg);
+    } else {
+        p->error = check_agreement(e, p);
+    }
+    make_ready(c, p);
+}
+
+static void rescan(engine_t *e) {
+    strmap_t *pm = &e->coord->pending;
+    /* strmap_del leaves tombstones in place, so walking the slots while deleting is safe */
+    for (int i = 0; i < pm->cap; i++)
+        if (pm->vals && pm->vals[i]) maybe_ready(e, pm->vals[i]);
+}
+
+int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
+                       const int64_t *splits, int nsplits) {
+    coordinator_t *c = e->coord;
+    pending_t *p = strmap_get(&c->pending, name);
+    if (!p) {
+        p = calloc(1, sizeof *p);
+        if (!p || !(p->name = strdup(name)) ||
+            !(p->metas = calloc((size_t)e->size, sizeof *p->metas)) ||
+            !(p->have = calloc((size_t)e->size, 1)) ||
+            !(p->have_at = calloc((size_t)e->size, sizeof(double))) || strmap_put(&c->pending, name, p)) {
+            if (p) pending_free(p);
+            return hvdl__oom(e, "request record", (int64_t)e->size * (int64_t)sizeof(meta_t));
+        }
+        p->ref = from;
+        p->first_at = hvdl_now();
+    }
+    if (p->have[from]) return 0;   /* refused at enqueue; never twice in flight */
+    p->have[from] = 1;
+    p->have_at[from] = hvdl_now();
+    p->metas[from] = *m;
+    p->count++;
+    if (splits) {
+        if (!p->splits && !(p->splits = calloc((size_t)e->size * (size_t)e->size, 8)))
+            return hvdl__oom(e, "alltoall split table", 8 * (int64_t)e->size * e->size);
+        memcpy(p->splits + (int64_t)from * e->size, splits, 8 * (size_t)nsplits);
+    }
+    if (m->op == HVDL_OP_JOIN && m->process_set == 0) {
+        c->joined[from] = 1;
+        c->last_joined = from;
+        maybe_ready(e, p);
+        rescan(e);    /* a join may complete others' allreduces */
+        return 0;
+    }
+    maybe_ready(e, p);
+    return 0;
+}
+
+
+/* A worker's request list: unchanged requests by cache id, then the full ones. */
+int hvdl__coordinator_take(engine_t *e, int from, const request_list_t *l, const char **why) {
+    *why = NULL;
+    for (int i = 0; i < l->nhits; i++) {
+        if (l->hits[i] >= (uint32_t)e->ncache) {
+            *why = "a cache bit for an entry that does not exist";
+            return -1;
+        }
+        meta_t m = hvdl__cache_meta_for(e, (int)l->hits[i], from);
+        if (hvdl__coord_record(e, from, e->cache[l->hits[i]].name, &m, NULL, 0)) return -1;
+    }
+    for (int i = 0; i < l->nfull; i++) {
+        const request_t *q = &l->full[i];
+        if (hvdl__coord_record(e, from, q->name, &q->meta, q->splits, (int)q->nsplits)) return -1;
+    }
+    return 0;
+}
+
+/* ---- planning ---- */
+
+static int build_response(engine_t *e, response_t *r, pending_t *group, int n) {
+    coordinator_t *c = e->coord;
+    pending_t *first = group;
+    const group_t *g = e->sets[first->metas[first->ref].process_set];
+    memset(r, 0, sizeof *r);
+    r->kind = first->error ? RESP_ERROR : RESP_OK;
+    r->meta = first->metas[first->ref];
+    r->error = first->error;
+    first->error = NULL;
+    if (hvdl__response_alloc(r, n, g->n, r->meta.op)) return hvdl__oom(e, "response", n);
+    r->received_at = hvdl_now();
+    if (TL_ON(e) && !(r->ready_at = calloc((size_t)n * (size_t)e->size, sizeof(double))))
+        return hvdl__oom(e, "response trace", (int64_t)n * e->size * 8);
+    pending_t *p = group;
+    for (int i = 0; i < n; i++, p = p->next) {
+        r->metas[i] = p->metas[p->ref];
+        if (r->ready_at) memcpy(r->ready_at + (int64_t)i * e->size, p->have_at, sizeof(double) * (size_t)e->size);
+        if (!(r->names[i] = strdup(p->name))) return hvdl__oom(e, "tensor name", (int64_t)strlen(p->name));
+        r->ntensors++;
+        for (int k = 0; r->dim0 && k < g->n; k++)
+            r->dim0[(int64_t)i * g->n + k] = p->metas[g->ranks[k]].shape[0];
+    }
+    for (int a = 0; r->matrix && a < g->n; a++)
+        for (int b = 0; b < g->n; b++)
+            r->matrix[a * g->n + b] = first->splits[(int64_t)g->ranks[a] * e->size + b];
+    if (r->meta.op == HVDL_OP_JOIN && r->kind == RESP_OK) {
+        r->meta.root_rank = c->last_joined;      /* what join() returns */
+        memset(c->joined, 0, (size_t)e->size);
+    }
+    return 0;
+}
+
+/* Everything ready, as responses in execution order; rank 0's cache is updated as each
+ * is planned, exactly as every worker's will be when it receives them. */
+int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
+    coordinator_t *c = e->coord;
+    *out = NULL;
+    *count = 0;
+    if (atomic_exchange(&e->sets_changed, 0)) rescan(e);
+    if (!c->ready_head) return 0;
+    int nresp = 0, cap = 16, rc = 0;
+    response_t *rs = calloc((size_t)cap, sizeof *rs);
+    if (HVDL_INJECT(e, INJ_PLAN_ALLOC) || !rs) { free(rs); return hvdl__oom(e, "response plan", (int64_t)sizeof *rs * cap); }
+    while (c->ready_head && !rc) {
+        if (nresp == cap) {
+            response_t *r2 = realloc(rs, sizeof *rs * (size_t)cap * 2);
+            if (!r2) { rc = hvdl__oom(e, "response plan", (int64_t)sizeof *rs * cap * 2); break; }
+            rs = r2;
+            cap *= 2;
+        }
+        int n;
+        pending_t *group = hvdl__fusion_take(e, &n);
+        rc = build_response(e, &rs[nresp], group, n) || hvdl__cache_assign(e, &rs[nresp]);
+        nresp++;
+        for (pending_t *p = group, *next; p; p = next) { next = p->next; pending_free(p); }
+    }
+    if (rc) {
+        for (int i = 0; i < nresp; i++) hvdl__response_free(&rs[i]);
+        free(rs);
+        return -1;
+    }
+    *out = rs;
+    *count = nresp;
+    return 0;
+}
+
+int hvdl__coordinator_pending(engine_t *e) {
+    return e->coord && e->coord->pending.count > 0;
+}

@@ -1,0 +1,66 @@
+/*
+ * Failure injection, for testing only. HOROVODLIKE_TEST_INJECT=site[:rank[:nth]] makes
+ * the nth visit (default the first) of `rank` (default every rank) to the named site
+ * fail there, through the same path the real failure would take: the site records its
+ * own cause, and the tests check that every rank of the job reports that cause and that
+ * the job ends. Messages of an injected failure say it was injected.
+ *
+ * Sites (each is one line at the place that can really fail):
+ *   ring_alloc    the ring's staging buffer (allreduce_ring.c)
+ *   rd_alloc      recursive doubling's scratch buffer (allreduce_rd.c)
+ *   shm_attach    attaching the node's shared-memory segment at start-up (shm.c)
+ *   tcp_send      a data send to a peer (transport_tcp.c)
+ *   ctrl_send     a control frame to a peer (net.c)
+ *   fusion_alloc  the fusion buffer (exec.c)
+ *   output_alloc  an allgather or alltoall result (exec.c)
+ *   plan_alloc    rank 0 planning responses (coordinator.c)
+ *
+ * Cost when unset: one comparison per site visit (HVDL_INJECT).
+ */
+#include "internal.h"
+#include <stdlib.h>
+#include <string.h>
+
+static const char *SITES[INJ_NSITES] = {"", "ring_alloc", "rd_alloc", "shm_attach", "tcp_send",
+                                        "ctrl_send", "fusion_alloc", "output_alloc", "plan_alloc"};
+
+const char *hvdl__inject_site_name(int site) {
+    return site > INJ_NONE && site < INJ_NSITES ? SITES[site] : "";
+}
+
+int hvdl__inject_parse(const char *spec, config_t *c) {
+    c->inject_site = INJ_NONE;
+    c->inject_rank = -1;
+    c->inject_nth = 1;
+    size_t len = strcspn(spec, ":");
+    int site = INJ_NONE;
+    for (int i = INJ_NONE + 1; i < INJ_NSITES; i++)
+        if (strlen(SITES[i]) == len && !strncmp(spec, SITES[i], len)) site = i;
+    if (site == INJ_NONE) return -1;
+    const char *p = spec + len;
+    char *end;
+    int rank = -1, nth = 1;
+    if (*p == ':') {
+        rank = (int)strtol(p + 1, &end, 10);
+        if (end == p + 1 || rank < 0) return -1;
+        p = end;
+    }
+    if (*p == ':') {
+        nth = (int)strtol(p + 1, &end, 10);
+        if (end == p + 1 || nth < 1) return -1;
+        p = end;
+    }
+    if (*p) return -1;
+    c->inject_site = site;
+    c->inject_rank = rank;
+    c->inject_nth = nth;
+    return 0;
+}
+
+/* Called when a site matches the configured one: whether this visit fails. */
+int hvdl__inject_fire(engine_t *e) {
+    if (e->cfg.inject_rank >= 0 && e->cfg.inject_rank != e->rank) return 0;
+    if (++e->inject_seen != e->cfg.inject_nth) return 0;
+    e->injected = 1;
+    return 1;
+}

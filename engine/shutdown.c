@@ -1,0 +1,73 @@
+/*
+ * Shutdown: any rank's shutdown is every rank's (as in Horovod).
+ *
+ * A rank that calls shutdown sends MSG_BYE to rank 0 (after announcing what it had
+ * enqueued); rank 0 answers the first goodbye, its own included, with MSG_BYE to every
+ * worker, and every rank then stops: its loop fails the unfinished ops with "shut down".
+ *
+ * Leaving is a handshake too: a worker half-closes its control connection as soon as
+ * rank 0's goodbye has stopped it, and rank 0 waits (up to the peer timeout) for every
+ * worker to do so, naming any that does not: a worker stopped while the job shuts down
+ * would otherwise keep its launcher waiting forever.
+ */
+#include "internal.h"
+#include <poll.h>
+#include <sys/socket.h>
+
+static int begin_shutdown(engine_t *e, int from) {
+    coordinator_t *c = e->coord;
+    if (c->shutdown_from >= 0) return 0;
+    c->shutdown_from = from;
+    e->stopped = 1;          /* first: a peer that already left is no loss now */
+    int32_t who = from;
+    for (int w = 1; w < e->size; w++)
+        if (!e->peers[w].ctrl.eof) hvdl__send_frame(e, w, MSG_BYE, &who, sizeof who);
+    return 0;
+}
+
+int hvdl__say_bye(engine_t *e) {
+    if (e->rank == 0) return begin_shutdown(e, 0);
+    int32_t me = e->rank;
+    return hvdl__send_frame(e, 0, MSG_BYE, &me, sizeof me);
+}
+
+int hvdl__bye_received(engine_t *e, int from) {
+    if (e->rank == 0) return begin_shutdown(e, from);
+    e->stopped = 1;          /* rank 0 says everyone stops */
+    return 0;
+}
+
+void hvdl__goodbye(engine_t *e) {
+    if (e->rank != 0) {
+        if (e->peers && e->peers[0].ctrl.fd >= 0) shutdown(e->peers[0].ctrl.fd, SHUT_WR);
+        return;
+    }
+    double deadline = hvdl_now() + e->cfg.peer_timeout;
+    struct pollfd pf[e->size];
+    int who[e->size];
+    for (;;) {
+        int n = 0;
+        for (int w = 1; w < e->size; w++) {
+            conn_t *c = &e->peers[w].ctrl;
+            if (c->fd < 0 || c->eof) continue;
+            pf[n] = (struct pollfd){c->fd, POLLIN, 0};
+            who[n++] = w;
+        }
+        double left = deadline - hvdl_now();
+        if (!n) return;
+        if (left <= 0) break;
+        if (poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) continue;
+        for (int i = 0; i < n; i++) {
+            conn_t *c = &e->peers[who[i]].ctrl;
+            if (pf[i].revents && hvdl__ctrl_read(e, who[i])) c->eof = 1;   /* it left */
+            c->rx.len = 0;                                         /* frames no longer matter */
+        }
+    }
+    for (int w = 1; w < e->size; w++) {
+        conn_t *c = &e->peers[w].ctrl;
+        if (c->fd < 0 || c->eof) continue;
+        hvdl__log(HVDL_LOG_ERROR, "rank %d (host %s) was lost: it did not finish shutting down within "
+                  "%.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is stopped or hung",
+                  w, e->peers[w].host, e->cfg.peer_timeout);
+    }
+}

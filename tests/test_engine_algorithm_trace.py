@@ -1,0 +1,48 @@
+"""The algorithm of a response is chosen once, run, and traced under the name chosen:
+on two (made-up) nodes of two ranks, the global allreduce and allgather run
+hierarchically and are traced as "hierarchical" (an allgather was once traced as
+"tcp"), broadcast and alltoall go over TCP as a chain and pairwise, and a set made of
+one node's ranks uses shared memory."""
+import json
+import os
+
+from harness import run_ranks
+
+SCRIPT = r'''
+import os, sys
+import numpy as np
+import horovodlike as hvd
+sets = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])]
+hvd.init(process_sets=sets)
+r = hvd.rank()
+local = sets[0] if r < 2 else sets[1]
+hvd.allreduce(np.ones(1 << 16, np.float32), name="ar")
+hvd.allgather(np.ones((r + 1, 3), np.float32), name="ag")
+hvd.broadcast(np.ones(10), root_rank=0, name="bc")
+hvd.alltoall(np.ones((4, 2), np.float32), name="a2a")
+hvd.allreduce(np.ones(100, np.float32), name="local", process_set=local)
+hvd.barrier()
+print("OK", flush=True)
+'''
+
+
+def test_traced_algorithm_is_the_one_chosen(tmp_path):
+    base = tmp_path / "tl.json"
+    res = run_ranks(SCRIPT, 4, env={"HOROVOD_TIMELINE": str(base)}, timeout=150,
+                    launcher_args=["-H", "a:2,b:2", "--ssh-command", "sh -c {command}"])
+    res.assert_ok(sentinel="OK")
+    with open(tmp_path / "tl.rank0.json") as f:
+        events = json.load(f)["traceEvents"]
+    algs = {}
+    for ev in events:
+        a = ev.get("args") or {}
+        if "algorithm" in a:
+            for t in a["tensors"]:
+                algs[t] = a["algorithm"]
+    want = {"allreduce.ar": "hierarchical", "allgather.ag": "hierarchical",
+            "broadcast.bc": "tcp_chain", "alltoall.a2a": "tcp_pairwise"}
+    for name, alg in want.items():
+        got = [v for k, v in algs.items() if k.endswith(name.split(".", 1)[1])]
+        assert got == [alg], f"{name}: traced {got}, chose {alg}; all: {algs}"
+    local = [v for k, v in algs.items() if "local" in k]
+    assert local == ["shm"], algs

@@ -1,0 +1,104 @@
+"""Injected failures (HOROVODLIKE_TEST_INJECT, for testing only): each named site in the
+engine fails for real on one rank, and every rank of the job must report that cause (the
+rank, the site's own reason, and that it was injected), the job must end without a hang,
+and no shared-memory segment may be left behind.
+
+The job runs on a made-up host name of its own, so the segment it would leave is known
+by name (the engine names it after the job's nonce and the host)."""
+import glob
+import os
+import uuid
+
+import pytest
+
+from harness import run_ranks
+
+NP = 3
+
+SCRIPT = r'''
+import os, sys
+import numpy as np
+import horovodlike as hvd
+op = os.environ["HVDTEST_OP"]
+try:
+    hvd.init()
+    r = hvd.rank()
+    if op == "big_allreduce":
+        hvd.allreduce(np.ones(1 << 20, np.float32), name="big")
+    elif op == "small_allreduce":
+        hvd.allreduce(np.ones(16, np.float32), name="small")
+    elif op == "fused":
+        hs = [hvd.allreduce_async(np.ones(1000, np.float32), name=f"f{i}") for i in range(6)]
+        for h in hs:
+            hvd.synchronize(h)
+    elif op == "allgather":
+        hvd.allgather(np.ones((r + 1, 3), np.float32), name="gather")
+    print("OP_OK", flush=True)
+    for i in range(3):                       # whatever was missed above fails here
+        hvd.allreduce(np.ones(1 << 18, np.float32), name=f"more{i}")
+    print("NOERROR", flush=True)
+except Exception as e:
+    print(f"ERR {type(e).__name__}: {e}", flush=True)
+'''
+
+# site, failing rank, extra environment, op, the site's own reason
+CASES = [
+    ("ring_alloc", 1, {"HOROVODLIKE_SHM": "0"}, "big_allreduce",
+     "out of memory for a 262144-byte ring staging buffer"),
+    ("rd_alloc", 2, {"HOROVODLIKE_SHM": "0"}, "small_allreduce",
+     "recursive-doubling scratch buffer"),
+    ("tcp_send", 1, {"HOROVODLIKE_SHM": "0"}, "big_allreduce", "sending data to rank 2 failed"),
+    ("shm_attach", 1, {}, "init", "could not set up the shared-memory segment"),
+    ("shm_attach", 0, {}, "init", "could not set up the shared-memory segment"),
+    ("ctrl_send", 2, {}, "small_allreduce", "sending a control frame to rank 0 failed"),
+    ("ctrl_send", 0, {}, "small_allreduce", "sending a control frame to rank"),
+    ("fusion_alloc", 0, {"HOROVODLIKE_SHM": "0", "HOROVOD_CYCLE_TIME": "20"}, "fused",
+     "out of memory for a"),
+    ("output_alloc", 2, {}, "allgather", "out of memory for a 72-byte allgather result"),
+    ("plan_alloc", 0, {}, "small_allreduce", "out of memory for a"),
+]
+
+
+def _fnv(s):
+    h = 1469598103934665603
+    for c in s.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+@pytest.mark.parametrize("site,victim,env,op,reason", CASES, ids=[f"{c[0]}@{c[1]}" for c in CASES])
+def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, reason):
+    host = f"inj{uuid.uuid4().hex[:8]}"
+    env = dict(env, HOROVODLIKE_TEST_INJECT=f"{site}:{victim}", HVDTEST_OP=op,
+               HOROVODLIKE_PEER_TIMEOUT_SECONDS="20")
+    res = run_ranks(SCRIPT, NP, env=env, timeout=90,
+                    launcher_args=["-H", f"{host}:{NP}", "--ssh-command", "sh -c {command}"])
+    lines = res.rank_lines()
+    for r in range(NP):
+        errs = [l for l in lines.get(r, []) if l.startswith("ERR ")]
+        assert errs, f"rank {r} reported no error\n{res.describe()}"
+        msg = errs[0]
+        assert f"rank {victim} (host {host}) failed: " in msg, f"rank {r}: {msg}\n{res.describe()}"
+        assert reason in msg, f"rank {r} does not name the cause: {msg}"
+        assert f"(injected by HOROVODLIKE_TEST_INJECT={site})" in msg, f"rank {r}: {msg}"
+    assert res.elapsed < 60, res.describe()
+    assert not glob.glob(f"/dev/shm/hvdl-*-{_fnv(host):016x}"), "a shared-memory segment was left"
+
+
+def test_malformed_spec_is_refused_loudly():
+    res = run_ranks(SCRIPT, 2, env={"HOROVODLIKE_TEST_INJECT": "no_such_site:1",
+                                   "HVDTEST_OP": "small_allreduce"}, timeout=60)
+    assert "is not site[:rank[:nth]] with a known site" in res.stderr, res.describe()
+    res.assert_ok(sentinel="NOERROR")
+
+
+def test_nth_visit_and_other_ranks_untouched():
+    """ring_alloc:0:2 fails rank 0 on its second ring allreduce, not the first."""
+    res = run_ranks(SCRIPT, NP, timeout=90,
+                    env={"HOROVODLIKE_TEST_INJECT": "ring_alloc:0:2", "HOROVODLIKE_SHM": "0",
+                         "HVDTEST_OP": "big_allreduce"})
+    lines = res.rank_lines()
+    for r in range(NP):
+        errs = [l for l in lines.get(r, []) if l.startswith("ERR ")]
+        assert "OP_OK" in lines.get(r, []), f"rank {r}: the first visit failed\n{res.describe()}"
+        assert errs and "rank 0 (host" in errs[0] and "ring staging buffer" in errs[0], res.describe()
