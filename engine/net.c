@@ -103,7 +103,7 @@ int hvdl__watch_control(engine_t *e, int timeout_ms) {
     int n = hvdl__control_fds(e, fds, ranks, e->size);
     struct pollfd pf[n + 1];
     for (int i = 0; i < n; i++) pf[i] = (struct pollfd){fds[i], POLLIN, 0};
-    if (n == 0 || poll(pf, (nfds_t)n, timeout_ms) <= 0) return e->failed ? -1 : 0;
+    if (n <= 0 || poll(pf, (nfds_t)n, timeout_ms) <= 0) return e->failed ? -1 : 0;
     for (int i = 0; i < n; i++)
         if (pf[i].revents && hvdl__control_readable(e, ranks[i])) return -1;
     return 0;
@@ -213,24 +213,35 @@ int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
 /* During start-up, before the loop reads control frames (clock sync reads them itself):
  * if a peer's control connection begins with an ABORT (a rank failed and says why),
  * take it and fail with its message (-1); anything else is left where it is. Waits up
- * to timeout_ms for one to arrive. */
+ * to timeout_ms for one to arrive, and for the rest of one whose header has arrived (a
+ * frame's header and payload are separate sends, so they can arrive apart). */
 int hvdl__startup_abort(engine_t *e, int timeout_ms) {
     struct pollfd pf[e->size];
     int ranks[e->size], fds[e->size];
     int n = hvdl__control_fds(e, fds, ranks, e->size);
-    for (int i = 0; i < n; i++) pf[i] = (struct pollfd){fds[i], POLLIN, 0};
-    if (n == 0 || poll(pf, (nfds_t)n, timeout_ms) <= 0) return 0;
-    for (int i = 0; i < n; i++) {
-        frame_hdr_t h;
-        char msg[sizeof h + HVDL_MSG_BYTES];
-        if (!(pf[i].revents & POLLIN) ||
-            recv(fds[i], &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof h ||
-            h.magic != WIRE_MAGIC || h.type != MSG_ABORT || h.len < 0 || h.len >= HVDL_MSG_BYTES)
-            continue;
-        ssize_t want = (ssize_t)(sizeof h + (size_t)h.len);
-        if (recv(fds[i], msg, (size_t)want, MSG_PEEK | MSG_DONTWAIT) != want) continue;
-        if (recv(fds[i], msg, (size_t)want, MSG_DONTWAIT) != want) continue;
-        return hvdl__abort_received(e, ranks[i], msg + sizeof h, h.len);
+    double deadline = hvdl_now() + timeout_ms * 1e-3;
+    if (n <= 0) return 0;
+    for (;;) {
+        for (int i = 0; i < n; i++) pf[i] = (struct pollfd){fds[i], POLLIN, 0};
+        double left = deadline - hvdl_now();
+        if (poll(pf, (nfds_t)n, left > 0 ? (int)(left * 1000) : 0) <= 0) return 0;
+        int partial = 0;
+        for (int i = 0; i < n; i++) {
+            frame_hdr_t h;
+            char msg[sizeof h + HVDL_MSG_BYTES];
+            if (!(pf[i].revents & POLLIN) ||
+                recv(fds[i], &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof h ||
+                h.magic != WIRE_MAGIC || h.type != MSG_ABORT || h.len < 0 || h.len >= HVDL_MSG_BYTES)
+                continue;
+            ssize_t want = (ssize_t)(sizeof h + (size_t)h.len);
+            if (recv(fds[i], msg, (size_t)want, MSG_PEEK | MSG_DONTWAIT) != want) {
+                partial = 1;          /* its payload is on the way */
+                continue;
+            }
+            if (recv(fds[i], msg, (size_t)want, MSG_DONTWAIT) != want) continue;
+            return hvdl__abort_received(e, ranks[i], msg + sizeof h, h.len);
+        }
+        if (!partial || hvdl_now() >= deadline) return 0;
+        usleep(200);
     }
-    return 0;
 }
