@@ -36,6 +36,9 @@ class Ours:
     def allreduce(self, x):
         self.ops.synchronize(self._submit(x, "bench"))
 
+    def allreduce_flag(self, x):          # a name of its own: its shape differs
+        self.ops.synchronize(self._submit(x, "bench.flag"))
+
     def step(self, grads):
         handles = [self._submit(g, f"grad.{i}") for i, g in enumerate(grads)]
         for h in handles:
@@ -126,6 +129,15 @@ class Horovod(Ours):
 IMPLS = {"ours": Ours, "mpi": Mpi, "gloo": Gloo, "deepspeed": DeepSpeed, "horovod": Horovod}
 
 
+def agree(impl, want):
+    """Whether any rank wants another sample; every rank gets the same answer, so every
+    rank runs the same number of ops (each rank's own clock would not agree on when the
+    budget ran out, and a rank that stopped early would leave its peers waiting)."""
+    flag = np.array([1.0 if want else 0.0], np.float32)
+    getattr(impl, "allreduce_flag", impl.allreduce)(flag)
+    return flag[0] > 0
+
+
 def timed(impl, fn, min_iters=5, max_iters=50, budget=1.0):
     if impl.size > (os.cpu_count() or 1):
         # Oversubscribed, a busy-polling peer can take seconds per call: fewer samples.
@@ -133,7 +145,8 @@ def timed(impl, fn, min_iters=5, max_iters=50, budget=1.0):
     for _ in range(1 if impl.size > (os.cpu_count() or 1) else 3):
         fn()
     samples, start = [], time.perf_counter()
-    while len(samples) < max_iters and (len(samples) < min_iters or time.perf_counter() - start < budget):
+    while agree(impl, len(samples) < max_iters and
+                (len(samples) < min_iters or time.perf_counter() - start < budget)):
         impl.barrier()
         t = time.perf_counter()
         fn()
