@@ -3,7 +3,6 @@
  * the few calls through which an algorithm reaches back into the engine (failure, trace).
  */
 #include "internal.h"
-#include <stdarg.h>
 #include <stdio.h>
 
 void hvdl__ctx_fill(engine_t *e) {
@@ -19,15 +18,6 @@ void hvdl__ctx_fill(engine_t *e) {
     e->ctx.tl_on = &e->tl_on;
     e->ctx.inject_site = e->cfg.inject_site;
     e->ctx.engine = e;
-}
-
-void hvdl__ctx_fail(ctx_t *c, int status, const char *fmt, ...) {
-    char msg[HVDL_MSG_BYTES];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    hvdl__fail_job(c->engine, status, "%s", msg);
 }
 
 int hvdl__ctx_oom(ctx_t *c, const char *what, int64_t bytes) {

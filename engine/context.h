@@ -90,10 +90,9 @@ typedef struct ctx {
 } ctx_t;
 
 /* Failure reporting: the one way an algorithm fails with a cause of its own (out of
- * memory...); the cause is the job's, so every rank reports it (hvdl__fail_job).
+ * memory); the cause is the job's, so every rank reports it (hvdl__oom, fail.c).
  * Failures inside the transport or a shm wait are reported where they happen; the
  * algorithm just returns -1. */
-void hvdl__ctx_fail(ctx_t *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int hvdl__ctx_oom(ctx_t *c, const char *what, int64_t bytes);   /* reports it; returns -1 */
 static inline int hvdl__ctx_tracing(const ctx_t *c) {
     return atomic_load_explicit(c->tl_on, memory_order_relaxed);
