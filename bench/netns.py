@@ -12,8 +12,12 @@ test's own, on the link it made; everything is removed on exit.
 import shutil
 import subprocess
 
-SUBNET = "10.231.77"
-BRIDGE = "hvdl-br"
+# Each TwoNodes claims a free index k by creating its bridge (creation fails if another
+# holds it), and names everything after it: bridge hvdl-br{k}, namespaces hvdl{k}-n1/-n2,
+# veths hvdl{k}v1/p1..., subnet 10.231.{k}.0/24. Two users at once (a benchmark beside
+# the tests) never touch each other's devices.
+SUBNET_PREFIX = "10.231"
+MAX_INDEX = 250
 
 
 def sh(*cmd, check=True):
@@ -31,36 +35,61 @@ def available():
 
 
 class TwoNodes:
-    def __init__(self, rate="1gbit", nodes=("hvdl-n1", "hvdl-n2")):
-        self.rate, self.nodes = rate, nodes
+    def __init__(self, rate="1gbit"):
+        self.rate, self.index, self.nodes = rate, None, ()
+
+    @property
+    def bridge(self):
+        return f"hvdl-br{self.index}"
+
+    @property
+    def subnet(self):
+        return f"{SUBNET_PREFIX}.{self.index}"
+
+    def _claim(self):
+        for k in range(1, MAX_INDEX + 1):
+            if sh("ip", "link", "add", f"hvdl-br{k}", "type", "bridge", check=False).returncode == 0:
+                return k
+        raise RuntimeError(f"no free fake-node index: hvdl-br1..hvdl-br{MAX_INDEX} all exist")
 
     def __enter__(self):
-        self.__exit__()
-        sh("ip", "link", "add", BRIDGE, "type", "bridge")
-        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
-        sh("ip", "link", "set", BRIDGE, "up")
+        self.index = self._claim()
+        self.nodes = (f"hvdl{self.index}-n1", f"hvdl{self.index}-n2")
+        try:
+            self._build()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _build(self):
+        k = self.index
+        sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
         for i, ns in enumerate(self.nodes, start=1):
-            inside, outside = f"hvdl-p{i}", f"hvdl-v{i}"
+            inside, outside = f"hvdl{k}p{i}", f"hvdl{k}v{i}"
             sh("ip", "netns", "add", ns)
             sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
             sh("ip", "link", "set", inside, "netns", ns)
-            sh("ip", "link", "set", outside, "master", BRIDGE)
+            sh("ip", "link", "set", outside, "master", self.bridge)
             sh("ip", "link", "set", outside, "up")
             run = ("ip", "netns", "exec", ns)
-            sh(*run, "ip", "addr", "add", f"{SUBNET}.{10 + i}/24", "dev", inside)
+            sh(*run, "ip", "addr", "add", f"{self.subnet}.{10 + i}/24", "dev", inside)
             sh(*run, "ip", "link", "set", inside, "up")
             sh(*run, "ip", "link", "set", "lo", "up")
             sh(*run, "tc", "qdisc", "add", "dev", inside, "root", "tbf", "rate", self.rate,
                "burst", "256kb", "latency", "50ms")
-        return self
 
     def __exit__(self, *exc):
-        for ns in self.nodes:
+        if self.index is None:
+            return
+        for ns in self.nodes:          # deleting a namespace deletes its veth pair too
             sh("ip", "netns", "del", ns, check=False)
-        sh("ip", "link", "del", BRIDGE, check=False)
+        sh("ip", "link", "del", self.bridge, check=False)
+        self.index = None
 
     def env(self):
-        return {"HOROVODLIKE_STORE_HOST": f"{SUBNET}.1"}
+        return {"HOROVODLIKE_STORE_HOST": f"{self.subnet}.1"}
 
     def launcher_args(self, per_node):
         hosts = ",".join(f"{ns}:{per_node}" for ns in self.nodes)

@@ -394,6 +394,7 @@ def test_two_hosts_with_two_ranks_each_connect_on_their_link_addresses():
     if why:
         pytest.skip(why)
     with netns.TwoNodes() as net:
+        subnet = net.subnet
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("HOROVOD_", "HOROVODLIKE_", "OMPI_COMM_WORLD", "PMI"))}
         env.update(LAUNCH_ENV, **net.env())
@@ -412,4 +413,4 @@ def test_two_hosts_with_two_ranks_each_connect_on_their_link_addresses():
     for line in results:
         assert "[6.0, 6.0, 6.0]" in line, line
         addresses = line.split("] ", 1)[1]
-        assert netns.SUBNET in addresses and "127.0.0.1" not in addresses, line
+        assert subnet in addresses and "127.0.0.1" not in addresses, line
