@@ -36,7 +36,9 @@
  * The former scheme, copy-in, barrier, reduce, barrier, copy-out, took 2P barriers.
  * Cost for S bytes: each rank copies S in, reduces S/L from L slots, copies S out: about
  * 4S bytes of cache traffic per rank, of which only reading the input and writing the
- * output reach DRAM. Synchronisation: S/(L*C) + 1 barriers.
+ * output reach DRAM. Average's 1/n is applied to each share by the rank that reduces it
+ * (S/L multiplies per rank, in cache), not by every rank over its whole output (S).
+ * Synchronisation: S/(L*C) + 1 barriers.
  *
  * Allreduce, one-shot (S <= one chunk): copy-in, one barrier, and every rank reduces all
  * L slots itself, in rank order so every rank gets bit-identical results. Cost: one
@@ -56,7 +58,7 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static int one_shot(ctx_t *c, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
-                    int dtype, int op) {
+                    int dtype, int op, double post) {
     int esz = hvdl_dtype_size(dtype), which = s->epoch++ & 1;
     memcpy(hvdl__shm_slot(s, s->me, which), in, (size_t)bytes);
     hvdl__shm_post(c);
@@ -64,6 +66,7 @@ static int one_shot(ctx_t *c, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, in
     memcpy(out, hvdl__shm_slot(s, 0, which), (size_t)bytes);
     for (int q = 1; q < s->nlocal; q++)
         hvdl__reduce(dtype, op, out, hvdl__shm_slot(s, q, which), bytes / esz);
+    hvdl__scale(dtype, out, bytes / esz, post);   /* while out is still in cache */
     return 0;
 }
 
@@ -76,15 +79,18 @@ static void share_of(int64_t len, int esz, int L, int j, int64_t *off, int64_t *
 }
 
 /* Two-shot step 2 for one piece: this rank's share of every rank's copy in slot `which`,
- * reduced in rank order into its result chunk. Returns the share's offset and size. */
-static void reduce_share(hvdl_shm_t *s, int64_t len, int dtype, int op, int which, int64_t *off,
-                         int64_t *n) {
+ * reduced in rank order into its result chunk and scaled by post there (Average's 1/n):
+ * each element is scaled once on the node, by its share's owner, and no pass over the
+ * output follows. Returns the share's offset and size. */
+static void reduce_share(hvdl_shm_t *s, int64_t len, int dtype, int op, double post, int which,
+                         int64_t *off, int64_t *n) {
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
     uint8_t *res = hvdl__shm_slot(s, s->me, which) + L * s->chunk;
     share_of(len, esz, L, s->me, off, n);
     memcpy(res, hvdl__shm_slot(s, 0, which) + *off, (size_t)*n);
     for (int q = 1; q < L; q++)
         hvdl__reduce(dtype, op, res, hvdl__shm_slot(s, q, which) + *off, *n / esz);
+    hvdl__scale(dtype, res, *n / esz, post);
 }
 
 /* Step 3 for one piece: every rank's result chunk into place. */
@@ -149,7 +155,8 @@ static void copy_out(io_t *io, hvdl_shm_t *s, int which, int64_t lo, int64_t len
 /* The pipelined two-shot (see the top of the file): P pieces, P + 1 barriers. Round k
  * copies piece k - 2's results out, reduces this rank's share of piece k - 1 and copies
  * piece k in, then arrives at barrier k. */
-static int two_shot(ctx_t *c, hvdl_shm_t *s, io_t *io, int64_t bytes, int dtype, int op) {
+static int two_shot(ctx_t *c, hvdl_shm_t *s, io_t *io, int64_t bytes, int dtype, int op,
+                    double post) {
     int esz = hvdl_dtype_size(dtype);
     int64_t piece = s->chunk * s->nlocal, P = (bytes + piece - 1) / piece, off, n;
     uint32_t e0 = s->epoch;
@@ -158,7 +165,7 @@ static int two_shot(ctx_t *c, hvdl_shm_t *s, io_t *io, int64_t bytes, int dtype,
 #define WHICH(k) (int)((e0 + (uint32_t)(k)) & 1)
     for (int64_t k = 0; k <= P; k++) {
         if (k >= 2) copy_out(io, s, WHICH(k - 2), (k - 2) * piece, LEN(k - 2), esz);
-        if (k >= 1) reduce_share(s, LEN(k - 1), dtype, op, WHICH(k - 1), &off, &n);
+        if (k >= 1) reduce_share(s, LEN(k - 1), dtype, op, post, WHICH(k - 1), &off, &n);
         if (k < P) copy_in(io, hvdl__shm_slot(s, s->me, WHICH(k)), k * piece, LEN(k));
         hvdl__shm_post(c);
         if (hvdl__shm_wait_all(c)) return -1;
@@ -169,13 +176,14 @@ static int two_shot(ctx_t *c, hvdl_shm_t *s, io_t *io, int64_t bytes, int dtype,
     return 0;
 }
 
-int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op) {
+int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op,
+                              double post) {
     int64_t total = 0;
     for (int i = 0; i < nspans; i++) total += v[i].nbytes;
     if (!total) return 0;
     io_t io = {NULL, NULL, v, nspans, {v, 0, 0}};
     while (io.at.i < nspans && v[io.at.i].nbytes == 0) io.at.i++;
-    return two_shot(c, c->shm, &io, total, dtype, op);
+    return two_shot(c, c->shm, &io, total, dtype, op, post);
 }
 
 /* The first half of hierarchical allreduce: this rank's reduced shares of every piece,
@@ -194,7 +202,7 @@ int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype
         /* No closing barrier: the result chunk is read by this rank alone, and the
          * copies it reduces from are written again only two pieces later, after barrier
          * k + 1, which every rank reaches once it has finished reducing piece k. */
-        reduce_share(s, len, dtype, op, which, &off, &n);
+        reduce_share(s, len, dtype, op, 1.0, which, &off, &n);
         if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n))
             return hvdl__ctx_oom(c, "hierarchical share buffer", out->len + n);
     }
@@ -225,14 +233,16 @@ int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t bytes, int dtype, co
 
 /* in may equal out; when it does not, the caller's input is read straight into the
  * segment and the result written straight to the output: no staging copy. */
-int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int dtype, int op) {
+int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int dtype, int op,
+                        double post) {
     hvdl_shm_t *s = c->shm;
     int64_t bytes = count * hvdl_dtype_size(dtype);
     if (!bytes) return 0;
     double t0 = hvdl_now();
     int one = bytes <= s->chunk;
     io_t io = {in, out, NULL, 0, {NULL, 0, 0}};
-    int rc = one ? one_shot(c, s, in, out, bytes, dtype, op) : two_shot(c, s, &io, bytes, dtype, op);
+    int rc = one ? one_shot(c, s, in, out, bytes, dtype, op, post)
+                 : two_shot(c, s, &io, bytes, dtype, op, post);
     if (!rc && hvdl__ctx_tracing(c))
         hvdl__ctx_span(c, one ? "SHM_ONE_SHOT" : "SHM_TWO_SHOT", t0, hvdl_now(), bytes);
     return rc;
@@ -285,7 +295,7 @@ int hvdl__allgather_shm(ctx_t *c, void *out, const int64_t *block_bytes) {
  * two. (Only if the output overlaps the own segment of the input, as an in-place call
  * would, is that chunk staged in the slot too.) Segments may differ in size. */
 int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
-                            int dtype, int op) {
+                            int dtype, int op, double post) {
     hvdl_shm_t *s = c->shm;
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
     int64_t off[L + 1], longest = 0, C = s->chunk;
@@ -316,6 +326,7 @@ int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, 
             if (q == 0) memcpy(dst, src, (size_t)n);
             else hvdl__reduce(dtype, op, dst, src, n / esz);
         }
+        hvdl__scale(dtype, dst, n / esz, post);   /* while the piece is in cache */
     }
     return 0;
 }

@@ -123,15 +123,19 @@ int hvdl__allgather_hier(ctx_t *c, void *out, const int64_t *block_bytes);
 int hvdl__alltoall_pairwise(ctx_t *c, const group_t *g, const void *in, const int64_t *send_bytes,
                             void *out, const int64_t *recv_bytes);
 /* collectives_shm.c: the group is every rank of this node */
-int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int dtype, int op);
+/* post multiplies the result (Average's 1/n, a postscale) inside the algorithm, where the
+ * data is in cache: 1.0 for none. */
+int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int dtype, int op,
+                        double post);
 typedef struct span { const void *in; void *out; int64_t nbytes; } span_t;
-int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op);
+int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op,
+                              double post);
 int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype, int op,
                              buf_t *out, int64_t *share_bytes);
 int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t bytes, int dtype, const void *shares);
 int hvdl__broadcast_shm(ctx_t *c, void *buf, int64_t bytes, int root);
 int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
-                            int dtype, int op);
+                            int dtype, int op, double post);
 int hvdl__alltoall_shm(ctx_t *c, const void *in, const int64_t *send_bytes, void *out,
                        const int64_t *recv_bytes, int64_t longest);
 int hvdl__allgather_shm(ctx_t *c, void *out, const int64_t *block_bytes);

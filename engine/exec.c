@@ -80,7 +80,7 @@ static const char *ALG_NAMES[ALG_COUNT] = {"", "shm", "tcp_ring", "tcp_recursive
 
 static int allreduce_with(engine_t *e, int alg, const group_t *g, void *buf, int64_t count, int dtype, int op) {
     switch (alg) {
-    case ALG_SHM: return hvdl__allreduce_shm(&e->ctx, buf, buf, count, dtype, op);
+    case ALG_SHM: return hvdl__allreduce_shm(&e->ctx, buf, buf, count, dtype, op, 1.0);
     case ALG_HIER: return hvdl__allreduce_hier(&e->ctx, buf, count, dtype, op);
     case ALG_RD: return hvdl__allreduce_rd(&e->ctx, g, buf, count, dtype, op);
     default: return hvdl__allreduce_ring(&e->ctx, g, buf, count, dtype, op);
@@ -100,10 +100,9 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
     reduce_params(g, m, &op, &post);
     if (n == 1) {
         if (m->prescale == 1.0 && alg == ALG_SHM) {
-            /* straight from the caller's input into shared memory and back out */
-            if (hvdl__allreduce_shm(&e->ctx, s->in, s->out, s->nbytes / esz, m->dtype, op)) return -1;
-            hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
-            return 0;
+            /* straight from the caller's input into shared memory and back out, scaled
+             * on the way (no pass over the output afterwards) */
+            return hvdl__allreduce_shm(&e->ctx, s->in, s->out, s->nbytes / esz, m->dtype, op, post);
         }
         if (s->out != s->in && s->nbytes) memcpy(s->out, s->in, (size_t)s->nbytes);
         hvdl__scale(m->dtype, s->out, s->nbytes / esz, m->prescale);
@@ -118,8 +117,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         span_t v[n];
         for (int i = 0; i < n; i++) v[i] = (span_t){s[i].in, s[i].out, s[i].nbytes};
         double t0 = hvdl_now();
-        if (hvdl__allreduce_shm_spans(&e->ctx, v, n, m->dtype, op)) return -1;
-        for (int i = 0; i < n; i++) hvdl__scale(m->dtype, s[i].out, s[i].nbytes / esz, post);
+        if (hvdl__allreduce_shm_spans(&e->ctx, v, n, m->dtype, op, post)) return -1;
         if (TL_ON(e)) {
             char args[64];
             snprintf(args, sizeof args, "\"bytes\": %lld, \"fused\": %d", (long long)total, n);
@@ -201,9 +199,7 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
     }
     if (alg == ALG_SHM) {
         /* each rank reduces its own segment straight from every rank's input */
-        if (hvdl__reducescatter_shm(&e->ctx, o->input, seg, o->output, m->dtype, op)) return -1;
-        hvdl__scale(m->dtype, o->output, seg[g->me] / esz, post);
-        return 0;
+        return hvdl__reducescatter_shm(&e->ctx, o->input, seg, o->output, m->dtype, op, post);
     }
     /* The ring reduces in place, and the caller's input must stay intact. */
     if (buf_reserve(&e->fusion, o->nbytes)) return hvdl__oom(e, "reducescatter buffer", o->nbytes);
