@@ -197,7 +197,15 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
         return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
     int nlocal = 0;
     for (int i = 0; i < size; i++) nlocal += !strcmp(e->peers[i].host, e->host);
-    e->spin_us = nlocal > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : e->cfg.spin_us;
+    /* Spinning pays only where the spinning thread does not hold a core that another
+     * thread of the op needs. Between ops, a rank's caller and its engine thread both
+     * take part (enqueue, negotiation, wake-up), so the loop's wait for control traffic
+     * and a caller's wait spin only where every rank's two threads have a core each;
+     * inside a shared-memory collective the callers sleep, so its barrier spins while
+     * every local rank has a core. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    e->spin_us = 2 * nlocal > cores ? 0 : e->cfg.spin_us;
+    e->shm_spin_us = nlocal > cores ? 0 : e->cfg.spin_us;
     if (build_nodes(e)) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     if (hvdl__shm_open(e) || hvdl__clock_sync(e))
         return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);

@@ -13,7 +13,7 @@ void hvdl__ctx_fill(engine_t *e) {
     e->ctx.tcp = e->tcp;
     e->ctx.chunk_bytes = e->cfg.chunk_bytes;
     e->ctx.shm = e->shm;
-    e->ctx.spin_us = e->spin_us;
+    e->ctx.spin_us = e->shm_spin_us;
     e->ctx.cross = e->cross;
     e->ctx.tl_on = &e->tl_on;
     e->ctx.inject_site = e->cfg.inject_site;

@@ -110,7 +110,8 @@ typedef struct engine {
     peer_t *peers;
     transport_t *tcp;
     hvdl_shm_t *shm;         /* NULL when this rank is alone on its node */
-    int spin_us;             /* look before sleeping (0 when ranks outnumber cores) */
+    int spin_us;             /* the loop's and a caller's waits look before sleeping (api.c) */
+    int shm_spin_us;         /* a shm barrier looks before sleeping (ctx.spin_us) */
     group_t *cross;          /* ranks with my local index on every node (hierarchical) */
     int nnodes;
     int *node;               /* node index of every rank (ctx.node) */

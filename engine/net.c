@@ -197,7 +197,8 @@ int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
     pf[n] = (struct pollfd){wake_fd, POLLIN, 0};
     /* A blocking wake-up costs tens of microseconds; the next request or response often
      * arrives sooner than that, so look without sleeping for a moment first (never when
-     * ranks outnumber cores: there a spinning thread steals its peer's core). */
+     * the ranks' threads outnumber cores: there a spinning thread steals a core that a
+     * peer's or its own caller's thread needs; api.c sets spin_us). */
     int ready = 0;
     if (e->spin_us > 0 && timeout_ms != 0) {
         double until = hvdl_now() + e->spin_us * 1e-6;

@@ -8,7 +8,6 @@
  * with 8 ranks on 2 cores, a waiter that spins steals the core its peers need.
  */
 #include "internal.h"
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,9 +193,13 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     op_t *o = lookup(e, h);
     pthread_mutex_unlock(&e->mu);
     if (!o) return hvdl__err(HVDL_ERR_INVALID, "unknown or released handle %lld", (long long)h);
-    for (int i = 0; i < 2000 && !atomic_load(&o->done); i++) {
-        if (i & 63) hvdl_pause();
-        else sched_yield();
+    /* Look before sleeping, for at most spin_us (api.c: 0 where this node's ranks'
+     * callers and engine threads outnumber its cores, as there the spinning caller would
+     * hold the core its own engine thread needs to finish the op). */
+    if (e->spin_us > 0 && !atomic_load(&o->done)) {
+        double until = hvdl_now() + e->spin_us * 1e-6;
+        while (!atomic_load(&o->done) && hvdl_now() < until)
+            for (int k = 0; k < 32; k++) hvdl_pause();
     }
     if (atomic_load(&o->done)) return HVDL_OK;
     struct timespec ts;
