@@ -206,6 +206,8 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     e->spin_us = 2 * nlocal > cores ? 0 : e->cfg.spin_us;
     e->shm_spin_us = nlocal > cores ? 0 : e->cfg.spin_us;
+    hvdl__log(HVDL_LOG_INFO, "rank %d waits spin %d us, shm barriers %d us (%d local ranks, %ld cores)",
+              rank, e->spin_us, e->shm_spin_us, nlocal, cores);
     if (build_nodes(e)) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     if (hvdl__shm_open(e) || hvdl__clock_sync(e))
         return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);

@@ -3,6 +3,7 @@ many pieces), the TCP ring (HOROVODLIKE_SHM=0, and across fake nodes), process s
 are exactly one node's ranks (shm) or straddle nodes (TCP), and 8 oversubscribed ranks.
 Sizes are odd, smaller than the rank count, and not multiples of the piece size."""
 import glob
+import os
 import textwrap
 
 import pytest
@@ -20,6 +21,13 @@ PATHS = RANK_PRELUDE + textwrap.dedent("""
             got = hvd.allreduce(x, op=hvd.Sum, name=f"sum.{size}.{np.dtype(dt).name}")
             check_close(got, exp.astype(dt), f"sum {size} {np.dtype(dt).name}",
                         rtol=1e-2 if dt == np.float16 else 1e-6, atol=0)
+        # Average: the shm path scales each reduced share inside the algorithm
+        for dt in (np.float32, np.float64, np.int32):
+            x = ((np.arange(size) % 7) + r).astype(dt)
+            exp = sum(((np.arange(size) % 7) + q).astype(np.float64) for q in range(n))
+            want = np.trunc(exp * (1.0 / n)) if dt == np.int32 else exp / n
+            got = hvd.allreduce(x, op=hvd.Average, name=f"avg.{size}.{np.dtype(dt).name}")
+            check_close(got, want.astype(dt), f"average {size} {np.dtype(dt).name}", rtol=1e-6, atol=0)
         x = (np.arange(size) * (r + 1)).astype(np.int64)
         check_equal(hvd.allreduce(x, op=hvd.Max, name=f"max.{size}"), np.arange(size) * n, f"max {size}")
         check_equal(hvd.allreduce(x, op=hvd.Min, name=f"min.{size}"), np.arange(size), f"min {size}")
@@ -35,6 +43,8 @@ PATHS = RANK_PRELUDE + textwrap.dedent("""
         lo = sum(share[:r])
         check_equal(hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{rows}"), exp[lo:lo + share[r]],
                     f"reducescatter {rows}")
+        check_close(hvd.reducescatter(x, op=hvd.Average, name=f"rsavg.{rows}"),
+                    exp[lo:lo + share[r]] / n, f"reducescatter average {rows}", rtol=1e-12, atol=0)
         splits = [((r + j) % 3) * (rows // 3 + 1) for j in range(n)]
         x = np.concatenate([np.full((splits[j], 2), r * 1000 + j, np.int32) for j in range(n)])
         out, got = hvd.alltoall(x, splits=splits, name=f"a2a.{rows}")
@@ -47,6 +57,11 @@ PATHS = RANK_PRELUDE + textwrap.dedent("""
           for i in range(40)]
     for i, h in enumerate(hs):
         check_equal(hvd.synchronize(h), np.full(1000 + i, n * i + n * (n - 1) / 2), f"fused {i}")
+    hs = [hvd.allreduce_async(np.full(1000 + i, i + r, np.float64), op=hvd.Average, name=f"fa{i}")
+          for i in range(40)]
+    for i, h in enumerate(hs):
+        check_close(hvd.synchronize(h), np.full(1000 + i, i + (n - 1) / 2), f"fused average {i}",
+                    rtol=1e-12, atol=0)
     finish()
 """)
 
@@ -65,6 +80,25 @@ def test_every_path_matches_numpy(env, np_):
 
 def test_eight_oversubscribed_ranks():
     run_ranks(PATHS, np=8, env={"HVDTEST": "8"}, timeout=280).assert_ok()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [1, 2, 8])
+def test_waits_spin_only_where_every_thread_has_a_core(np_):
+    """A waiting caller and the loop's wait spin only where each local rank's two threads
+    (caller and engine) have a core each; a shm barrier while each rank has one. On
+    fewer cores a spinning thread holds the core that its own engine thread needs."""
+    res = run_ranks(RANK_PRELUDE + "hvd.init()\nhvd.allreduce(np.ones(3), name='x')\nfinish()\n",
+                    np=np_, env={"HOROVOD_LOG_LEVEL": "info", "HOROVODLIKE_SPIN_US": "37"},
+                    timeout=100)
+    res.assert_ok()
+    cores = os.sysconf("SC_NPROCESSORS_ONLN")
+    lines = [ln for ln in res.stderr.splitlines() if " waits spin " in ln]
+    assert len(lines) == np_, res.stderr
+    for ln in lines:
+        want = (f"waits spin {0 if 2 * np_ > cores else 37} us, "
+                f"shm barriers {0 if np_ > cores else 37} us ({np_} local ranks, {cores} cores)")
+        assert want in ln, ln
 
 
 SETS = RANK_PRELUDE + textwrap.dedent("""
