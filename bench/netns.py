@@ -8,6 +8,10 @@ namespace's egress is shaped with tc's token bucket to `rate`. Ranks are started
 the namespaces by horovodlikerun's remote-command template (`ip netns exec {host} ...`),
 so they see only their own node's loopback and the shaped link. All addresses are the
 test's own, on the link it made; everything is removed on exit.
+
+Every name (namespaces, bridge, veths) starts with `prefix` and the link uses `subnet`:
+two users at once (a test and a benchmark) must pick different ones, or the second
+one's set-up removes the first one's namespaces.
 """
 import shutil
 import subprocess
@@ -31,23 +35,26 @@ def available():
 
 
 class TwoNodes:
-    def __init__(self, rate="1gbit", nodes=("hvdl-n1", "hvdl-n2")):
-        self.rate, self.nodes = rate, nodes
+    def __init__(self, rate="1gbit", prefix="hvdl", subnet=SUBNET):
+        assert len(prefix) <= 10, "interface names are at most 15 characters"
+        self.rate, self.prefix, self.subnet = rate, prefix, subnet
+        self.nodes = (f"{prefix}-n1", f"{prefix}-n2")
+        self.bridge = BRIDGE if prefix == "hvdl" else f"{prefix}-br"
 
     def __enter__(self):
         self.__exit__()
-        sh("ip", "link", "add", BRIDGE, "type", "bridge")
-        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
-        sh("ip", "link", "set", BRIDGE, "up")
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
         for i, ns in enumerate(self.nodes, start=1):
-            inside, outside = f"hvdl-p{i}", f"hvdl-v{i}"
+            inside, outside = f"{self.prefix}-p{i}", f"{self.prefix}-v{i}"
             sh("ip", "netns", "add", ns)
             sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
             sh("ip", "link", "set", inside, "netns", ns)
-            sh("ip", "link", "set", outside, "master", BRIDGE)
+            sh("ip", "link", "set", outside, "master", self.bridge)
             sh("ip", "link", "set", outside, "up")
             run = ("ip", "netns", "exec", ns)
-            sh(*run, "ip", "addr", "add", f"{SUBNET}.{10 + i}/24", "dev", inside)
+            sh(*run, "ip", "addr", "add", f"{self.subnet}.{10 + i}/24", "dev", inside)
             sh(*run, "ip", "link", "set", inside, "up")
             sh(*run, "ip", "link", "set", "lo", "up")
             sh(*run, "tc", "qdisc", "add", "dev", inside, "root", "tbf", "rate", self.rate,
@@ -57,10 +64,10 @@ class TwoNodes:
     def __exit__(self, *exc):
         for ns in self.nodes:
             sh("ip", "netns", "del", ns, check=False)
-        sh("ip", "link", "del", BRIDGE, check=False)
+        sh("ip", "link", "del", self.bridge, check=False)
 
     def env(self):
-        return {"HOROVODLIKE_STORE_HOST": f"{SUBNET}.1"}
+        return {"HOROVODLIKE_STORE_HOST": f"{self.subnet}.1"}
 
     def launcher_args(self, per_node):
         hosts = ",".join(f"{ns}:{per_node}" for ns in self.nodes)

@@ -262,7 +262,9 @@ def main():
             print(f"\nshaped-link comparison skipped: {why}")
         else:
             try:
-                with netns.TwoNodes(rate=args.rate) as net:
+                # names and subnet of its own: the tests' shaped link may be up meanwhile
+                with netns.TwoNodes(rate=args.rate, prefix="hvsb",
+                                    subnet="10.231.78") as net:
                     netns_table = summarize(collect(
                         [i for i in ("do", "zero2", "hybrid") if i in wanted], args,
                         net.launcher_args(args.np // 2), net.env(), tag="netns "))
