@@ -146,7 +146,8 @@ def collect_netns(rounds, budget, timeout, nbytes=16 << 20):
     if why:
         return {}, [f"hierarchical-vs-flat skipped: {why}"]
     samples = {}
-    with netns.TwoNodes(rate="1gbit") as net:
+    # names and subnet of its own: the tests' shaped link may be up meanwhile
+    with netns.TwoNodes(rate="1gbit", prefix="hvrb", subnet="10.231.79") as net:
         for rnd in range(rounds):
             for alg in (("ring", "hier") if rnd % 2 == 0 else ("hier", "ring")):
                 out = run_job("ours", 4, ["--case", "sizes", "--sizes", str(nbytes),
