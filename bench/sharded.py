@@ -8,11 +8,15 @@ AdamW) under
   hybrid    ... stage 2, shard_size = ranks per node (MiCS)
   torchzero torch's ZeroRedundancyOptimizer with DistributedDataParallel over gloo
 
-in ONE invocation, each in its own processes, alternating the order every round. With
---netns it also runs zero2 against hybrid (and do) on two fake nodes of np/2 ranks joined
-by a tc-shaped link (bench/netns.py; needs root and iproute2).
+in ONE invocation, each in its own processes, alternating the order every round. On one
+host, hybrid needs several nodes: it runs on two fake nodes of np/2 ranks over loopback
+TCP, alternated with do and zero2 on the same fake nodes (rows "... 2 fake nodes"), so
+that it is compared on its own topology. With --netns it also runs zero2 against hybrid
+(and do) on two fake nodes joined by a tc-shaped link of --rate (bench/netns.py; needs
+root and iproute2), and prints the bytes each sends across the link per step.
 
     python bench/sharded.py --np 4 --rounds 2 [--netns] [--plot docs/sharded_bench.png]
+    python bench/sharded.py --np 4 --rounds 3 --netns-only --impls zero2,hybrid --rate 100mbit
 """
 import argparse
 import importlib.util
@@ -32,6 +36,7 @@ IMPLS = ["do", "zero1", "zero2", "hybrid", "torchzero"]
 LABELS = {"do": "DistributedOptimizer", "zero1": "Sharded stage 1 (S=n)",
           "zero2": "Sharded stage 2 (S=n)", "hybrid": "Sharded stage 2 (S=local)",
           "torchzero": "torch ZeroRedundancyOptimizer (gloo)"}
+FAKE = " @ 2 fake nodes"            # suffix of the one-host rows run on fake nodes
 
 
 def load_example():
@@ -155,28 +160,58 @@ def print_table(title, table):
     print("| optimizer | optimizer state per rank | peak RSS per rank | step time |")
     print("|---|---|---|---|")
     for impl, (state, rss, step) in table.items():
-        print(f"| {LABELS[impl]} | {state:.1f} MiB | {rss:.0f} MiB | {step:.0f} ms |")
+        print(f"| {label(impl)} | {state:.1f} MiB | {rss:.0f} MiB | {step:.0f} ms |")
 
 
-def plot(path, table, netns_table):
+def label(key):
+    impl, fake, _ = key.partition(FAKE)
+    return LABELS[impl] + (", 2 fake nodes (TCP)" if fake else "")
+
+
+def link_bytes(nbytes, np_, nodes=2):
+    """Bytes each node sends across the link per step, for a model of nbytes gradients
+    (float32, as the buffers are padded: close enough), n ranks on `nodes` nodes of
+    L = n / nodes: full sharding reduce-scatters in one flat TCP ring over every rank
+    ((n-1)/n B per crossing) and all-gathers hierarchically ((N-1)/N B per node);
+    hybrid all-reduces the 1/L shard across nodes (L ranks x 2 (N-1)/N B/L);
+    DistributedOptimizer's hierarchical all-reduce moves 2 (N-1)/N B per node."""
+    n, N = np_, nodes
+    return {"zero2": (n - 1) / n * nbytes + (N - 1) / N * nbytes,
+            "hybrid": 2 * (N - 1) / N * nbytes, "do": 2 * (N - 1) / N * nbytes}
+
+
+def rate_bytes_per_s(rate):
+    """tc's rate (e.g. 1gbit, 100mbit) as TCP payload bytes/s: tbf counts whole Ethernet
+    frames, 1514 bytes for 1448 of payload."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1}
+    for u, f in units.items():
+        if rate.lower().endswith(u):
+            return float(rate[:-len(u)]) * f / 8 * 1448 / 1514
+    raise ValueError(f"rate {rate!r}: expected e.g. 100mbit or 1gbit")
+
+
+def plot(path, table, netns_tables):
+    """netns_tables: [(rate, table)], one panel each."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [("optimizer state per rank (MiB)", 0, table), ("step time, one node (ms)", 2, table)]
-    if netns_table:
-        panels.append(("step time, 2 nodes over 1 Gbit/s (ms)", 2, netns_table))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
+    one = {k: v for k, v in table.items() if FAKE not in k}
+    fake = {k: v for k, v in table.items() if FAKE in k}
+    state = dict(one, **{k: v for k, v in fake.items() if k.startswith("hybrid")})
+    panels = [("optimizer state per rank (MiB)", 0, state),
+              ("step time, one host (ms)", 2, one)]
+    if fake:
+        panels.append(("step time, 2 fake nodes\nover loopback TCP (ms)", 2, fake))
+    for rate, tab in netns_tables:
+        panels.append((f"step time, 2 nodes over a\n{rate} shaped link (ms)", 2, tab))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8))
     for ax, (title, col, tab) in zip(axes, panels):
         names = list(tab)
-        # on one host, hybrid runs on 2 fake nodes over loopback TCP (see main)
-        label = {}
-        if tab is table:
-            label = {"hybrid": "Sharded stage 2\n(S=local, 2 fake\nnodes, TCP)"}
-        ax.barh([label.get(n, LABELS[n].replace(" (", "\n(")) for n in names],
+        ax.barh([LABELS[n.partition(FAKE)[0]].replace(" (", "\n(") for n in names],
                 [tab[n][col] for n in names], color="#4c72b0")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9)
         ax.invert_yaxis()
-        ax.tick_params(labelsize=8)
+        ax.tick_params(labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -213,8 +248,11 @@ def main():
         fake = ["-H", f"a:{args.np // 2},b:{args.np // 2}", "--ssh-command",
                 "sh -c {command}"]
         if "hybrid" in wanted:
-            table["hybrid"] = summarize(collect(["hybrid"], args, fake,
-                                                tag="fake nodes "))["hybrid"]
+            # hybrid's own topology, with do and zero2 on it as the reference
+            on_fake = [i for i in ("do", "zero2", "hybrid") if i in wanted]
+            for impl, row in summarize(collect(on_fake, args, fake,
+                                               tag="fake nodes ")).items():
+                table[impl + FAKE] = row
         print_table(f"{args.np} ranks on one host, batch {args.batch}x{args.seq} tokens "
                     f"per rank", table)
     if args.netns or args.netns_only:
@@ -224,12 +262,23 @@ def main():
             print(f"\nshaped-link comparison skipped: {why}")
         else:
             try:
+                # TwoNodes claims names and a subnet of its own: the tests' may be up
                 with netns.TwoNodes(rate=args.rate) as net:
                     netns_table = summarize(collect(
                         [i for i in ("do", "zero2", "hybrid") if i in wanted], args,
                         net.launcher_args(args.np // 2), net.env(), tag="netns "))
                 print_table(f"2 nodes x {args.np // 2} ranks, {args.rate} shaped link",
                             netns_table)
+                nbytes = 4 * sum(p.numel() for p in load_example().TransformerLM(
+                    seq=args.seq).parameters())
+                print(f"\npredicted link time per step ({nbytes / 1e6:.1f} MB of float32 "
+                      f"gradients, {rate_bytes_per_s(args.rate) / 1e6:.2f} MB/s of TCP "
+                      f"payload per direction):")
+                for impl, b in link_bytes(nbytes, args.np).items():
+                    if impl in netns_table:
+                        print(f"  {label(impl)}: {b / 1e6:.1f} MB per node and direction, "
+                              f"{b / rate_bytes_per_s(args.rate) * 1e3:.0f} ms; measured "
+                              f"step {netns_table[impl][2]:.0f} ms")
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 print(f"\nshaped-link comparison failed: {str(e)[:3000]}")
     saved = {}
@@ -239,12 +288,16 @@ def main():
     if table:
         saved["one_node"] = {"command": " ".join(sys.argv), "table": table}
     if netns_table:
-        saved["netns"] = {"command": " ".join(sys.argv), "table": netns_table}
+        saved.pop("netns", None)        # the old format, for one rate
+        saved[f"netns {args.rate}"] = {"command": " ".join(sys.argv), "table": netns_table}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(saved, f, indent=1)
     if args.plot and "one_node" in saved:
-        plot(args.plot, saved["one_node"]["table"], saved.get("netns", {}).get("table"))
+        rates = sorted((k.split(" ", 1)[1] for k in saved if k.startswith("netns ")),
+                       key=lambda r: -rate_bytes_per_s(r))
+        plot(args.plot, saved["one_node"]["table"],
+             [(r, saved[f"netns {r}"]["table"]) for r in rates])
 
 
 if __name__ == "__main__":

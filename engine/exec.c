@@ -6,7 +6,9 @@
  * packed into the persistent fusion buffer (MEMCPY_IN), reduced as one buffer and
  * unpacked (MEMCPY_OUT), trading two local copies for one collective's latency per
  * tensor. A response with one tensor is reduced in the caller's output buffer directly,
- * with no staging copy at all when input and output are the same buffer.
+ * with no staging copy at all when input and output are the same buffer; so is a response
+ * whose tensors are all in place and lie back to back in one buffer (the gradient shards
+ * of consecutive buckets of the sharded optimizer), since they already are one.
  *
  * A rank that has called join() executes allreduces it never submitted, with zeros of
  * the agreed size, so the others' sums are unchanged.
@@ -94,6 +96,19 @@ static void *alloc_output(int64_t n) {
     return posix_memalign(&p, 64, (size_t)(n ? n : 1)) ? NULL : p;
 }
 
+/* The start of the one buffer that n in-place tensors fill back to back, in order, or
+ * NULL. Empty tensors may lie anywhere: they hold nothing. */
+static uint8_t *one_buffer(const slot_t *s, int n) {
+    uint8_t *start = NULL, *end = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!s[i].nbytes) continue;
+        if (s[i].in != s[i].out || (end && (uint8_t *)s[i].out != end)) return NULL;
+        if (!start) start = s[i].out;
+        end = (uint8_t *)s[i].out + s[i].nbytes;
+    }
+    return start;
+}
+
 static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t *s, int n, int alg) {
     int op, esz = hvdl_dtype_size(m->dtype);
     double post;
@@ -123,6 +138,14 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
             snprintf(args, sizeof args, "\"bytes\": %lld, \"fused\": %d", (long long)total, n);
             hvdl__tl_span(e, TL_ALGORITHM, "SHM_TWO_SHOT_GATHER_SCATTER", t0, hvdl_now(), args);
         }
+        return 0;
+    }
+    uint8_t *one = one_buffer(s, n);
+    if (one) {
+        /* already fused where they lie: reduce there, as for one tensor */
+        hvdl__scale(m->dtype, one, total / esz, m->prescale);
+        if (allreduce_with(e, alg, g, one, total / esz, m->dtype, op)) return -1;
+        hvdl__scale(m->dtype, one, total / esz, post);
         return 0;
     }
     if (HVDL_INJECT(e, INJ_FUSION_ALLOC) || buf_reserve(&e->fusion, total)) return hvdl__oom(e, "fusion buffer", total);

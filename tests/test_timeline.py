@@ -202,3 +202,48 @@ def test_no_trace_without_the_variable(tmp_path):
     run_ranks(RANK_PRELUDE + "hvd.init()\nhvd.allreduce(np.ones(3), name='x')\nfinish()\n",
               np=2, cwd=str(tmp_path)).assert_ok()
     assert not list(tmp_path.glob("*.json"))
+
+
+BACK_TO_BACK = textwrap.dedent("""
+    import torch
+    import horovodlike.torch as hvd
+    hvd.init()
+    buf = torch.arange(4 * 3000, dtype=torch.float32) + hvd.rank()
+    views = buf.view(4, 3000)           # four tensors back to back in one buffer
+    # float64, so that they fuse among themselves and not with the views
+    apart = [torch.full((3000,), float(hvd.rank()), dtype=torch.float64) for _ in range(4)]
+    for step in range(3):
+        lead = hvd.allreduce_async_(torch.ones(8), name="lead")   # announced alone
+        hs = [hvd.allreduce_async_(v, name=f"view{i}") for i, v in enumerate(views)]
+        hs += [hvd.allreduce_async_(t, name=f"apart{i}") for i, t in enumerate(apart)]
+        for h in [lead] + hs:
+            hvd.synchronize(h)
+    assert torch.equal(buf, torch.arange(4 * 3000, dtype=torch.float32) + 0.5), buf
+    assert all(torch.equal(t, torch.full((3000,), 0.5, dtype=torch.float64)) for t in apart)
+    print("HVDTEST-OK", flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_fused_in_place_tensors_back_to_back_in_one_buffer_are_not_copied(tmp_path):
+    """The sharded optimizer all-reduces the gradient shards of consecutive buckets, in
+    place; they lie back to back in one buffer, so a fused allreduce of them reduces
+    that buffer where it is, without the fusion buffer's two copies (which tensors
+    apart still need)."""
+    base = tmp_path / "t.json"
+    res = run_ranks(BACK_TO_BACK, np=2, env={"HOROVOD_TIMELINE": str(base),
+                                             "HOROVODLIKE_ALLREDUCE_ALGORITHM": "ring",
+                                             "HOROVOD_CYCLE_TIME": "20"})
+    res.assert_ok()
+    for path in rank_files(base, 2):
+        xs = spans(load(path))
+        fused = [c for c in xs if c["name"] == "ALLREDUCE" and c["args"]["fused"] > 1]
+        views = [c for c in fused if all("view" in t for t in c["args"]["tensors"])]
+        apart = [c for c in fused if all("apart" in t for t in c["args"]["tensors"])]
+        assert views and apart, [c["args"]["tensors"] for c in fused]
+        copies = [e for e in xs if e["tid"] == 3]
+
+        def copied(c):
+            return [e for e in copies if c["ts"] - 0.2 <= e["ts"] <= c["ts"] + c["dur"] + 0.2]
+        assert all(copied(c) for c in apart), "fused tensors apart go through the fusion buffer"
+        assert not any(copied(c) for c in views), [copied(c) for c in views]
