@@ -19,6 +19,8 @@ from shapes import resnet50_gradient_shapes  # noqa: E402
 
 
 class Ours:
+    reduce_op = "SUM"     # --average: Average (Horovod's default op), ours only
+
     def __init__(self):
         import horovodlike as hvd
         from horovodlike.common import engine, ops
@@ -31,7 +33,7 @@ class Ours:
         return self.ops.submit((x,), lambda _: x, op=self.engine.ALLREDUCE, name=name,
                                dtype=self.engine.DTYPES["float32"], shape=x.shape,
                                input_ptr=x.ctypes.data, output_ptr=x.ctypes.data,
-                               reduce_op=self.engine.SUM)
+                               reduce_op=getattr(self.engine, self.reduce_op))
 
     def allreduce(self, x):
         self.ops.synchronize(self._submit(x, "bench"))
@@ -160,7 +162,13 @@ def main():
     ap.add_argument("--case", required=True, choices=["sizes", "resnet50", "idle"])
     ap.add_argument("--sizes", default="4096,65536,1048576,16777216,67108864,268435456")
     ap.add_argument("--budget", type=float, default=1.0)
+    ap.add_argument("--average", action="store_true",
+                    help="ours only: reduce with Average instead of Sum")
     args = ap.parse_args()
+    if args.average:
+        if args.impl != "ours":
+            ap.error("--average is for --impl ours (the peers' allreduce has no Average)")
+        Ours.reduce_op = "AVERAGE"
     impl = IMPLS[args.impl]()
     results = {}
     if args.case == "sizes":
