@@ -14,14 +14,16 @@
  */
 #include "context.h"
 
-int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op) {
+int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op, double post) {
     int64_t bytes = count * hvdl_dtype_size(dtype);
     if (!bytes) return 0;
     double t0 = hvdl_now();
     int64_t share;
     if (hvdl__shm_reduce_scatter(c, buf, bytes, dtype, op, &c->hier, &share)) return -1;
     double t1 = hvdl_now();
-    if (hvdl__allreduce_ring(c, c->cross, c->hier.data, share / hvdl_dtype_size(dtype), dtype, op))
+    /* the cross ring scales what it finishes (post), so step 3 copies scaled shares */
+    if (hvdl__allreduce_ring(c, c->cross, c->hier.data, share / hvdl_dtype_size(dtype), dtype, op,
+                             post))
         return -1;
     double t2 = hvdl_now();
     if (hvdl__shm_allgather_shares(c, buf, bytes, dtype, c->hier.data)) return -1;

@@ -12,7 +12,8 @@
  * the arithmetic overlaps the transfer and only one chunk of staging is needed.
  *
  * Cost for S bytes: 2(n-1) steps; every member sends and receives 2(n-1)/n * S bytes and
- * reduces (n-1)/n * S bytes; latency 2(n-1) * alpha. Bandwidth-optimal, so it is the
+ * reduces (n-1)/n * S bytes; latency 2(n-1) * alpha. A postscale (Average's 1/n) costs
+ * S/n multiplies per member: each scales its own segment between the two phases. Bandwidth-optimal, so it is the
  * choice for large buffers; small ones pay the 2(n-1) latency terms.
  * reducescatter is step 1 alone, with segments of the caller's row split.
  */
@@ -53,14 +54,24 @@ int hvdl__reduce_scatter_ring(ctx_t *c, const group_t *g, void *buf, const int64
     return 0;
 }
 
-int hvdl__allreduce_ring(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op) {
+int hvdl__allreduce_ring(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op,
+                         double post) {
     int n = g->n;
-    if (n == 1 || count == 0) return 0;
+    if (count == 0) return 0;
+    if (n == 1) {
+        hvdl__scale(dtype, buf, count, post);
+        return 0;
+    }
     int esz = hvdl_dtype_size(dtype);
     int64_t seg[n];
     for (int i = 0; i < n; i++) seg[i] = (count / n + (i < count % n)) * esz;   /* balanced */
     double t0 = hvdl_now();
     if (hvdl__reduce_scatter_ring(c, g, buf, seg, dtype, op)) return -1;
+    /* This member's segment is final: scale it once here (Average's 1/n) and the
+     * all-gather hands every member scaled data, with no pass over the whole buffer. */
+    int64_t mine = 0;
+    for (int i = 0; i < g->me; i++) mine += seg[i];
+    hvdl__scale(dtype, (uint8_t *)buf + mine, seg[g->me] / esz, post);
     double t1 = hvdl_now();
     if (hvdl__allgather_ring(c, g, buf, seg)) return -1;
     if (hvdl__ctx_tracing(c)) {

@@ -114,11 +114,14 @@ int hvdl__shm_wait_all(ctx_t *c);
 /* The collectives, one file each. Every member of the group calls with the same sizes. */
 int hvdl__reduce_scatter_ring(ctx_t *c, const group_t *g, void *buf, const int64_t *seg_bytes,
                               int dtype, int op);
-int hvdl__allreduce_ring(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op);
+/* post multiplies the result (1.0: none); the ring and hierarchical algorithms apply it
+ * to each segment once, where it is finished, not to the whole buffer afterwards. */
+int hvdl__allreduce_ring(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op,
+                         double post);
 int hvdl__allgather_ring(ctx_t *c, const group_t *g, void *out, const int64_t *block_bytes);
 int hvdl__broadcast_chain(ctx_t *c, const group_t *g, void *buf, int64_t nbytes, int root);
 int hvdl__allreduce_rd(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op);
-int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op);
+int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op, double post);
 int hvdl__allgather_hier(ctx_t *c, void *out, const int64_t *block_bytes);
 int hvdl__alltoall_pairwise(ctx_t *c, const group_t *g, const void *in, const int64_t *send_bytes,
                             void *out, const int64_t *recv_bytes);

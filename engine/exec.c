@@ -80,12 +80,18 @@ static int choose_algorithm(engine_t *e, const group_t *g, const response_t *r) 
 static const char *ALG_NAMES[ALG_COUNT] = {"", "shm", "tcp_ring", "tcp_recursive_doubling", "hierarchical",
                                            "tcp_chain", "tcp_pairwise", "negotiation"};
 
-static int allreduce_with(engine_t *e, int alg, const group_t *g, void *buf, int64_t count, int dtype, int op) {
+/* In place, result multiplied by post: inside the algorithm where it can be (each
+ * finished segment once), after it for recursive doubling (small buffers). */
+static int allreduce_with(engine_t *e, int alg, const group_t *g, void *buf, int64_t count, int dtype, int op,
+                          double post) {
     switch (alg) {
-    case ALG_SHM: return hvdl__allreduce_shm(&e->ctx, buf, buf, count, dtype, op, 1.0);
-    case ALG_HIER: return hvdl__allreduce_hier(&e->ctx, buf, count, dtype, op);
-    case ALG_RD: return hvdl__allreduce_rd(&e->ctx, g, buf, count, dtype, op);
-    default: return hvdl__allreduce_ring(&e->ctx, g, buf, count, dtype, op);
+    case ALG_SHM: return hvdl__allreduce_shm(&e->ctx, buf, buf, count, dtype, op, post);
+    case ALG_HIER: return hvdl__allreduce_hier(&e->ctx, buf, count, dtype, op, post);
+    case ALG_RD:
+        if (hvdl__allreduce_rd(&e->ctx, g, buf, count, dtype, op)) return -1;
+        hvdl__scale(dtype, buf, count, post);
+        return 0;
+    default: return hvdl__allreduce_ring(&e->ctx, g, buf, count, dtype, op, post);
     }
 }
 
@@ -121,9 +127,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         }
         if (s->out != s->in && s->nbytes) memcpy(s->out, s->in, (size_t)s->nbytes);
         hvdl__scale(m->dtype, s->out, s->nbytes / esz, m->prescale);
-        if (allreduce_with(e, alg, g, s->out, s->nbytes / esz, m->dtype, op)) return -1;
-        hvdl__scale(m->dtype, s->out, s->nbytes / esz, post);
-        return 0;
+        return allreduce_with(e, alg, g, s->out, s->nbytes / esz, m->dtype, op, post);
     }
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += s[i].nbytes;
@@ -144,9 +148,7 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
     if (one) {
         /* already fused where they lie: reduce there, as for one tensor */
         hvdl__scale(m->dtype, one, total / esz, m->prescale);
-        if (allreduce_with(e, alg, g, one, total / esz, m->dtype, op)) return -1;
-        hvdl__scale(m->dtype, one, total / esz, post);
-        return 0;
+        return allreduce_with(e, alg, g, one, total / esz, m->dtype, op, post);
     }
     if (HVDL_INJECT(e, INJ_FUSION_ALLOC) || buf_reserve(&e->fusion, total)) return hvdl__oom(e, "fusion buffer", total);
     uint8_t *f = e->fusion.data;
@@ -155,9 +157,8 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         if (s[i].nbytes) memcpy(f + at, s[i].in, (size_t)s[i].nbytes);
     hvdl__scale(m->dtype, f, total / esz, m->prescale);
     double t1 = hvdl_now();
-    if (allreduce_with(e, alg, g, f, total / esz, m->dtype, op)) return -1;
+    if (allreduce_with(e, alg, g, f, total / esz, m->dtype, op, post)) return -1;
     double t2 = hvdl_now();
-    hvdl__scale(m->dtype, f, total / esz, post);
     for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)
         if (s[i].nbytes) memcpy(s[i].out, f + at, (size_t)s[i].nbytes);
     if (TL_ON(e)) {
