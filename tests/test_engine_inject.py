@@ -28,7 +28,19 @@ try:
     elif op == "small_allreduce":
         hvd.allreduce(np.ones(16, np.float32), name="small")
     elif op == "fused":
-        hs = [hvd.allreduce_async(np.ones(1000, np.float32), name=f"f{i}") for i in range(6)]
+        # The six must reach rank 0's coordinator together, whatever the scheduling: an
+        # idle engine announces a request at once, so rank 0 first puts a gate in flight
+        # that the others join only later; its six then wait out one cycle and travel in
+        # one frame, after everyone else's, and become ready (and fuse) together.
+        import time
+        six = lambda: [hvd.allreduce_async(np.ones(1000, np.float32), name=f"f{i}") for i in range(6)]
+        gate = lambda: hvd.allreduce_async(np.ones(1, np.float32), name="gate")
+        if r == 0:
+            hs = [gate()] + six()
+        else:
+            hs = six()
+            time.sleep(1.0)
+            hs.append(gate())
         for h in hs:
             hvd.synchronize(h)
     elif op == "allgather":
