@@ -12,9 +12,10 @@
  * the arithmetic overlaps the transfer and only one chunk of staging is needed.
  *
  * Cost for S bytes: 2(n-1) steps; every member sends and receives 2(n-1)/n * S bytes and
- * reduces (n-1)/n * S bytes; latency 2(n-1) * alpha. A postscale (Average's 1/n) costs
- * S/n multiplies per member: each scales its own segment between the two phases. Bandwidth-optimal, so it is the
- * choice for large buffers; small ones pay the 2(n-1) latency terms.
+ * reduces (n-1)/n * S bytes; latency 2(n-1) * alpha. Bandwidth-optimal, so it is the
+ * choice for large buffers; small ones pay the 2(n-1) latency terms. A postscale
+ * (Average's 1/n) costs S/n multiplies per member: each scales its own segment between
+ * the two phases.
  * reducescatter is step 1 alone, with segments of the caller's row split.
  */
 #include "context.h"

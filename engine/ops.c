@@ -8,12 +8,12 @@
  * with 8 ranks on 2 cores, a waiter that spins steals the core its peers need.
  */
 #include "internal.h"
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <errno.h>
-#include <sched.h>
 
 /* ---- enqueue ---- */
 
@@ -202,13 +202,12 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
      * op's engine needs the core for the whole wait (2 ranks on 2 cores, in place, 4 KiB
      * and 1 MiB: 0.72x and 1.0x the time of not looking; a busy spin instead: 0.63x and
      * 1.4x). */
-    if (e->spin_us > 0 && !atomic_load(&o->done)) {
-        double until = hvdl_now() + e->spin_us * 1e-6;
-        while (!atomic_load(&o->done) && hvdl_now() < until)
-            for (int k = 0; k < 32; k++) hvdl_pause();
-    } else if (e->shm_spin_us > 0 && o->nbytes <= e->cfg.small_bytes && !atomic_load(&o->done)) {
-        double until = hvdl_now() + e->shm_spin_us * 1e-6;
-        while (!atomic_load(&o->done) && hvdl_now() < until) sched_yield();
+    int yield = e->spin_us <= 0;
+    int look_us = !yield ? e->spin_us : o->nbytes <= e->cfg.small_bytes ? e->shm_spin_us : 0;
+    for (double until = hvdl_now() + look_us * 1e-6; look_us > 0 && !atomic_load(&o->done) &&
+                                                     hvdl_now() < until;) {
+        if (yield) sched_yield();
+        else for (int k = 0; k < 32; k++) hvdl_pause();
     }
     if (atomic_load(&o->done)) return HVDL_OK;
     struct timespec ts;
