@@ -4,7 +4,9 @@
  * matched later against rank 0's responses) and travel to rank 0 in one MSG_REQUESTS
  * frame. A request whose name and metadata equal its response-cache entry travels as
  * one bit; any other travels in full (wire.c encodes). Rank 0 announces to its own
- * coordinator in memory.
+ * coordinator in memory. In a one-node job a request equal to its cache entry is posted
+ * in the segment instead (negotiate_shm.c), and goes through rank 0 only when rank 0
+ * has closed its id.
  */
 #include "internal.h"
 #include <stdlib.h>
@@ -12,8 +14,9 @@
 
 int hvdl__announce(engine_t *e) {
     buf_t full = {0};
-    int nwords = (e->ncache + 63) / 64, nfull = 0, rc = 0;
+    int nwords = (e->ncache + 63) / 64, nfull = 0, nbits = 0, ndone = 0, rc = 0;
     uint64_t *bits = calloc((size_t)nwords + 1, 8);
+    int *done = NULL;        /* ids this rank completed in the segment (negotiate_shm.c) */
     if (!bits) return hvdl__oom(e, "request bit vector", 8 * (int64_t)(nwords + 1));
     op_t *o;
     while ((o = hvdl__queue_pop(&e->unsent))) {
@@ -21,17 +24,28 @@ int hvdl__announce(engine_t *e) {
         hvdl__tl_count_step(e, o->name);
         if (o->meta.op == HVDL_OP_JOIN) e->joined = 1;
         int n = o->splits ? e->sets[o->meta.process_set]->n : 0;
+        int id = hvdl__cacheable(&o->meta) ? hvdl__cache_lookup(e, o->name) : -1;
+        if (id >= 0) {
+            meta_t cached = hvdl__cache_meta_for(e, id, e->rank);
+            if (!hvdl__cache_meta_equal(&cached, &o->meta)) id = -1;
+        }
+        int posted = id >= 0 ? hvdl__neg_post(e, id) : 0;
+        if (posted == 2) {
+            if (!done && !(done = malloc(sizeof(int) * (size_t)e->ncache))) {
+                rc = hvdl__oom(e, "completed requests", 4 * (int64_t)e->ncache);
+                break;
+            }
+            done[ndone++] = id;      /* ids are distinct: one op per name in flight */
+        }
+        if (posted) continue;
         if (e->rank == 0) {
             if ((rc = hvdl__coord_record(e, 0, o->name, &o->meta, o->splits, n))) break;
             continue;
         }
-        int id = hvdl__cacheable(&o->meta) ? hvdl__cache_lookup(e, o->name) : -1;
         if (id >= 0) {
-            meta_t cached = hvdl__cache_meta_for(e, id, e->rank);
-            if (hvdl__cache_meta_equal(&cached, &o->meta)) {
-                bits[id / 64] |= 1ull << (id % 64);
-                continue;
-            }
+            bits[id / 64] |= 1ull << (id % 64);
+            nbits++;
+            continue;
         }
         if (hvdl__put_request(&full, o->name, &o->meta, o->splits, n)) {
             rc = hvdl__oom(e, "request frame", full.len);
@@ -39,13 +53,15 @@ int hvdl__announce(engine_t *e) {
         }
         nfull++;
     }
-    if (!rc && e->rank != 0) {
+    if (!rc && ndone) rc = hvdl__neg_complete(e, done, ndone);
+    if (!rc && e->rank != 0 && (nbits || nfull)) {
         buf_t msg = {0};
         rc = hvdl__write_requests(&msg, bits, nwords, nfull, &full)
                  ? hvdl__oom(e, "request frame", full.len)
                  : hvdl__send_frame(e, 0, MSG_REQUESTS, msg.data, msg.len);
         buf_free(&msg);
     }
+    free(done);
     free(bits);
     buf_free(&full);
     return rc;

@@ -42,6 +42,7 @@ void hvdl__config_read(config_t *c) {
     c->chunk_bytes = (int64_t)env_num("HOROVODLIKE_CHUNK_BYTES", 256 * 1024);
     c->socket_buffer = (int64_t)env_num("HOROVODLIKE_SOCKET_BUFFER_BYTES", 4 << 20);
     c->shm = env_num("HOROVODLIKE_SHM", 1) != 0;
+    c->shm_negotiate = env_num("HOROVODLIKE_SHM_NEGOTIATE", 1) != 0;
     c->spin_us = (int)env_num("HOROVODLIKE_SPIN_US", 50);
     c->small_bytes = (int64_t)env_num("HOROVODLIKE_SMALL_BYTES", 64 * 1024);
     static const char *ALGS[] = {"auto", "shm", "ring", "rd", "hier"};
@@ -89,17 +90,17 @@ void hvdl__config_log(const config_t *c, int rank) {
 }
 
 void hvdl__config_agreed(const config_t *c, agreed_t *out) {
-    *out = (agreed_t){c->shm, c->algorithm, c->allgather_algorithm, 0, c->small_bytes,
+    *out = (agreed_t){c->shm, c->algorithm, c->allgather_algorithm, c->shm_negotiate, c->small_bytes,
                       c->shm_chunk_bytes};
 }
 
 int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap) {
     const char *names[] = {"HOROVODLIKE_SHM", "HOROVODLIKE_ALLREDUCE_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLREDUCE)",
                            "HOROVODLIKE_ALLGATHER_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLGATHER)",
-                           "HOROVODLIKE_SMALL_BYTES", "HOROVODLIKE_SHM_CHUNK_BYTES"};
-    int64_t va[] = {a->shm, a->algorithm, a->allgather_algorithm, a->small_bytes, a->shm_chunk_bytes};
-    int64_t vb[] = {b->shm, b->algorithm, b->allgather_algorithm, b->small_bytes, b->shm_chunk_bytes};
-    for (int i = 0; i < 5; i++) {
+                           "HOROVODLIKE_SMALL_BYTES", "HOROVODLIKE_SHM_CHUNK_BYTES", "HOROVODLIKE_SHM_NEGOTIATE"};
+    int64_t va[] = {a->shm, a->algorithm, a->allgather_algorithm, a->small_bytes, a->shm_chunk_bytes, a->shm_negotiate};
+    int64_t vb[] = {b->shm, b->algorithm, b->allgather_algorithm, b->small_bytes, b->shm_chunk_bytes, b->shm_negotiate};
+    for (int i = 0; i < 6; i++) {
         if (va[i] == vb[i]) continue;
         snprintf(msg, cap, "%s (%lld here, %lld there)", names[i], (long long)va[i], (long long)vb[i]);
         return 1;

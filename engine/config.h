@@ -18,6 +18,8 @@ typedef struct config {
     int64_t chunk_bytes;         /* HOROVODLIKE_CHUNK_BYTES: pipelining granularity */
     int64_t socket_buffer;       /* HOROVODLIKE_SOCKET_BUFFER_BYTES */
     int shm;                     /* HOROVODLIKE_SHM: shared memory between local ranks */
+    int shm_negotiate;           /* HOROVODLIKE_SHM_NEGOTIATE: a one-node job negotiates
+                                    cached requests in the segment (negotiate_shm.c) */
     int spin_us;                 /* HOROVODLIKE_SPIN_US: poll before sleeping, per wait */
     int algorithm;               /* HOROVODLIKE_ALLREDUCE_ALGORITHM (ALG_*); HOROVOD_HIERARCHICAL_ALLREDUCE=1 means hier */
     int64_t small_bytes;         /* HOROVODLIKE_SMALL_BYTES: recursive doubling up to here */
@@ -40,7 +42,7 @@ typedef struct config {
  * travel in each rank's address blob and are compared at start-up, so a job started
  * with different values on different ranks fails at once, naming the variable. */
 typedef struct agreed {
-    int32_t shm, algorithm, allgather_algorithm, pad;
+    int32_t shm, algorithm, allgather_algorithm, shm_negotiate;
     int64_t small_bytes, shm_chunk_bytes;
 } agreed_t;
 

@@ -15,7 +15,9 @@
  *     (cache.c). It returns the plan: the loop sends it and then executes it.
  *
  * Stalls (names some ranks submitted and others did not) are watched by stall.c; any
- * rank's shutdown is every rank's (shutdown.c).
+ * rank's shutdown is every rank's (shutdown.c). In a one-node job, cached requests are
+ * agreed in the segment (negotiate_shm.c) unless a request for the name reaches the
+ * coordinator: it then takes the name over, with the bits already posted.
  */
 #include "internal.h"
 #include <stdio.h>
@@ -187,6 +189,8 @@ int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
         }
         p->ref = from;
         p->first_at = hvdl_now();
+        /* Ranks that posted this name in the segment are now waiting here too. */
+        if (hvdl__neg_close_name(e, name)) return -1;
     }
     if (p->have[from]) return 0;   /* refused at enqueue; never twice in flight */
     p->have[from] = 1;
@@ -201,6 +205,7 @@ int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
     if (m->op == HVDL_OP_JOIN && m->process_set == 0) {
         c->joined[from] = 1;
         c->last_joined = from;
+        if (hvdl__neg_close_all(e)) return -1;   /* the joined rank will post nothing */
         maybe_ready(e, p);
         rescan(e);    /* a join may complete others' allreduces */
         return 0;
@@ -282,7 +287,8 @@ int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
         }
         int n;
         pending_t *group = hvdl__fusion_take(e, &n);
-        rc = build_response(e, &rs[nresp], group, n) || hvdl__cache_assign(e, &rs[nresp]);
+        rc = build_response(e, &rs[nresp], group, n) || hvdl__cache_assign(e, &rs[nresp]) ||
+             hvdl__neg_settle(e, &rs[nresp]);
         nresp++;
         for (pending_t *p = group, *next; p; p = next) { next = p->next; pending_free(p); }
     }

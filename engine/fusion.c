@@ -9,7 +9,7 @@
  */
 #include "internal.h"
 
-static int fusable(const meta_t *a, const meta_t *b) {
+int hvdl__fusable(const meta_t *a, const meta_t *b) {
     return a->op == HVDL_OP_ALLREDUCE && b->op == HVDL_OP_ALLREDUCE && a->dtype == b->dtype &&
            a->reduce_op == b->reduce_op && a->prescale == b->prescale &&
            a->postscale == b->postscale && a->process_set == b->process_set;
@@ -33,7 +33,7 @@ pending_t *hvdl__fusion_take(engine_t *e, int *count) {
     for (pending_t **pp = &c->ready_head; !first->error && *pp && n < HVDL_MAX_FUSED;) {
         pending_t *p = *pp;
         int64_t nb = hvdl__meta_bytes(&p->metas[p->ref]);
-        if (!p->error && fusable(fm, &p->metas[p->ref]) && bytes + nb <= e->cfg.fusion_threshold) {
+        if (!p->error && hvdl__fusable(fm, &p->metas[p->ref]) && bytes + nb <= e->cfg.fusion_threshold) {
             *pp = p->next;
             p->next = NULL;
             last->next = p;

@@ -110,6 +110,8 @@ typedef struct engine {
     peer_t *peers;
     transport_t *tcp;
     hvdl_shm_t *shm;         /* NULL when this rank is alone on its node */
+    struct neg *neg;         /* negotiation in the segment (negotiate_shm.c), or NULL */
+    const sigset_t *poll_mask;   /* the loop's sleep unblocks its doorbell (or NULL) */
     int spin_us;             /* the loop's and a caller's waits look before sleeping (api.c) */
     int shm_spin_us;         /* a shm barrier looks before sleeping (ctx.spin_us) */
     group_t *cross;          /* ranks with my local index on every node (hierarchical) */
@@ -274,7 +276,33 @@ int hvdl__coordinator_pending(engine_t *e);
 
 /* fusion.c: which ready tensors travel together */
 pending_t *hvdl__fusion_take(engine_t *e, int *count);   /* a chain through ->next */
+int hvdl__fusable(const meta_t *a, const meta_t *b);
 int64_t hvdl__meta_bytes(const meta_t *m);
+
+/* negotiate_shm.c: a one-node job agrees on cached requests in the segment */
+size_t hvdl__neg_bytes(int nlocal);                 /* its part of the segment */
+int hvdl__neg_open(engine_t *e);                    /* after hvdl__shm_open; off unless one node */
+void hvdl__neg_free(engine_t *e);
+void hvdl__neg_thread_start(engine_t *e);
+void hvdl__neg_thread_end(engine_t *e);
+/* announce.c: post a request equal to cache entry id: 0 = go through rank 0 (off, or
+ * the id is closed), 1 = posted, 2 = this rank completed it (hvdl__neg_complete those) */
+int hvdl__neg_post(engine_t *e, int id);
+int hvdl__neg_complete(engine_t *e, const int *ids, int n);
+/* rank 0: take over an id (its posted bits become requests), and give it back */
+int hvdl__neg_close_id(engine_t *e, int id);
+int hvdl__neg_close_name(engine_t *e, const char *name);
+int hvdl__neg_close_all(engine_t *e);               /* a join: every id */
+int hvdl__neg_settle(engine_t *e, const response_t *r);   /* r planned: its ids reopen */
+int hvdl__neg_order(engine_t *e, const response_t *r);    /* r's place in the log */
+void hvdl__neg_stall_scan(engine_t *e, double now);
+/* every rank: responses from rank 0 wait for their place; the log runs in order */
+int hvdl__neg_queue(engine_t *e, response_t *r);   /* takes r's contents */
+int hvdl__neg_run(engine_t *e);
+int hvdl__neg_sleep_begin(engine_t *e);             /* 1: there is work, do not sleep */
+void hvdl__neg_sleep_end(engine_t *e);
+int hvdl__neg_has_work(engine_t *e);
+int hvdl__neg_deferred(engine_t *e);
 
 /* stall.c: rank 0 names the ranks that did not submit a name others did */
 void hvdl__stall_check(engine_t *e, double now);
@@ -375,6 +403,7 @@ void hvdl__ctx_fill(engine_t *e);
 
 /* shm.c: setting up this node's segment (its waits are in context.h) */
 int hvdl__shm_open(engine_t *e);
+uint8_t *hvdl__shm_neg_area(hvdl_shm_t *s);         /* negotiate_shm.c's part */
 void hvdl__shm_close(engine_t *e);
 
 #endif

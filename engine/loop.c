@@ -9,6 +9,8 @@
  *                      ready into responses; the loop sends each worker its share of
  *                      the plan (wire.c encodes) and then executes rank 0's (exec.c)
  *   hvdl__stall_check  (stall.c) rank 0 names ranks that hold others up
+ *   hvdl__neg_run      (negotiate_shm.c) a one-node job executes the responses of the
+ *                      segment's log in order: those agreed there and rank 0's
  *   liveness           (liveness.c) heartbeats and the check on peers
  *   pump               wait (net.c) for an enqueue or a control frame, and do what each
  *                      frame says: requests to the coordinator, responses through the
@@ -68,7 +70,9 @@ static int sleep_ms(engine_t *e, double now) {
         double left = e->first_unsent_at + e->cfg.cycle_time - now;
         return left <= 0 ? 0 : (int)(left * 1000) + 1;
     }
-    int ms = hvdl__coordinator_pending(e) && e->cfg.stall_check ? 1000 : -1;
+    if (hvdl__neg_deferred(e)) return 1;        /* a log entry waits for room */
+    /* rank 0 watches for stalls: pending names, and words partly set in the segment */
+    int ms = (hvdl__coordinator_pending(e) || (e->neg && e->rank == 0)) && e->cfg.stall_check ? 1000 : -1;
     int beat = hvdl__liveness_ms(e);          /* heartbeats and the check on peers */
     return ms < 0 || (beat >= 0 && beat < ms) ? beat : ms;
 }
@@ -104,13 +108,16 @@ static int send_plan(engine_t *e, const response_t *rs, int n) {
     return rc;
 }
 
-/* Rank 0: plan, send the plan, then execute rank 0's share of it, in order. */
+/* Rank 0: plan, send the plan, then execute rank 0's share of it, in order (in a
+ * one-node job, in the segment's log: each response takes its place there). */
 static int lead(engine_t *e) {
     response_t *rs = NULL;
     int n = 0, rc = hvdl__coordinator_plan(e, &rs, &n);
     if (!rc && n) rc = send_plan(e, rs, n);
     for (int i = 0; i < n; i++) {
-        if (!rc && is_member(e->sets[rs[i].meta.process_set], 0)) rc = hvdl__execute(e, &rs[i]);
+        int mine = is_member(e->sets[rs[i].meta.process_set], 0);
+        if (!rc && e->neg) rc = hvdl__neg_order(e, &rs[i]) || (mine && hvdl__neg_queue(e, &rs[i]));
+        else if (!rc && mine) rc = hvdl__execute(e, &rs[i]);
         hvdl__response_free(&rs[i]);
     }
     free(rs);
@@ -142,7 +149,7 @@ static int take_responses(engine_t *e, int from, reader_t *r) {
     double now = hvdl_now();
     for (int i = 0; i < n; i++) {
         rs[i].received_at = now;
-        if (!rc) rc = hvdl__execute(e, &rs[i]);
+        if (!rc) rc = e->neg ? hvdl__neg_queue(e, &rs[i]) : hvdl__execute(e, &rs[i]);
         hvdl__response_free(&rs[i]);
     }
     free(rs);
@@ -207,6 +214,7 @@ static int pump(engine_t *e, int timeout_ms) {
 
 void *hvdl__loop(void *arg) {
     engine_t *e = arg;
+    hvdl__neg_thread_start(e);
     while (!e->failed && !e->stopped) {
         int bye = take_incoming(e);
         double now = hvdl_now();
@@ -226,6 +234,7 @@ void *hvdl__loop(void *arg) {
             if (lead(e)) break;
             hvdl__stall_check(e, now);
         }
+        if (e->neg && hvdl__neg_run(e)) break;      /* the segment's log, in order */
         if (hvdl__liveness_check(e, hvdl_now())) break;
         if (e->failed || e->stopped) break;
         if (pump(e, sleep_ms(e, hvdl_now()))) break;
@@ -243,5 +252,6 @@ void *hvdl__loop(void *arg) {
     if (!failed && !e->stopped)
         hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: the background loop stopped without recording why");
     if (e->stopped && !e->failed) hvdl__goodbye(e);
+    hvdl__neg_thread_end(e);
     return NULL;
 }

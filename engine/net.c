@@ -186,9 +186,9 @@ int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_
     return 1;
 }
 
-/* The loop's one blocking point: wait up to timeout_ms for an enqueue (wake_fd) or
- * control traffic, buffering whatever arrives. Returns the rank of a peer whose
- * connection closed (frames it sent before are buffered), or -1. */
+/* The loop's one blocking point: wait up to timeout_ms for an enqueue (wake_fd), control
+ * traffic or the segment's log (its doorbell), buffering whatever arrives. Returns the
+ * rank of a peer whose connection closed (frames it sent before are buffered), or -1. */
 int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
     struct pollfd pf[e->size + 1];
     int ranks[e->size + 1], fds[e->size + 1];
@@ -202,10 +202,15 @@ int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
     int ready = 0;
     if (e->spin_us > 0 && timeout_ms != 0) {
         double until = hvdl_now() + e->spin_us * 1e-6;
-        while (!(ready = poll(pf, (nfds_t)n + 1, 0)) && hvdl_now() < until)
+        while (!(ready = poll(pf, (nfds_t)n + 1, 0)) && !hvdl__neg_has_work(e) && hvdl_now() < until)
             for (int k = 0; k < 32; k++) hvdl_pause();
     }
-    if (!ready && poll(pf, (nfds_t)n + 1, timeout_ms) <= 0) return -1;
+    /* A one-node job's log (negotiate_shm.c) rings this rank's doorbell while it sleeps,
+     * ending the sleep with EINTR; it says first that it sleeps, then looks once more. */
+    if (!ready && hvdl__neg_sleep_begin(e)) return -1;
+    if (!ready) ready = hvdl_poll_masked(pf, (nfds_t)n + 1, timeout_ms, e->poll_mask);
+    hvdl__neg_sleep_end(e);
+    if (ready <= 0) return -1;
     for (int i = 0; i < n; i++)
         if (pf[i].revents && hvdl__ctrl_read(e, ranks[i])) return ranks[i];
     return -1;

@@ -1,6 +1,7 @@
 /*
  * Everything that depends on the CPU or on the operating system, in one place: a spin
- * pause, futex wait/wake, the wake-up eventfd, kernel randomness, and function
+ * pause, futex wait/wake, the wake-up eventfd, the doorbell signal between processes,
+ * kernel randomness, and function
  * multi-versioning for the reduce kernels. The rest of the engine is plain C11 + POSIX;
  * a port to a new architecture or OS starts (and should end) here.
  *
@@ -36,6 +37,9 @@ static inline void hvdl_pause(void) {
 
 #ifdef __linux__
 #include <linux/futex.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
@@ -62,6 +66,50 @@ static inline void hvdl_wakefd_signal(int fd) {
 static inline void hvdl_wakefd_drain(int fd) {
     uint64_t v;
     if (read(fd, &v, sizeof v) < 0) { /* nothing to drain */ }
+}
+
+/* The doorbell: one thread wakes a thread of another process that sleeps in poll(),
+ * without a file descriptor shared between them. The sleeper keeps the signal blocked
+ * except inside ppoll(), which unblocks it atomically, so a ring that comes before the
+ * sleep is not lost (it stays pending and ends the next ppoll at once) and one that
+ * comes during it ends the ppoll with EINTR. Its handler does nothing. */
+#define HVDL_DOORBELL_SIG (SIGRTMIN + 7)
+
+static inline void hvdl_doorbell_handler(int sig) { (void)sig; }
+
+/* Install the handler (process-wide, once). -1 if the signal already has another one. */
+static inline int hvdl_doorbell_install(void) {
+    struct sigaction old, sa = {0};
+    if (sigaction(HVDL_DOORBELL_SIG, NULL, &old)) return -1;
+    if (old.sa_handler == hvdl_doorbell_handler) return 0;
+    if (old.sa_handler != SIG_DFL) return -1;
+    sa.sa_handler = hvdl_doorbell_handler;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(HVDL_DOORBELL_SIG, &sa, NULL);
+}
+
+/* Called by the sleeping thread: block the signal, and give the mask ppoll() sleeps with. */
+static inline void hvdl_doorbell_block(sigset_t *sleep_mask) {
+    sigset_t bell;
+    sigemptyset(&bell);
+    sigaddset(&bell, HVDL_DOORBELL_SIG);
+    pthread_sigmask(SIG_BLOCK, &bell, sleep_mask);
+    sigdelset(sleep_mask, HVDL_DOORBELL_SIG);
+}
+
+static inline int hvdl_gettid(void) { return (int)syscall(SYS_gettid); }
+
+/* Ring thread tid of process pid (both must match: a reused pid alone is not rung). */
+static inline void hvdl_doorbell_ring(int pid, int tid) {
+    if (pid > 0 && tid > 0) syscall(SYS_tgkill, pid, tid, HVDL_DOORBELL_SIG);
+}
+
+/* poll(), or ppoll() with sleep_mask when it is given. */
+static inline int hvdl_poll_masked(struct pollfd *pf, nfds_t n, int timeout_ms, const sigset_t *sleep_mask) {
+    if (!sleep_mask) return poll(pf, n, timeout_ms);
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    /* the system call, not glibc's ppoll(), which would need _GNU_SOURCE everywhere */
+    return (int)syscall(SYS_ppoll, pf, n, timeout_ms < 0 ? NULL : &ts, sleep_mask, (size_t)(_NSIG / 8));
 }
 
 /* n bytes from the kernel's random source; 0, or -1 if it cannot supply them. */

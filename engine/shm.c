@@ -72,8 +72,12 @@ typedef struct shm_header {
 
 /* Line 0: the header. Line 1: the arrival counter. Line 2: the generation word (what
  * waiters watch, so arrivals do not disturb them). Then one line per local rank: the
- * barrier it reached. Then the slots. */
-static size_t header_bytes(int nlocal) { return (size_t)LINE * (size_t)(3 + nlocal); }
+ * barrier it reached. Then negotiation's part (negotiate_shm.c). Then the slots. */
+static size_t header_bytes(int nlocal) {
+    return (size_t)LINE * (size_t)(3 + nlocal) + hvdl__neg_bytes(nlocal);
+}
+
+uint8_t *hvdl__shm_neg_area(hvdl_shm_t *s) { return s->base + (size_t)LINE * (size_t)(3 + s->nlocal); }
 
 static _Atomic uint32_t *word_at(hvdl_shm_t *s, int line) {
     return (_Atomic uint32_t *)(s->base + LINE * line);

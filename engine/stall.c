@@ -12,6 +12,7 @@ void hvdl__stall_check(engine_t *e, double now) {
     coordinator_t *c = e->coord;
     if (!c || !e->cfg.stall_check || now - c->last_stall_check < 1.0) return;
     c->last_stall_check = now;
+    hvdl__neg_stall_scan(e, now);   /* words stuck partly set in the segment become pending */
     for (int i = 0; i < c->pending.cap; i++) {
         pending_t *p = c->pending.vals ? c->pending.vals[i] : NULL;
         if (!p || now - p->first_at < e->cfg.stall_warning) continue;

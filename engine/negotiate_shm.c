@@ -1,0 +1,435 @@
+/*
+ * Negotiation through the segment: a job whose ranks are all on one node agrees on its
+ * cached requests in shared memory, without a round trip through rank 0.
+ *
+ * Through rank 0 (coordinator.c) a repeated request costs a worker's frame to rank 0,
+ * rank 0's wake-up and plan, and a response frame back to every worker, whose engine
+ * thread must wake again before the data moves. Here:
+ *
+ *   arrival   each cache id has an arrival word: one bit per local rank, a round count
+ *             and CLOSED. A rank announcing a request equal to its cache entry sets its
+ *             bit with one compare-and-swap; the rank whose swap completes the mask
+ *             clears it and counts the round in the same swap, so exactly one rank sees
+ *             the request complete.
+ *   order     that rank appends the id (fused with the others it completed in the same
+ *             announcement, by fusion.c's rule) to the response log, a ring of entries
+ *             that every local rank executes in order. Rank 0's planned responses take
+ *             entries of the same log (their content still travels as frames: an entry
+ *             only marks where each falls), so both paths share one order, the one
+ *             thing every rank must agree on.
+ *   wake-up   a rank whose loop sleeps is woken by its doorbell (platform.h), rung only
+ *             when its flag says it sleeps (a Dekker pair with the log's stamps).
+ *
+ * Everything rank 0 checks still holds, because rank 0 takes over an id whenever it is
+ * involved: when a request for a cached name reaches the coordinator (a full request,
+ * whose metadata changed; a bit sent because the word was closed), the coordinator
+ * closes the word and records the bits already posted as requests of their ranks
+ * (hvdl__neg_close_id). A mismatch is then reported naming the ranks, as before. Rank
+ * 0's stall check takes over a word that stays partly set in one round for the stall
+ * warning time (dating the stall from when it first saw it), so the stall inspector
+ * warns, names the missing ranks and shuts down as before. A join closes every word until the join ends
+ * (the joined rank never posts, and only rank 0 knows to contribute its zeros). A word
+ * reopens when its response is planned. A rank's view of a name's cache entry is always
+ * current when it posts (an entry changes only through a response for that name, which
+ * the rank executed before it could submit the name again), so a bit means the same to
+ * every rank and to rank 0.
+ *
+ * Cost of a repeated small op, L local ranks: one CAS per rank on the id's word, one
+ * fetch-add on the log's tail and an entry write by the last rank, and at most one
+ * doorbell (a tgkill, a few microseconds) per sleeping rank per entry; no system call
+ * at all when every loop is awake. Rank 0's stall scan reads min(cache size, 4096)
+ * words once a second.
+ *
+ * The log is a ring of NEG_LOG entries; an entry is written only once every rank has
+ * executed the one NEG_LOG before it. A rank that finds no room keeps the entry
+ * (deferred) and publishes it when there is room, never blocking: the ranks it waits
+ * for may be waiting for it in a collective.
+ */
+#include "internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LINE 64
+#define NEG_IDS 4096           /* cache ids negotiated here; higher ones go through rank 0 */
+#define NEG_LOG 4096           /* entries in the response log */
+#define NEG_MAX_IDS 28         /* tensors one entry fuses (an entry is two cache lines) */
+/* An arrival word: the posted ranks' bits, the round (how many times the id completed
+ * here, so that a stall scan can tell a stuck round from a new one) and CLOSED. */
+#define NEG_MAX_RANKS 40
+#define MASK ((1ull << NEG_MAX_RANKS) - 1)
+#define ROUND_ONE (1ull << NEG_MAX_RANKS)
+#define ROUND (((1ull << 63) - 1) & ~MASK)
+#define CLOSED (1ull << 63)    /* rank 0 has the id: posts go through it */
+enum { NEG_CACHED = 1, NEG_COORD = 2 };
+
+typedef struct neg_rank {      /* one cache line per local rank */
+    _Atomic uint64_t consumed; /* log entries this rank has executed */
+    _Atomic int32_t sleeping;  /* its loop sleeps: ring its doorbell */
+    _Atomic int32_t pid, tid;  /* where the doorbell rings (0: no loop running) */
+    char pad[LINE - 20];
+} neg_rank_t;
+
+typedef struct neg_entry {
+    _Atomic uint64_t stamp;    /* sequence number + 1, once published */
+    int32_t kind;              /* NEG_CACHED: n cache ids; NEG_COORD: a planned response */
+    int32_t n;                 /* NEG_CACHED: how many ids; NEG_COORD: its process set */
+    union {
+        int32_t ids[NEG_MAX_IDS];
+        uint64_t members;      /* NEG_COORD: the ranks rank 0 sent the response to */
+    } u;
+} neg_entry_t;
+
+typedef struct deferred { uint64_t seq; neg_entry_t ent; } deferred_t;
+
+struct neg {
+    neg_rank_t *ranks;
+    _Atomic uint64_t *tail;    /* entries claimed */
+    _Atomic uint64_t *arrive;  /* per cache id: posted ranks' bits | CLOSED */
+    neg_entry_t *log;
+    int nlocal, me;
+    uint64_t next;             /* the next entry this rank executes */
+    response_t *q;             /* responses from rank 0 awaiting their place in the log */
+    int qhead, qlen, qcap;
+    deferred_t *defer;         /* claimed entries waiting for room */
+    int ndefer, capdefer;
+    uint64_t *seen;            /* rank 0: each word as the stall scan first saw it */
+    double *seen_at;           /* ... and when */
+    int join_closed;           /* rank 0: a join closed every word */
+    sigset_t sleep_mask;
+    int64_t fast, planned;     /* tensors agreed here; responses planned by rank 0 */
+};
+
+size_t hvdl__neg_bytes(int nlocal) {
+    return (size_t)LINE * (size_t)(nlocal + 1) + 8 * (size_t)NEG_IDS + sizeof(neg_entry_t) * NEG_LOG;
+}
+
+int hvdl__neg_open(engine_t *e) {
+    hvdl_shm_t *s = e->shm;
+    if (!s || !e->cfg.shm_negotiate || s->nlocal != e->size || e->size > NEG_MAX_RANKS) return 0;
+    if (hvdl_doorbell_install())
+        return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "cannot negotiate in shared memory: signal SIGRTMIN+7 "
+                              "already has a handler in this process; set HOROVODLIKE_SHM_NEGOTIATE=0 on every rank");
+    struct neg *n = calloc(1, sizeof *n);
+    if (!n || (e->rank == 0 && (!(n->seen = calloc(NEG_IDS, 8)) || !(n->seen_at = calloc(NEG_IDS, 8))))) {
+        if (n) free(n->seen);
+        free(n);
+        return hvdl__oom(e, "shared-memory negotiation", (int64_t)sizeof *n + 8 * NEG_IDS);
+    }
+    uint8_t *a = hvdl__shm_neg_area(s);
+    n->ranks = (neg_rank_t *)a;
+    n->tail = (_Atomic uint64_t *)(a + (size_t)LINE * (size_t)s->nlocal);
+    n->arrive = (_Atomic uint64_t *)(a + (size_t)LINE * (size_t)(s->nlocal + 1));
+    n->log = (neg_entry_t *)(a + (size_t)LINE * (size_t)(s->nlocal + 1) + 8 * (size_t)NEG_IDS);
+    n->nlocal = s->nlocal;
+    n->me = s->me;
+    e->neg = n;
+    return 0;
+}
+
+void hvdl__neg_free(engine_t *e) {
+    struct neg *n = e->neg;
+    if (!n) return;
+    for (int i = n->qhead; i < n->qlen; i++) hvdl__response_free(&n->q[i]);
+    free(n->q);
+    free(n->defer);
+    free(n->seen);
+    free(n->seen_at);
+    free(n);
+    e->neg = NULL;
+}
+
+/* The loop thread, as it starts: its doorbell, and ppoll's mask (net.c). */
+void hvdl__neg_thread_start(engine_t *e) {
+    struct neg *n = e->neg;
+    if (!n) return;
+    hvdl_doorbell_block(&n->sleep_mask);
+    e->poll_mask = &n->sleep_mask;
+    atomic_store(&n->ranks[n->me].pid, (int32_t)getpid());
+    atomic_store(&n->ranks[n->me].tid, (int32_t)hvdl_gettid());
+}
+
+/* The loop thread, as it ends. */
+void hvdl__neg_thread_end(engine_t *e) {
+    struct neg *n = e->neg;
+    if (!n) return;
+    atomic_store(&n->ranks[n->me].tid, 0);
+    hvdl__log(HVDL_LOG_INFO, "rank %d agreed on %lld tensors in shared memory and executed %lld "
+              "responses planned by rank 0", e->rank, (long long)n->fast, (long long)n->planned);
+}
+
+/* ---- the log ---- */
+
+static void ring_sleepers(struct neg *n) {
+    for (int q = 0; q < n->nlocal; q++) {
+        neg_rank_t *r = &n->ranks[q];
+        if (q != n->me && atomic_load(&r->sleeping) && atomic_exchange(&r->sleeping, 0))
+            hvdl_doorbell_ring(atomic_load(&r->pid), atomic_load(&r->tid));
+    }
+}
+
+/* Whether entry seq may be written: every rank has executed the entry of its slot. */
+static int room_for(struct neg *n, uint64_t seq) {
+    for (int q = 0; q < n->nlocal; q++)
+        if (atomic_load(&n->ranks[q].consumed) + NEG_LOG <= seq) return 0;
+    return 1;
+}
+
+static void write_entry(struct neg *n, uint64_t seq, const neg_entry_t *src) {
+    neg_entry_t *d = &n->log[seq % NEG_LOG];
+    d->kind = src->kind;
+    d->n = src->n;
+    d->u = src->u;
+    atomic_store(&d->stamp, seq + 1);      /* seq_cst: read before any sleeper's flag */
+}
+
+static void publish_deferred(struct neg *n) {
+    int k = 0;
+    while (k < n->ndefer && room_for(n, n->defer[k].seq)) {
+        write_entry(n, n->defer[k].seq, &n->defer[k].ent);
+        k++;
+    }
+    if (!k) return;
+    memmove(n->defer, n->defer + k, sizeof *n->defer * (size_t)(n->ndefer - k));
+    n->ndefer -= k;
+    ring_sleepers(n);
+}
+
+static int append(engine_t *e, const neg_entry_t *ent) {
+    struct neg *n = e->neg;
+    uint64_t seq = atomic_fetch_add(n->tail, 1);
+    if (!n->ndefer && room_for(n, seq)) {
+        write_entry(n, seq, ent);
+        ring_sleepers(n);
+        return 0;
+    }
+    if (n->ndefer == n->capdefer) {
+        int cap = n->capdefer ? 2 * n->capdefer : 16;
+        deferred_t *d = realloc(n->defer, sizeof *d * (size_t)cap);
+        if (!d) return hvdl__oom(e, "negotiation log entry", (int64_t)sizeof *d * cap);
+        n->defer = d;
+        n->capdefer = cap;
+    }
+    n->defer[n->ndefer++] = (deferred_t){seq, *ent};
+    return 0;
+}
+
+/* ---- announcing ---- */
+
+int hvdl__neg_post(engine_t *e, int id) {
+    struct neg *n = e->neg;
+    if (!n || id < 0 || id >= NEG_IDS) return 0;
+    uint64_t bit = 1ull << n->me, full = (1ull << n->nlocal) - 1;
+    _Atomic uint64_t *w = &n->arrive[id];
+    uint64_t old = atomic_load(w);
+    for (;;) {
+        if (old & CLOSED) return 0;
+        int last = ((old & MASK) | bit) == full;
+        uint64_t now = last ? ((old & ROUND) + ROUND_ONE) & ROUND : old | bit;
+        if (atomic_compare_exchange_weak(w, &old, now)) return last ? 2 : 1;
+    }
+}
+
+int hvdl__neg_complete(engine_t *e, const int *ids, int k) {
+    neg_entry_t ent;
+    for (int i = 0; i < k;) {
+        memset(&ent, 0, sizeof ent);
+        ent.kind = NEG_CACHED;
+        const meta_t *first = &e->cache[ids[i]].meta;
+        int64_t bytes = hvdl__meta_bytes(first);
+        ent.u.ids[ent.n++] = ids[i++];
+        while (i < k && ent.n < NEG_MAX_IDS && hvdl__fusable(first, &e->cache[ids[i]].meta) &&
+               bytes + hvdl__meta_bytes(&e->cache[ids[i]].meta) <= e->cfg.fusion_threshold) {
+            bytes += hvdl__meta_bytes(&e->cache[ids[i]].meta);
+            ent.u.ids[ent.n++] = ids[i++];
+        }
+        if (append(e, &ent)) return -1;
+    }
+    return 0;
+}
+
+/* ---- rank 0's side ---- */
+
+int hvdl__neg_close_id(engine_t *e, int id) {
+    struct neg *n = e->neg;
+    if (!n || id < 0 || id >= NEG_IDS || id >= e->ncache) return 0;
+    /* A post's CAS either came first (its bit is in old, or it completed the word, and
+     * then old has no bits and its entry is in the log) or fails and finds CLOSED. */
+    uint64_t old = atomic_fetch_or(&n->arrive[id], CLOSED) & MASK;
+    atomic_fetch_and(&n->arrive[id], ~MASK);     /* only rank 0 changes a closed word */
+    for (int q = 0; q < n->nlocal; q++) {
+        if (!(old >> q & 1)) continue;
+        meta_t m = hvdl__cache_meta_for(e, id, q);     /* one node: local index = rank */
+        if (hvdl__coord_record(e, q, e->cache[id].name, &m, NULL, 0)) return -1;
+    }
+    return 0;
+}
+
+int hvdl__neg_close_name(engine_t *e, const char *name) {
+    return e->neg ? hvdl__neg_close_id(e, hvdl__cache_lookup(e, name)) : 0;
+}
+
+int hvdl__neg_close_all(engine_t *e) {
+    if (!e->neg) return 0;
+    e->neg->join_closed = 1;
+    for (int id = 0; id < e->ncache && id < NEG_IDS; id++)
+        if (hvdl__neg_close_id(e, id)) return -1;
+    return 0;
+}
+
+static int anyone_joined(engine_t *e) {
+    for (int r = 0; r < e->size; r++)
+        if (e->coord->joined[r]) return 1;
+    return 0;
+}
+
+static void reopen(struct neg *n, int id) {
+    atomic_fetch_and(&n->arrive[id], ~CLOSED);
+}
+
+int hvdl__neg_settle(engine_t *e, const response_t *r) {
+    struct neg *n = e->neg;
+    if (!n) return 0;
+    int joined = anyone_joined(e);
+    for (int i = 0; i < r->ntensors; i++) {
+        int id = hvdl__cache_lookup(e, r->names[i]);
+        if (id < 0 || id >= NEG_IDS) continue;
+        if (joined) {                 /* a new id, or a word some rank has just posted to */
+            if (hvdl__neg_close_id(e, id)) return -1;
+        } else {
+            reopen(n, id);
+        }
+    }
+    if (!joined && n->join_closed) {  /* the join has ended: every word not in use reopens */
+        n->join_closed = 0;
+        for (int id = 0; id < e->ncache && id < NEG_IDS; id++)
+            if (!strmap_get(&e->coord->pending, e->cache[id].name)) reopen(n, id);
+    }
+    return 0;
+}
+
+int hvdl__neg_order(engine_t *e, const response_t *r) {
+    const group_t *g = e->sets[r->meta.process_set];
+    neg_entry_t ent = {.kind = NEG_COORD, .n = r->meta.process_set};
+    for (int i = 0; g && i < g->n; i++) ent.u.members |= 1ull << g->ranks[i];
+    return append(e, &ent);
+}
+
+void hvdl__neg_stall_scan(engine_t *e, double now) {
+    struct neg *n = e->neg;
+    if (!n) return;
+    double after = e->cfg.stall_warning;
+    if (e->cfg.stall_shutdown > 0 && e->cfg.stall_shutdown < after) after = e->cfg.stall_shutdown;
+    for (int id = 0; id < e->ncache && id < NEG_IDS; id++) {
+        uint64_t w = atomic_load(&n->arrive[id]);
+        if (!(w & MASK) || (w & CLOSED)) {
+            n->seen[id] = 0;
+        } else if (n->seen[id] != w) {         /* a new round, or a rank has arrived */
+            n->seen[id] = w;
+            n->seen_at[id] = now;
+        } else if (now - n->seen_at[id] >= after) {
+            if (hvdl__neg_close_id(e, id)) return;                      /* failed */
+            pending_t *p = strmap_get(&e->coord->pending, e->cache[id].name);
+            if (p && p->first_at > n->seen_at[id]) p->first_at = n->seen_at[id];
+            n->seen[id] = 0;
+        }
+    }
+}
+
+/* ---- executing the log ---- */
+
+int hvdl__neg_queue(engine_t *e, response_t *r) {
+    struct neg *n = e->neg;
+    if (n->qhead == n->qlen) n->qhead = n->qlen = 0;
+    if (n->qlen == n->qcap) {
+        int cap = n->qcap ? 2 * n->qcap : 16;
+        response_t *q = realloc(n->q, sizeof *q * (size_t)cap);
+        if (!q) return hvdl__oom(e, "response queue", (int64_t)sizeof *q * cap);
+        n->q = q;
+        n->qcap = cap;
+    }
+    n->q[n->qlen++] = *r;
+    memset(r, 0, sizeof *r);             /* the queue owns it now */
+    return 0;
+}
+
+static int run_cached(engine_t *e, const neg_entry_t *ent) {
+    for (int i = 0; i < ent->n; i++)
+        if (ent->u.ids[i] < 0 || ent->u.ids[i] >= e->ncache)
+            return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log names cache id %d, "
+                                  "which this rank does not have", ent->u.ids[i]);
+    response_t r = {0};
+    const char *why = NULL;
+    int rc = hvdl__response_alloc(&r, ent->n, e->size, e->cache[ent->u.ids[0]].meta.op)
+                 ? hvdl__oom(e, "response", ent->n) : 0;
+    for (int i = 0; !rc && i < ent->n; i++, r.ntensors++) {
+        r.cached[i] = 1;
+        r.cache_id[i] = ent->u.ids[i];
+    }
+    if (!rc && hvdl__cache_apply(e, &r, &why))
+        rc = why ? hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds %s", why) : -1;
+    if (!rc) {
+        r.kind = RESP_OK;
+        r.meta = r.metas[0];
+        r.received_at = hvdl_now();
+        e->neg->fast += r.ntensors;
+        rc = hvdl__execute(e, &r);
+    }
+    hvdl__response_free(&r);
+    return rc;
+}
+
+/* The entry at n->next if this rank can execute it now, else NULL. */
+static const neg_entry_t *next_entry(engine_t *e) {
+    struct neg *n = e->neg;
+    const neg_entry_t *s = &n->log[n->next % NEG_LOG];
+    if (atomic_load_explicit(&s->stamp, memory_order_acquire) != n->next + 1) return NULL;
+    if (s->kind == NEG_COORD && (s->u.members >> e->rank & 1) && n->qhead == n->qlen)
+        return NULL;                     /* its response frame has not arrived yet */
+    return s;
+}
+
+int hvdl__neg_run(engine_t *e) {
+    struct neg *n = e->neg;
+    const neg_entry_t *s;
+    if (n->ndefer) publish_deferred(n);
+    while ((s = next_entry(e))) {
+        neg_entry_t ent = {.kind = s->kind, .n = s->n, .u = s->u};
+        int rc = 0;
+        if (ent.kind == NEG_COORD && (ent.u.members >> e->rank & 1)) {
+            response_t r = n->q[n->qhead++];
+            n->planned++;
+            rc = hvdl__execute(e, &r);
+            hvdl__response_free(&r);
+        } else if (ent.kind == NEG_CACHED && ent.n >= 1 && ent.n <= NEG_MAX_IDS) {
+            rc = run_cached(e, &ent);
+        } else if (ent.kind != NEG_COORD) {
+            rc = hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds a malformed "
+                                "entry (kind %d, %d tensors)", ent.kind, ent.n);
+        }
+        n->next++;
+        atomic_store_explicit(&n->ranks[n->me].consumed, n->next, memory_order_release);
+        if (rc) return -1;
+        if (n->ndefer) publish_deferred(n);
+    }
+    return 0;
+}
+
+/* ---- sleeping ---- */
+
+int hvdl__neg_sleep_begin(engine_t *e) {
+    struct neg *n = e->neg;
+    if (!n) return 0;
+    atomic_store(&n->ranks[n->me].sleeping, 1);     /* seq_cst: before reading the log */
+    if (!next_entry(e)) return 0;
+    atomic_store(&n->ranks[n->me].sleeping, 0);
+    return 1;
+}
+
+void hvdl__neg_sleep_end(engine_t *e) {
+    if (e->neg) atomic_store(&e->neg->ranks[e->neg->me].sleeping, 0);
+}
+
+int hvdl__neg_has_work(engine_t *e) { return e->neg && next_entry(e); }
+
+int hvdl__neg_deferred(engine_t *e) { return e->neg && e->neg->ndefer; }
