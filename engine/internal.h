@@ -225,7 +225,7 @@ int hvdl__announce(engine_t *e);
 
 /* shutdown.c: any rank's shutdown is every rank's */
 int hvdl__say_bye(engine_t *e);                     /* this rank calls shutdown */
-int hvdl__bye_received(engine_t *e, int from);
+int hvdl__bye_received(engine_t *e, int from, const uint8_t *p, int64_t n);
 void hvdl__goodbye(engine_t *e);                    /* the loop's last act after a clean stop */
 
 /* coordinator.c: rank 0 matches requests and plans responses. What it knows about one
@@ -299,6 +299,8 @@ void hvdl__neg_stall_scan(engine_t *e, double now);
 /* every rank: responses from rank 0 wait for their place; the log runs in order */
 int hvdl__neg_queue(engine_t *e, response_t *r);   /* takes r's contents */
 int hvdl__neg_run(engine_t *e);
+uint64_t hvdl__neg_position(engine_t *e);           /* entries this rank has executed */
+int hvdl__neg_finish_to(engine_t *e, uint64_t pos); /* a worker, told to stop */
 int hvdl__neg_sleep_begin(engine_t *e);             /* 1: there is work, do not sleep */
 void hvdl__neg_sleep_end(engine_t *e);
 int hvdl__neg_has_work(engine_t *e);

@@ -161,7 +161,7 @@ static int on_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n
     switch (type) {
     case MSG_REQUESTS: return take_requests(e, from, &r);
     case MSG_RESPONSES: return take_responses(e, from, &r);
-    case MSG_BYE: return hvdl__bye_received(e, from);
+    case MSG_BYE: return hvdl__bye_received(e, from, p, n);
     case MSG_HEARTBEAT: return 0;         /* its arrival was the point (liveness.c) */
     case MSG_ABORT: return hvdl__abort_received(e, from, p, n);
     default:      /* net.c lets through only the types this rank may receive */

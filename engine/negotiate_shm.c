@@ -87,6 +87,7 @@ struct neg {
     _Atomic uint64_t *tail;    /* entries claimed */
     _Atomic uint64_t *arrive;  /* per cache id: posted ranks' bits | CLOSED */
     neg_entry_t *log;
+    double *posted_at;         /* per cache id and rank: when it last posted (the trace) */
     int nlocal, me;
     uint64_t next;             /* the next entry this rank executes */
     response_t *q;             /* responses from rank 0 awaiting their place in the log */
@@ -101,7 +102,8 @@ struct neg {
 };
 
 size_t hvdl__neg_bytes(int nlocal) {
-    return (size_t)LINE * (size_t)(nlocal + 1) + 8 * (size_t)NEG_IDS + sizeof(neg_entry_t) * NEG_LOG;
+    return (size_t)LINE * (size_t)(nlocal + 1) + 8 * (size_t)NEG_IDS + sizeof(neg_entry_t) * NEG_LOG +
+           sizeof(double) * NEG_IDS * (size_t)nlocal;
 }
 
 int hvdl__neg_open(engine_t *e) {
@@ -121,6 +123,7 @@ int hvdl__neg_open(engine_t *e) {
     n->tail = (_Atomic uint64_t *)(a + (size_t)LINE * (size_t)s->nlocal);
     n->arrive = (_Atomic uint64_t *)(a + (size_t)LINE * (size_t)(s->nlocal + 1));
     n->log = (neg_entry_t *)(a + (size_t)LINE * (size_t)(s->nlocal + 1) + 8 * (size_t)NEG_IDS);
+    n->posted_at = (double *)(n->log + NEG_LOG);
     n->nlocal = s->nlocal;
     n->me = s->me;
     e->neg = n;
@@ -221,6 +224,10 @@ int hvdl__neg_post(engine_t *e, int id) {
     if (!n || id < 0 || id >= NEG_IDS) return 0;
     uint64_t bit = 1ull << n->me, full = (1ull << n->nlocal) - 1;
     _Atomic uint64_t *w = &n->arrive[id];
+    /* For rank 0's trace (ready_us). Published by the CAS below; read by rank 0 before
+     * it executes the entry, which this rank cannot finish, and so cannot post the next
+     * round, before rank 0 starts it (a data-less barrier's time may be a round late). */
+    n->posted_at[(size_t)id * (size_t)n->nlocal + (size_t)n->me] = hvdl_now();
     uint64_t old = atomic_load(w);
     for (;;) {
         if (old & CLOSED) return 0;
@@ -368,6 +375,13 @@ static int run_cached(engine_t *e, const neg_entry_t *ent) {
     }
     if (!rc && hvdl__cache_apply(e, &r, &why))
         rc = why ? hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds %s", why) : -1;
+    if (!rc && e->rank == 0 && TL_ON(e)) {         /* when each rank posted: the trace */
+        if (!(r.ready_at = calloc((size_t)r.ntensors * (size_t)e->size, sizeof(double))))
+            rc = hvdl__oom(e, "response trace", 8 * (int64_t)r.ntensors * e->size);
+        for (int i = 0; !rc && i < r.ntensors; i++)
+            memcpy(r.ready_at + (size_t)i * (size_t)e->size,
+                   e->neg->posted_at + (size_t)ent->u.ids[i] * (size_t)e->size, sizeof(double) * (size_t)e->size);
+    }
     if (!rc) {
         r.kind = RESP_OK;
         r.meta = r.metas[0];
@@ -389,11 +403,13 @@ static const neg_entry_t *next_entry(engine_t *e) {
     return s;
 }
 
-int hvdl__neg_run(engine_t *e) {
+/* Execute entries in order while there are any this rank can execute, up to entry
+ * `until` (excluded). */
+static int run_until(engine_t *e, uint64_t until) {
     struct neg *n = e->neg;
     const neg_entry_t *s;
     if (n->ndefer) publish_deferred(n);
-    while ((s = next_entry(e))) {
+    while (n->next < until && (s = next_entry(e))) {
         neg_entry_t ent = {.kind = s->kind, .n = s->n, .u = s->u};
         int rc = 0;
         if (ent.kind == NEG_COORD && (ent.u.members >> e->rank & 1)) {
@@ -413,6 +429,18 @@ int hvdl__neg_run(engine_t *e) {
         if (n->ndefer) publish_deferred(n);
     }
     return 0;
+}
+
+int hvdl__neg_run(engine_t *e) { return run_until(e, UINT64_MAX); }
+
+uint64_t hvdl__neg_position(engine_t *e) { return e->neg ? e->neg->next : 0; }
+
+/* A worker stopped by rank 0, which had executed the log up to `pos`: what rank 0 has
+ * executed, this rank has too, except what needs no peer (a barrier's entry) or does
+ * not involve rank 0 (a set without it, whose members all come here). Those run now,
+ * so that an op finished on rank 0 before the shutdown is finished everywhere. */
+int hvdl__neg_finish_to(engine_t *e, uint64_t pos) {
+    return e->neg ? run_until(e, pos) : 0;
 }
 
 /* ---- sleeping ---- */

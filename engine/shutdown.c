@@ -9,9 +9,15 @@
  * rank 0's goodbye has stopped it, and rank 0 waits (up to the peer timeout) for every
  * worker to do so, naming any that does not: a worker stopped while the job shuts down
  * would otherwise keep its launcher waiting forever.
+ *
+ * On one node, rank 0's goodbye also says how far it executed the segment's log
+ * (negotiate_shm.c): a worker first executes what it has not of that (a barrier that
+ * finished on rank 0 finishes everywhere), as it would have executed the responses
+ * that came before the goodbye on rank 0's connection.
  */
 #include "internal.h"
 #include <poll.h>
+#include <string.h>
 #include <sys/socket.h>
 
 static int begin_shutdown(engine_t *e, int from) {
@@ -19,9 +25,14 @@ static int begin_shutdown(engine_t *e, int from) {
     if (c->shutdown_from >= 0) return 0;
     c->shutdown_from = from;
     e->stopped = 1;          /* first: a peer that already left is no loss now */
+    /* who asked, and (one node) how far rank 0 executed the segment's log */
+    uint8_t msg[12];
     int32_t who = from;
+    uint64_t pos = hvdl__neg_position(e);
+    memcpy(msg, &who, 4);
+    memcpy(msg + 4, &pos, 8);
     for (int w = 1; w < e->size; w++)
-        if (!e->peers[w].ctrl.eof) hvdl__send_frame(e, w, MSG_BYE, &who, sizeof who);
+        if (!e->peers[w].ctrl.eof) hvdl__send_frame(e, w, MSG_BYE, msg, sizeof msg);
     return 0;
 }
 
@@ -31,10 +42,13 @@ int hvdl__say_bye(engine_t *e) {
     return hvdl__send_frame(e, 0, MSG_BYE, &me, sizeof me);
 }
 
-int hvdl__bye_received(engine_t *e, int from) {
+int hvdl__bye_received(engine_t *e, int from, const uint8_t *p, int64_t n) {
     if (e->rank == 0) return begin_shutdown(e, from);
+    uint64_t pos = 0;
+    if (n == 12) memcpy(&pos, p + 4, 8);
+    int rc = hvdl__neg_finish_to(e, pos);   /* what rank 0 finished before it stopped */
     e->stopped = 1;          /* rank 0 says everyone stops */
-    return 0;
+    return rc;
 }
 
 void hvdl__goodbye(engine_t *e) {

@@ -277,3 +277,40 @@ def test_a_rank_lost_while_others_wait_in_the_segment_is_named(tmp_path, how):
             os.kill(procs[2].pid, signal.SIGCONT)
         _cleanup(store, procs)
     assert not glob.glob("/dev/shm/hvdl-*")
+
+
+BARRIER_THEN_SHUTDOWN = RANK_PRELUDE + textwrap.dedent("""
+    import signal, subprocess
+    hvd.init()
+    r = hvd.rank()
+    hvd.allreduce(np.ones(1), name="sync")
+    if r == 2:
+        # Stopped (whole process) just after its barrier request left, until the others
+        # have finished the barrier and shut down: the barrier's response and rank 0's
+        # goodbye then wait in its socket together.
+        stopper = subprocess.Popen(
+            [sys.executable, "-c", "import os, sys, time, signal; p = int(sys.argv[1]); "
+             "sys.stdin.read(1); time.sleep(0.05); os.kill(p, signal.SIGSTOP); time.sleep(1.5); "
+             "os.kill(p, signal.SIGCONT)", str(os.getpid())], stdin=subprocess.PIPE, text=True)
+        stopper.stdin.write("x")
+        stopper.stdin.flush()
+    else:
+        time.sleep(0.4)
+    try:
+        hvd.barrier()
+    except Exception as e:
+        fail("barrier", repr(e))
+    hvd.shutdown()
+    if r == 2:
+        stopper.wait()
+    finish_alone()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_an_op_finished_on_rank_0_before_a_shutdown_finishes_everywhere():
+    """A barrier's entry needs no peer, so rank 0 finishes it and shuts down while a
+    stopped rank has not even read its response. That rank must still finish it: rank
+    0's goodbye says how far rank 0 executed the log."""
+    res = run_ranks(BARRIER_THEN_SHUTDOWN, np=3, timeout=100)
+    assert res.returncode == 0 and res.stdout.count("HVDTEST-OK") == 3, res.describe()
