@@ -207,7 +207,7 @@ void *hvdl__loop(void *arg);
 /* a waiting caller does the loop's work that needs no waiting, if the loop is not:
  * enter, drive as often as it looks, leave */
 void hvdl__drive_enter(engine_t *e);
-void hvdl__drive(engine_t *e);
+int hvdl__drive(engine_t *e);                 /* 1: it ran (took the new ops) */
 void hvdl__drive_leave(engine_t *e);
 
 /* fail.c: failure is sticky and names its cause. hvdl__fail records a cause on this

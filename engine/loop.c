@@ -220,8 +220,8 @@ static int pump(engine_t *e, int timeout_ms) {
  * stays with the loop thread. On one node a small op then needs no wake-up at all: the
  * last caller to arrive completes the request in the segment and executes it, and a
  * caller already waiting sees the log's entry and executes it too. */
-void hvdl__drive(engine_t *e) {
-    if (pthread_mutex_trylock(&e->drive)) return;     /* the loop thread is at work */
+int hvdl__drive(engine_t *e) {
+    if (pthread_mutex_trylock(&e->drive)) return 0;   /* the loop thread is at work */
     int wake = 0;
     if (!e->failed && !e->stopped) {
         hvdl__neg_watch_begin(e);
@@ -237,6 +237,7 @@ void hvdl__drive(engine_t *e) {
     }
     pthread_mutex_unlock(&e->drive);
     if (wake || e->failed) hvdl__wake(e);
+    return 1;
 }
 
 void hvdl__drive_enter(engine_t *e) { atomic_fetch_add(&e->watchers, 1); }

@@ -208,11 +208,17 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     int yield = e->spin_us <= 0;
     int look_us = !yield ? e->spin_us : o->nbytes <= e->cfg.small_bytes ? e->shm_spin_us : 0;
     /* In a one-node job each look first does the loop's work, if the loop thread is not
-     * doing it (loop.c, hvdl__drive): the op can finish here, with no wake-up at all. */
+     * doing it (loop.c, hvdl__drive): the op can finish here, with no wake-up at all. So
+     * a large op's caller looks too: it executes the op itself when the other ranks
+     * arrive, instead of waiting for the engine thread to be woken and then being woken
+     * by it (2 ranks on 2 cores, 1 MiB: 134-192 us against 202-470; 4 KiB and 64 KiB
+     * alike). */
+    if (e->neg && yield) look_us = e->shm_spin_us;
     double until = hvdl_now() + look_us * 1e-6;
+    int drove = 0;           /* a drive took the op from the incoming queue */
     if (e->neg) hvdl__drive_enter(e);
     while (!atomic_load(&o->done)) {
-        if (e->neg) hvdl__drive(e);
+        if (e->neg) drove |= hvdl__drive(e);
         if (atomic_load(&o->done) || hvdl_now() >= until) break;
         if (yield) sched_yield();
         else for (int k = 0; k < 32; k++) hvdl_pause();
@@ -221,7 +227,7 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     if (atomic_load(&o->done)) return HVDL_OK;
     /* Not done: the loop thread takes over. It was not woken for a flagged op, and may
      * have gone to sleep without seeing it. */
-    if (o->caller_waits) hvdl__wake(e);
+    if (o->caller_waits && !drove) hvdl__wake(e);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     double end = ts.tv_sec + ts.tv_nsec * 1e-9 + (timeout_s < 0 ? 1e9 : timeout_s);
