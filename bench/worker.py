@@ -35,11 +35,15 @@ class Ours:
                                input_ptr=x.ctypes.data, output_ptr=x.ctypes.data,
                                reduce_op=getattr(self.engine, self.reduce_op))
 
-    def allreduce(self, x):
-        self.ops.synchronize(self._submit(x, "bench"))
+    def allreduce(self, x):               # blocking, as hvd.allreduce: waited at once
+        with self.ops.waiting:
+            h = self._submit(x, "bench")
+        self.ops.synchronize(h)
 
     def allreduce_flag(self, x):          # a name of its own: its shape differs
-        self.ops.synchronize(self._submit(x, "bench.flag"))
+        with self.ops.waiting:
+            h = self._submit(x, "bench.flag")
+        self.ops.synchronize(h)
 
     def step(self, grads):
         handles = [self._submit(g, f"grad.{i}") for i, g in enumerate(grads)]

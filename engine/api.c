@@ -69,6 +69,7 @@ void hvdl__engine_free(engine_t *e) {
     free(e->first_name);
     strmap_free(&e->seen_names);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->drive);
     pthread_mutex_destroy(&e->tl_mu);
     pthread_cond_destroy(&e->done_cv);
     free(e);
@@ -79,6 +80,7 @@ engine_t *hvdl__engine_new(void) {
     if (!e) return NULL;
     e->listen_fd = e->wake_fd = -1;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->drive, NULL);
     pthread_mutex_init(&e->tl_mu, NULL);
     pthread_cond_init(&e->done_cv, NULL);
     struct timespec wall;

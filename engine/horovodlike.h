@@ -14,7 +14,8 @@
  *
  * Threading: hvdl_enqueue, hvdl_poll, hvdl_wait, hvdl_release and the process-set calls
  * may be called from any thread, concurrently; the engine's own background thread does
- * all the I/O. hvdl_prepare, hvdl_start and hvdl_shutdown are serialized with each
+ * the I/O, except that on one node a caller waiting in hvdl_wait() does the engine's
+ * work itself while that thread sleeps (HVDL_CALLER_WAITS). hvdl_prepare, hvdl_start and hvdl_shutdown are serialized with each
  * other, but no other call may be in flight across hvdl_shutdown and the next
  * hvdl_prepare (which frees the old engine). hvdl_last_error() is per thread. Waits spin
  * briefly, then block, and are meant to be called without the caller's interpreter lock
@@ -86,7 +87,15 @@ typedef struct hvdl_request {
     const char *name;        /* unique among in-flight requests; required */
     int64_t name_len;        /* bytes of name when known (0: up to its NUL); a name with
                                 a NUL byte inside is refused */
+    int flags;               /* enum hvdl_request_flags, or 0 */
 } hvdl_request;
+
+enum hvdl_request_flags {
+    /* The caller calls hvdl_wait() on this op at once: on one node, the waiting caller
+     * then starts it itself rather than the engine's thread (an op flagged so and never
+     * waited for may not start until another op is enqueued or waited for). */
+    HVDL_CALLER_WAITS = 1
+};
 
 /* What a finished op produced (filled by hvdl_release). */
 typedef struct hvdl_result {

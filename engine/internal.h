@@ -39,6 +39,7 @@ typedef struct op {
     int64_t nbytes;          /* input bytes */
     int cache_id;            /* this rank's cache entry for the name, or -1 */
     double enqueued_at;
+    int caller_waits;        /* HVDL_CALLER_WAITS on one node: enqueue did not wake the loop */
     atomic_int done;         /* written under engine.mu, read lock-free by spinners */
     int status;
     char *msg;               /* error text, malloc'd, or NULL */
@@ -121,6 +122,10 @@ typedef struct engine {
 
     pthread_t thread;
     int thread_started;
+    /* Held by whoever runs the loop's work: the loop thread, except while it waits, or
+     * a caller waiting for its op (hvdl__drive). Lock order: drive, then mu. */
+    pthread_mutex_t drive;
+    atomic_int watchers;     /* callers between hvdl__drive_enter and _leave */
     int wake_fd;             /* eventfd: an enqueue or shutdown wakes the loop */
 
     /* Guarded by mu. Lock rule: the loop never holds mu while doing I/O. */
@@ -199,6 +204,11 @@ void hvdl__wake(engine_t *e);
 
 /* loop.c: the background thread; owns what is done with each frame */
 void *hvdl__loop(void *arg);
+/* a waiting caller does the loop's work that needs no waiting, if the loop is not:
+ * enter, drive as often as it looks, leave */
+void hvdl__drive_enter(engine_t *e);
+int hvdl__drive(engine_t *e);                 /* 1: it ran (took the new ops) */
+void hvdl__drive_leave(engine_t *e);
 
 /* fail.c: failure is sticky and names its cause. hvdl__fail records a cause on this
  * rank; hvdl__fail_job also tells every other rank (through rank 0), so that the whole
@@ -303,7 +313,9 @@ uint64_t hvdl__neg_position(engine_t *e);           /* entries this rank has exe
 int hvdl__neg_finish_to(engine_t *e, uint64_t pos); /* a worker, told to stop */
 int hvdl__neg_sleep_begin(engine_t *e);             /* 1: there is work, do not sleep */
 void hvdl__neg_sleep_end(engine_t *e);
-int hvdl__neg_has_work(engine_t *e);
+int hvdl__neg_has_work(engine_t *e);               /* without e->drive */
+void hvdl__neg_watch_begin(engine_t *e);            /* a caller drives (loop.c) */
+int hvdl__neg_watch_end(engine_t *e);               /* 1: wake the sleeping loop */
 int hvdl__neg_deferred(engine_t *e);
 
 /* stall.c: rank 0 names the ranks that did not submit a name others did */

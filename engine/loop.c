@@ -48,9 +48,11 @@ op_t *hvdl__queue_pop(op_queue_t *q) {
     return o;
 }
 
-/* Move newly enqueued ops to the loop's own queue; returns whether shutdown was asked. */
-static int take_incoming(engine_t *e) {
-    hvdl_wakefd_drain(e->wake_fd);
+/* Move newly enqueued ops to the loop's own queue; returns whether shutdown was asked.
+ * Only the loop thread drains its wake-up: a caller's drive leaves it, so the loop
+ * always learns of a shutdown. */
+static int take_incoming(engine_t *e, int drain) {
+    if (drain) hvdl_wakefd_drain(e->wake_fd);
     pthread_mutex_lock(&e->mu);
     op_t *o;
     while ((o = hvdl__queue_pop(&e->incoming))) {
@@ -212,11 +214,50 @@ static int pump(engine_t *e, int timeout_ms) {
     return 0;
 }
 
+/* A caller waiting for its op runs the loop's work itself when the loop thread is not
+ * running it (it sleeps, or waits in hvdl__wait_control): new ops, announcing, rank 0's
+ * plan and the segment's log. What needs waiting (frames, the stall check, heartbeats)
+ * stays with the loop thread. On one node a small op then needs no wake-up at all: the
+ * last caller to arrive completes the request in the segment and executes it, and a
+ * caller already waiting sees the log's entry and executes it too. */
+int hvdl__drive(engine_t *e) {
+    if (pthread_mutex_trylock(&e->drive)) return 0;   /* the loop thread is at work */
+    int wake = 0;
+    if (!e->failed && !e->stopped) {
+        hvdl__neg_watch_begin(e);
+        wake = take_incoming(e, 0);                     /* a shutdown is the loop's */
+        double now = hvdl_now();
+        if (!wake && e->unsent.head && (e->mine.count == 0 || now - e->first_unsent_at >= e->cfg.cycle_time)) {
+            /* the cycle this caller runs: marked where it announces, not at every look */
+            if (hvdl__tl_mark_cycles(e)) hvdl__tl_instant(e, TL_CYCLES, "CYCLE_START", now, NULL);
+            wake = hvdl__announce(e);
+        }
+        if (!wake && e->rank == 0) wake = lead(e);
+        if (!wake && e->neg) wake = hvdl__neg_run(e);
+    }
+    pthread_mutex_unlock(&e->drive);
+    if (wake || e->failed) hvdl__wake(e);
+    return 1;
+}
+
+void hvdl__drive_enter(engine_t *e) { atomic_fetch_add(&e->watchers, 1); }
+
+/* The last caller to stop driving hands the log back to the loop thread: if it sleeps,
+ * its doorbell is armed again, and it is woken if work came meanwhile (it sleeps with a
+ * timeout chosen before the callers' work). */
+void hvdl__drive_leave(engine_t *e) {
+    pthread_mutex_lock(&e->drive);
+    int wake = atomic_fetch_sub(&e->watchers, 1) == 1 && (hvdl__neg_watch_end(e) || e->unsent.head);
+    pthread_mutex_unlock(&e->drive);
+    if (wake) hvdl__wake(e);
+}
+
 void *hvdl__loop(void *arg) {
     engine_t *e = arg;
+    pthread_mutex_lock(&e->drive);        /* let go only while waiting (net.c) */
     hvdl__neg_thread_start(e);
     while (!e->failed && !e->stopped) {
-        int bye = take_incoming(e);
+        int bye = take_incoming(e, 1);
         double now = hvdl_now();
         if (hvdl__tl_mark_cycles(e)) hvdl__tl_instant(e, TL_CYCLES, "CYCLE_START", now, NULL);
         /* An engine with nothing awaiting a response announces at once: there is nothing
@@ -253,5 +294,6 @@ void *hvdl__loop(void *arg) {
         hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: the background loop stopped without recording why");
     if (e->stopped && !e->failed) hvdl__goodbye(e);
     hvdl__neg_thread_end(e);
+    pthread_mutex_unlock(&e->drive);
     return NULL;
 }

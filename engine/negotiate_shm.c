@@ -98,7 +98,9 @@ struct neg {
     double *seen_at;           /* ... and when */
     int join_closed;           /* rank 0: a join closed every word */
     sigset_t sleep_mask;
+    int loop_asleep;           /* the loop thread waits (and has let go of e->drive) */
     int64_t fast, planned;     /* tensors agreed here; responses planned by rank 0 */
+    int64_t by_callers;        /* entries executed by a waiting caller (loop.c, hvdl__drive) */
 };
 
 size_t hvdl__neg_bytes(int nlocal) {
@@ -157,8 +159,9 @@ void hvdl__neg_thread_end(engine_t *e) {
     struct neg *n = e->neg;
     if (!n) return;
     atomic_store(&n->ranks[n->me].tid, 0);
-    hvdl__log(HVDL_LOG_INFO, "rank %d agreed on %lld tensors in shared memory and executed %lld "
-              "responses planned by rank 0", e->rank, (long long)n->fast, (long long)n->planned);
+    hvdl__log(HVDL_LOG_DEBUG, "rank %d agreed on %lld tensors in shared memory and executed %lld "
+              "responses planned by rank 0; waiting callers executed %lld log entries", e->rank,
+              (long long)n->fast, (long long)n->planned, (long long)n->by_callers);
 }
 
 /* ---- the log ---- */
@@ -423,6 +426,7 @@ static int run_until(engine_t *e, uint64_t until) {
             rc = hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds a malformed "
                                 "entry (kind %d, %d tensors)", ent.kind, ent.n);
         }
+        if (!pthread_equal(pthread_self(), e->thread)) n->by_callers++;
         n->next++;
         atomic_store_explicit(&n->ranks[n->me].consumed, n->next, memory_order_release);
         if (rc) return -1;
@@ -443,21 +447,52 @@ int hvdl__neg_finish_to(engine_t *e, uint64_t pos) {
     return e->neg ? run_until(e, pos) : 0;
 }
 
-/* ---- sleeping ---- */
+/* ---- sleeping, and a caller watching instead ----
+ *
+ * The segment's flag `sleeping` means: nobody on this rank watches the log, ring the
+ * doorbell. The loop raises it as it goes to sleep; a caller that drives the loop's work
+ * (hvdl__drive, loop.c) lowers it while it watches, and on leaving raises it again if
+ * the loop still sleeps, waking the loop itself if work came meanwhile. All of these run
+ * with e->drive held; only the doorbell's ring reads the flag from outside. */
 
 int hvdl__neg_sleep_begin(engine_t *e) {
     struct neg *n = e->neg;
     if (!n) return 0;
+    n->loop_asleep = 1;
+    if (atomic_load(&e->watchers)) return 0;        /* a caller watches the log (loop.c) */
     atomic_store(&n->ranks[n->me].sleeping, 1);     /* seq_cst: before reading the log */
     if (!next_entry(e)) return 0;
     atomic_store(&n->ranks[n->me].sleeping, 0);
+    n->loop_asleep = 0;
     return 1;
 }
 
 void hvdl__neg_sleep_end(engine_t *e) {
+    if (!e->neg) return;
+    e->neg->loop_asleep = 0;
+    atomic_store(&e->neg->ranks[e->neg->me].sleeping, 0);
+}
+
+void hvdl__neg_watch_begin(engine_t *e) {
     if (e->neg) atomic_store(&e->neg->ranks[e->neg->me].sleeping, 0);
 }
 
-int hvdl__neg_has_work(engine_t *e) { return e->neg && next_entry(e); }
+/* 1 if the loop sleeps and has work it does not know of: the caller wakes it. */
+int hvdl__neg_watch_end(engine_t *e) {
+    struct neg *n = e->neg;
+    if (!n || !n->loop_asleep) return 0;
+    atomic_store(&n->ranks[n->me].sleeping, 1);     /* seq_cst: before reading the log */
+    return next_entry(e) || n->ndefer;
+}
+
+/* Without e->drive (the loop's look before sleeping, net.c): an entry is published past
+ * what this rank has executed. It may be one that waits for its response frame, so it
+ * only ends the look, never the sleep that reads the frame. */
+int hvdl__neg_has_work(engine_t *e) {
+    struct neg *n = e->neg;
+    if (!n) return 0;
+    uint64_t next = atomic_load_explicit(&n->ranks[n->me].consumed, memory_order_acquire);
+    return atomic_load_explicit(&n->log[next % NEG_LOG].stamp, memory_order_acquire) == next + 1;
+}
 
 int hvdl__neg_deferred(engine_t *e) { return e->neg && e->neg->ndefer; }

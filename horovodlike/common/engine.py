@@ -68,9 +68,11 @@ def is_running() -> bool:
 
 
 def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SUM,
-            root_rank=0, prescale=1.0, postscale=1.0, process_set=0, splits=None) -> int:
+            root_rank=0, prescale=1.0, postscale=1.0, process_set=0, splits=None,
+            caller_waits=False) -> int:
     """Queue one request; pointers are integer addresses of contiguous buffers that the
-    caller keeps alive until the handle is released."""
+    caller keeps alive until the handle is released. caller_waits: this thread waits for
+    it at once (the engine then lets the waiting thread start it)."""
     if "\0" in name:
         raise ValueError(f"tensor name {name!r} contains a NUL character")
     if len(shape) > MAX_DIMS:
@@ -81,6 +83,7 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
     for i, d in enumerate(shape):
         req.shape[i] = d
     req.prescale, req.postscale = prescale, postscale
+    req.flags = lib.HVDL_CALLER_WAITS if caller_waits else 0
     req.input = ffi.cast("void *", input_ptr)
     req.output = ffi.cast("void *", output_ptr)
     encoded = name.encode()

@@ -13,6 +13,7 @@ Handles are ours, not the engine's: a process-wide counter, so a handle from bef
 shutdown() can never name an op after the next init().
 """
 import itertools
+import threading
 
 import numpy as np
 
@@ -51,10 +52,26 @@ def _as_array(tensor, what):
     return tensor
 
 
+class _Waiting(threading.local):
+    """`with waiting:` around *_async calls whose handles this thread synchronizes at
+    once (the blocking collectives): the engine is told so, and on one node the waiting
+    thread then starts the op itself instead of waking the engine's thread for it."""
+    now = False
+
+    def __enter__(self):
+        self.now = True
+
+    def __exit__(self, *exc):
+        self.now = False
+
+
+waiting = _Waiting()
+
+
 def submit(keep, finish, **request):
     """Enqueue a request; remember what must stay alive and how to finish it."""
     basics._t()
-    engine_handle = engine.enqueue(**request)
+    engine_handle = engine.enqueue(**request, caller_waits=waiting.now)
     handle = next(_handles)
     _pending[handle] = (engine_handle, keep, finish)
     return handle
@@ -124,8 +141,10 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None):
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                       postscale_factor, process_set))
+    with waiting:
+        h = allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set)
+    return synchronize(h)
 
 
 def allgather_async(tensor, name=None, process_set=None):
@@ -136,7 +155,9 @@ def allgather_async(tensor, name=None, process_set=None):
 
 
 def allgather(tensor, name=None, process_set=None):
-    return synchronize(allgather_async(tensor, name, process_set))
+    with waiting:
+        h = allgather_async(tensor, name, process_set)
+    return synchronize(h)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
@@ -147,11 +168,15 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    with waiting:
+        h = broadcast_async(tensor, root_rank, name, process_set)
+    return synchronize(h)
 
 
 def barrier(process_set=None):
-    synchronize(submit((), lambda _: None, **request.barrier(process_set).fields()))
+    with waiting:
+        h = submit((), lambda _: None, **request.barrier(process_set).fields())
+    synchronize(h)
 
 
 def reducescatter_async(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
@@ -167,8 +192,9 @@ def reducescatter_async(tensor, op=None, name=None, process_set=None, prescale_f
 
 def reducescatter(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
                   postscale_factor=1.0):
-    return synchronize(reducescatter_async(tensor, op, name, process_set, prescale_factor,
-                                           postscale_factor))
+    with waiting:
+        h = reducescatter_async(tensor, op, name, process_set, prescale_factor, postscale_factor)
+    return synchronize(h)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
@@ -186,10 +212,14 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
 def alltoall(tensor, splits=None, name=None, process_set=None):
     """Send splits[j] rows to rank j. Returns the output, and the received splits if
     splits were given (Horovod's convention)."""
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    with waiting:
+        h = alltoall_async(tensor, splits, name, process_set)
+    return synchronize(h)
 
 
 def join(device=-1):
     """Say this rank is out of data: it contributes zeros to others' allreduces until
     every rank has joined. Returns the last rank to join."""
-    return synchronize(submit((), lambda res: int(res.value), **request.join().fields()))
+    with waiting:
+        h = submit((), lambda res: int(res.value), **request.join().fields())
+    return synchronize(h)

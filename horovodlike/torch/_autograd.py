@@ -16,6 +16,8 @@ through without a graph.
 """
 import torch
 
+from horovodlike.common import ops as _ops
+
 from . import _collectives as C
 from . import _tensors
 from ._process_sets import global_process_set, member_index, resolve
@@ -27,6 +29,14 @@ def _compressed(tensors, compression):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+def _now(start, *args, **kwargs):
+    """start(...), an *_async op, then wait for it: the engine is told this thread waits
+    at once, so on one node the thread starts the op itself (common/ops.py, waiting)."""
+    with _ops.waiting:
+        handle = start(*args, **kwargs)
+    return C.synchronize(handle)
+
+
 # ------------------------------------------------------------------ allreduce
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -36,10 +46,8 @@ class HorovodAllreduce(torch.autograd.Function):
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return C.synchronize(C.allreduce_async(tensor, name=name, op=op,
-                                               prescale_factor=prescale_factor,
-                                               postscale_factor=postscale_factor,
-                                               process_set=process_set))
+        return _now(C.allreduce_async, tensor, name=name, op=op, prescale_factor=prescale_factor,
+                    postscale_factor=postscale_factor, process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -67,9 +75,9 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return tuple(C.synchronize(C.grouped_allreduce_async(
-            list(tensors), name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set)))
+        return tuple(_now(C.grouped_allreduce_async, list(tensors), name=name, op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                          process_set=process_set))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -109,7 +117,7 @@ class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.dim, ctx.process_set = int(tensor.shape[0]) if tensor.dim() else 0, process_set
-        return C.synchronize(C.allgather_async(tensor, name=name, process_set=process_set))
+        return _now(C.allgather_async, tensor, name=name, process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -132,8 +140,8 @@ class HorovodGroupedAllgather(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.dims = [int(t.shape[0]) if t.dim() else 0 for t in tensors]
         ctx.process_set = process_set
-        return tuple(C.synchronize(C.grouped_allgather_async(list(tensors), name=name,
-                                                             process_set=process_set)))
+        return tuple(_now(C.grouped_allgather_async, list(tensors), name=name,
+                          process_set=process_set))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -159,8 +167,8 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return C.synchronize(C.broadcast_async(tensor, root_rank, name=name,
-                                               process_set=process_set))
+        return _now(C.broadcast_async, tensor, root_rank, name=name,
+                    process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -184,8 +192,8 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = C.synchronize(C.alltoall_async(tensor, splits, name=name,
-                                                          process_set=process_set))
+        output, received = _now(C.alltoall_async, tensor, splits, name=name,
+                                process_set=process_set)
         ctx.process_set, ctx.received = process_set, received
         if splits is None:
             return output
@@ -224,10 +232,8 @@ class HorovodReducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return C.synchronize(C.reducescatter_async(tensor, name=name, op=op,
-                                                   process_set=process_set,
-                                                   prescale_factor=prescale_factor,
-                                                   postscale_factor=postscale_factor))
+        return _now(C.reducescatter_async, tensor, name=name, op=op, process_set=process_set,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -256,9 +262,9 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return tuple(C.synchronize(C.grouped_reducescatter_async(
-            list(tensors), name=name, op=op, process_set=process_set,
-            prescale_factor=prescale_factor, postscale_factor=postscale_factor)))
+        return tuple(_now(C.grouped_reducescatter_async, list(tensors), name=name, op=op,
+                          process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor))
 
     @staticmethod
     def backward(ctx, *grad_outputs):

@@ -110,9 +110,13 @@ void world_stop(world_t *w) {
     free(w);
 }
 
+/* Enqueue and wait at once, as the blocking Python calls do: flagged so (on one node the
+ * waiting thread then does the engine's work itself). */
 int run_op(engine_t *e, const hvdl_request *q, hvdl_result *res, char *msg) {
     int64_t h;
-    int rc = hvdl__engine_enqueue(e, q, &h);
+    hvdl_request waited = *q;
+    waited.flags |= HVDL_CALLER_WAITS;
+    int rc = hvdl__engine_enqueue(e, &waited, &h);
     if (rc) {
         snprintf(msg, HVDL_MSG_BYTES, "enqueue: %s", hvdl_last_error());
         return rc;
