@@ -1,6 +1,9 @@
 /*
- * The background loop: one thread per engine, and the only thread that does I/O. It
- * reads top-down; each step is one call into the file that does that job:
+ * The background loop: one thread per engine, which does the engine's work (I/O,
+ * negotiation, execution) under the engine's `drive` lock, letting go of it only while
+ * it waits; on one node a caller waiting for its op may take it meanwhile and do the
+ * parts that need no waiting itself (hvdl__drive, below). The loop reads top-down;
+ * each step is one call into the file that does that job:
  *
  *   take_incoming      ops enqueued by the API move to the loop's own queue
  *   hvdl__announce     (announce.c) unsent requests go to rank 0, as one frame a cycle
@@ -17,8 +20,8 @@
  *                      cache (cache.c) to execution, a goodbye to shutdown.c, an abort
  *                      to fail.c
  *
- * It sleeps in poll() until an enqueue (the wake eventfd) or a control frame arrives, so
- * an idle engine costs nothing. A request that finds nothing else in flight is announced
+ * It sleeps in poll() until an enqueue (the wake eventfd), a control frame or (one node)
+ * the segment's doorbell arrives, so an idle engine costs nothing. A request that finds nothing else in flight is announced
  * at once; requests that arrive while others are in flight wait out HOROVOD_CYCLE_TIME
  * from the oldest one, so that requests made close together (a backward pass) are
  * announced, negotiated and fused together.

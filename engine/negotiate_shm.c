@@ -27,9 +27,9 @@
  * (hvdl__neg_close_id). A mismatch is then reported naming the ranks, as before. Rank
  * 0's stall check takes over a word that stays partly set in one round for the stall
  * warning time (dating the stall from when it first saw it), so the stall inspector
- * warns, names the missing ranks and shuts down as before. A join closes every word until the join ends
- * (the joined rank never posts, and only rank 0 knows to contribute its zeros). A word
- * reopens when its response is planned. A rank's view of a name's cache entry is always
+ * warns, names the missing ranks and shuts down as before. A join closes every word
+ * until the join ends (the joined rank never posts, and only rank 0 knows to contribute
+ * its zeros). A word reopens when its response is planned. A rank's view of a name's cache entry is always
  * current when it posts (an entry changes only through a response for that name, which
  * the rank executed before it could submit the name again), so a bit means the same to
  * every rank and to rank 0.
@@ -37,8 +37,8 @@
  * Cost of a repeated small op, L local ranks: one CAS per rank on the id's word, one
  * fetch-add on the log's tail and an entry write by the last rank, and at most one
  * doorbell (a tgkill, a few microseconds) per sleeping rank per entry; no system call
- * at all when every loop is awake. Rank 0's stall scan reads min(cache size, 4096)
- * words once a second.
+ * at all when every rank's loop, or a caller waiting for its op (loop.c, hvdl__drive),
+ * is looking. Rank 0's stall scan reads min(cache size, 4096) words once a second.
  *
  * The log is a ring of NEG_LOG entries; an entry is written only once every rank has
  * executed the one NEG_LOG before it. A rank that finds no room keeps the entry
