@@ -201,6 +201,17 @@ static void publish_deferred(struct neg *n) {
     ring_sleepers(n);
 }
 
+/* Room for one more element in a doubling array *p of *cap elements holding n. */
+static int grow(engine_t *e, void **p, int *cap, int n, size_t elem, const char *what) {
+    if (n < *cap) return 0;
+    int want = *cap ? 2 * *cap : 16;
+    void *q = realloc(*p, elem * (size_t)want);
+    if (!q) return hvdl__oom(e, what, (int64_t)(elem * (size_t)want));
+    *p = q;
+    *cap = want;
+    return 0;
+}
+
 static int append(engine_t *e, const neg_entry_t *ent) {
     struct neg *n = e->neg;
     uint64_t seq = atomic_fetch_add(n->tail, 1);
@@ -209,13 +220,8 @@ static int append(engine_t *e, const neg_entry_t *ent) {
         ring_sleepers(n);
         return 0;
     }
-    if (n->ndefer == n->capdefer) {
-        int cap = n->capdefer ? 2 * n->capdefer : 16;
-        deferred_t *d = realloc(n->defer, sizeof *d * (size_t)cap);
-        if (!d) return hvdl__oom(e, "negotiation log entry", (int64_t)sizeof *d * cap);
-        n->defer = d;
-        n->capdefer = cap;
-    }
+    if (grow(e, (void **)&n->defer, &n->capdefer, n->ndefer, sizeof *n->defer, "negotiation log entry"))
+        return -1;
     n->defer[n->ndefer++] = (deferred_t){seq, *ent};
     return 0;
 }
@@ -351,13 +357,7 @@ void hvdl__neg_stall_scan(engine_t *e, double now) {
 int hvdl__neg_queue(engine_t *e, response_t *r) {
     struct neg *n = e->neg;
     if (n->qhead == n->qlen) n->qhead = n->qlen = 0;
-    if (n->qlen == n->qcap) {
-        int cap = n->qcap ? 2 * n->qcap : 16;
-        response_t *q = realloc(n->q, sizeof *q * (size_t)cap);
-        if (!q) return hvdl__oom(e, "response queue", (int64_t)sizeof *q * cap);
-        n->q = q;
-        n->qcap = cap;
-    }
+    if (grow(e, (void **)&n->q, &n->qcap, n->qlen, sizeof *n->q, "response queue")) return -1;
     n->q[n->qlen++] = *r;
     memset(r, 0, sizeof *r);             /* the queue owns it now */
     return 0;
