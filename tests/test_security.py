@@ -378,6 +378,9 @@ ON_THE_LINK = """
             addr, state = line.split()[1], line.split()[3]
             if state == "01":                  # established
                 local.add(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    # Any rank's shutdown is every rank's: without this barrier, rank 0 could stop the
+    # job (and close the sockets) before a slower rank has looked at them.
+    hvd.allreduce(np.zeros(1), name="looked")
     print("RESULT", hvd.rank(), x.tolist(), sorted(local), flush=True)
     hvd.shutdown()
 """
