@@ -6,7 +6,8 @@
  * one bit; any other travels in full (wire.c encodes). Rank 0 announces to its own
  * coordinator in memory. In a one-node job a request equal to its cache entry is posted
  * in the segment instead (negotiate_shm.c), and goes through rank 0 only when rank 0
- * has closed its id.
+ * has closed its id; on several nodes, it is posted in the node's segment and the rank
+ * that completes the node's word tells rank 0 for all of them (negotiate_nodes.c).
  */
 #include "internal.h"
 #include <stdlib.h>
@@ -29,7 +30,7 @@ int hvdl__announce(engine_t *e) {
             meta_t cached = hvdl__cache_meta_for(e, id, e->rank);
             if (!hvdl__cache_meta_equal(&cached, &o->meta)) id = -1;
         }
-        int posted = id >= 0 ? hvdl__neg_post(e, id) : 0;
+        int posted = id < 0 ? 0 : e->neg ? hvdl__neg_post(e, id) : hvdl__nodes_post(e, id);
         if (posted == 2) {
             if (!done && !(done = malloc(sizeof(int) * (size_t)e->ncache))) {
                 rc = hvdl__oom(e, "completed requests", 4 * (int64_t)e->ncache);
@@ -53,7 +54,7 @@ int hvdl__announce(engine_t *e) {
         }
         nfull++;
     }
-    if (!rc && ndone) rc = hvdl__neg_complete(e, done, ndone);
+    if (!rc && ndone) rc = e->neg ? hvdl__neg_complete(e, done, ndone) : hvdl__nodes_complete(e, done, ndone);
     if (!rc && e->rank != 0 && (nbits || nfull)) {
         buf_t msg = {0};
         rc = hvdl__write_requests(&msg, bits, nwords, nfull, &full)

@@ -17,7 +17,9 @@
  * Stalls (names some ranks submitted and others did not) are watched by stall.c; any
  * rank's shutdown is every rank's (shutdown.c). In a one-node job, cached requests are
  * agreed in the segment (negotiate_shm.c) unless a request for the name reaches the
- * coordinator: it then takes the name over, with the bits already posted.
+ * coordinator: it then takes the name over, with the bits already posted. On several
+ * nodes, each node agrees in its segment and rank 0 records a node's ranks at once
+ * (negotiate_nodes.c), taking a node's word over when a request reaches it otherwise.
  */
 #include "internal.h"
 #include <stdio.h>
@@ -38,6 +40,7 @@ static void pending_free(pending_t *p) {
     free(p->have);
     free(p->have_at);
     free(p->error);
+    free(p->closed_nodes);
     free(p);
 }
 
@@ -192,6 +195,8 @@ int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
         /* Ranks that posted this name in the segment are now waiting here too. */
         if (hvdl__neg_close_name(e, name)) return -1;
     }
+    /* On several nodes: from's node mates may have posted this name in their segment. */
+    if (!p->have[from] && hvdl__nodes_took_request(e, from, p)) return -1;
     if (p->have[from]) return 0;   /* refused at enqueue; never twice in flight */
     p->have[from] = 1;
     p->have_at[from] = hvdl_now();
@@ -205,7 +210,8 @@ int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
     if (m->op == HVDL_OP_JOIN && m->process_set == 0) {
         c->joined[from] = 1;
         c->last_joined = from;
-        if (hvdl__neg_close_all(e)) return -1;   /* the joined rank will post nothing */
+        /* the joined rank will post nothing */
+        if (hvdl__neg_close_all(e) || hvdl__nodes_join(e)) return -1;
         maybe_ready(e, p);
         rescan(e);    /* a join may complete others' allreduces */
         return 0;
@@ -267,6 +273,12 @@ static int build_response(engine_t *e, response_t *r, pending_t *group, int n) {
     return 0;
 }
 
+static int anyone_joined(const coordinator_t *c, int size) {
+    for (int r = 0; r < size; r++)
+        if (c->joined[r]) return 1;
+    return 0;
+}
+
 /* Everything ready, as responses in execution order; rank 0's cache is updated as each
  * is planned, exactly as every worker's will be when it receives them. */
 int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
@@ -288,7 +300,7 @@ int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
         int n;
         pending_t *group = hvdl__fusion_take(e, &n);
         rc = build_response(e, &rs[nresp], group, n) || hvdl__cache_assign(e, &rs[nresp]) ||
-             hvdl__neg_settle(e, &rs[nresp]);
+             hvdl__neg_settle(e, &rs[nresp]) || hvdl__nodes_settle(e, &rs[nresp], anyone_joined(c, e->size));
         nresp++;
         for (pending_t *p = group, *next; p; p = next) { next = p->next; pending_free(p); }
     }

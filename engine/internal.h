@@ -112,6 +112,7 @@ typedef struct engine {
     transport_t *tcp;
     hvdl_shm_t *shm;         /* NULL when this rank is alone on its node */
     struct neg *neg;         /* negotiation in the segment (negotiate_shm.c), or NULL */
+    struct nodeneg *nodes;   /* hierarchical negotiation (negotiate_nodes.c), or NULL */
     const sigset_t *poll_mask;   /* the loop's sleep unblocks its doorbell (or NULL) */
     int spin_us;             /* the loop's and a caller's waits look before sleeping (api.c) */
     int shm_spin_us;         /* a shm barrier looks before sleeping (ctx.spin_us) */
@@ -250,6 +251,7 @@ typedef struct pending {
     int ref;                 /* the first rank that submitted: its meta is the reference */
     double first_at, warned_at;
     char *error;             /* set when ready and the ranks disagree */
+    uint8_t *closed_nodes;   /* per node: rank 0 took this name's word over (negotiate_nodes.c) */
     struct pending *next;    /* link in the ready list, then in a fusion group */
 } pending_t;
 typedef struct coordinator {
@@ -321,6 +323,24 @@ int hvdl__neg_deferred(engine_t *e);
 /* stall.c: rank 0 names the ranks that did not submit a name others did */
 void hvdl__stall_check(engine_t *e, double now);
 
+/* negotiate_nodes.c: on several nodes, a node's ranks agree in their segment first */
+int hvdl__nodes_open(engine_t *e);                  /* after hvdl__shm_open; off on one node */
+void hvdl__nodes_free(engine_t *e);
+void hvdl__nodes_thread_end(engine_t *e);
+void hvdl__nodes_count(engine_t *e, const response_t *r);   /* a worker applied r */
+int hvdl__nodes_post(engine_t *e, int id);           /* as hvdl__neg_post */
+int hvdl__nodes_complete(engine_t *e, const int *ids, int n);
+int hvdl__nodes_took_request(engine_t *e, int from, pending_t *p);   /* rank 0 */
+int hvdl__nodes_join(engine_t *e);                   /* rank 0 */
+int hvdl__nodes_settle(engine_t *e, const response_t *r, int anyone_joined);   /* rank 0 planned r */
+int hvdl__nodes_take_done(engine_t *e, int from, const uint8_t *p, int64_t n);
+int hvdl__nodes_take_posted(engine_t *e, int from, const uint8_t *p, int64_t n);
+int hvdl__nodes_take_close(engine_t *e, const uint8_t *p, int64_t n);
+int hvdl__nodes_take_reopen(engine_t *e, const uint8_t *p, int64_t n);
+int hvdl__nodes_leads(engine_t *e);                  /* this rank leads a node's segment */
+int hvdl__nodes_scan(engine_t *e, double now);       /* a leader's words stuck partly set */
+int hvdl__nodes_before_stall(engine_t *e, pending_t *p);   /* stall.c: 1 = ask again later */
+
 /* wire.c: pure encode/decode of the negotiation messages (no engine state is changed) */
 int hvdl__put_request(buf_t *full, const char *name, const meta_t *m, const int64_t *splits, int n);
 int hvdl__write_requests(buf_t *msg, const uint64_t *bits, int nwords, int nfull, const buf_t *full);
@@ -367,7 +387,11 @@ enum {
     MSG_ABORT = 4,           /* any -> any: the job failed; payload is the message */
     MSG_PING = 5,            /* start-up clock sync: worker -> rank 0 */
     MSG_PONG = 6,            /* rank 0 -> worker: rank 0's wall clock */
-    MSG_HEARTBEAT = 7        /* either way, when nothing else was sent for a while */
+    MSG_HEARTBEAT = 7,       /* either way, when nothing else was sent for a while */
+    MSG_NODE_DONE = 8,       /* worker -> rank 0: its node's ranks all posted these cache ids */
+    MSG_NODE_POSTED = 9,     /* node leader -> rank 0: the bits it took out of a word */
+    MSG_NODE_CLOSE = 10,     /* rank 0 -> node leader: take a word over for a round */
+    MSG_NODE_REOPEN = 11     /* rank 0 -> node leader: a join ended; each word's round */
 };
 
 /* net.c: control frames over the control star, and waiting on control traffic */

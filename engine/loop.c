@@ -77,7 +77,8 @@ static int sleep_ms(engine_t *e, double now) {
     }
     if (hvdl__neg_deferred(e)) return 1;        /* a log entry waits for room */
     /* rank 0 watches for stalls: pending names, and words partly set in the segment */
-    int ms = (hvdl__coordinator_pending(e) || (e->neg && e->rank == 0)) && e->cfg.stall_check ? 1000 : -1;
+    int ms = (hvdl__coordinator_pending(e) || (e->neg && e->rank == 0) || hvdl__nodes_leads(e)) &&
+             e->cfg.stall_check ? 1000 : -1;
     int beat = hvdl__liveness_ms(e);          /* heartbeats and the check on peers */
     return ms < 0 || (beat >= 0 && beat < ms) ? beat : ms;
 }
@@ -149,7 +150,10 @@ static int take_responses(engine_t *e, int from, reader_t *r) {
     if (hvdl__read_responses(e, r, &rs, &n))
         return e->failed ? -1 : hvdl__malformed(e, from, "response list", r->why);
     /* The cache follows the responses in order, as rank 0's did when it planned them. */
-    for (int i = 0; i < n && !rc; i++) rc = hvdl__cache_apply(e, &rs[i], &why);
+    for (int i = 0; i < n && !rc; i++) {
+        rc = hvdl__cache_apply(e, &rs[i], &why);
+        if (!rc) hvdl__nodes_count(e, &rs[i]);    /* the rounds of hierarchical negotiation */
+    }
     if (rc && why) hvdl__malformed(e, from, "response list", why);
     double now = hvdl_now();
     for (int i = 0; i < n; i++) {
@@ -169,6 +173,10 @@ static int on_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n
     case MSG_BYE: return hvdl__bye_received(e, from, p, n);
     case MSG_HEARTBEAT: return 0;         /* its arrival was the point (liveness.c) */
     case MSG_ABORT: return hvdl__abort_received(e, from, p, n);
+    case MSG_NODE_DONE: return hvdl__nodes_take_done(e, from, p, n);
+    case MSG_NODE_POSTED: return hvdl__nodes_take_posted(e, from, p, n);
+    case MSG_NODE_CLOSE: return hvdl__nodes_take_close(e, p, n);
+    case MSG_NODE_REOPEN: return hvdl__nodes_take_reopen(e, p, n);
     default:      /* net.c lets through only the types this rank may receive */
         return hvdl__malformed(e, from, "control frame", "a type this rank does not take");
     }
@@ -279,6 +287,7 @@ void *hvdl__loop(void *arg) {
             hvdl__stall_check(e, now);
         }
         if (e->neg && hvdl__neg_run(e)) break;      /* the segment's log, in order */
+        if (hvdl__nodes_scan(e, now)) break;        /* a node leader's stuck words */
         if (hvdl__liveness_check(e, hvdl_now())) break;
         if (e->failed || e->stopped) break;
         if (pump(e, sleep_ms(e, hvdl_now()))) break;
@@ -297,6 +306,7 @@ void *hvdl__loop(void *arg) {
         hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: the background loop stopped without recording why");
     if (e->stopped && !e->failed) hvdl__goodbye(e);
     hvdl__neg_thread_end(e);
+    hvdl__nodes_thread_end(e);
     pthread_mutex_unlock(&e->drive);
     return NULL;
 }

@@ -16,6 +16,10 @@ void hvdl__stall_check(engine_t *e, double now) {
     for (int i = 0; i < c->pending.cap; i++) {
         pending_t *p = c->pending.vals ? c->pending.vals[i] : NULL;
         if (!p || now - p->first_at < e->cfg.stall_warning) continue;
+        /* on several nodes, bits posted in the segments come to rank 0 first */
+        int asked = hvdl__nodes_before_stall(e, p);
+        if (asked < 0) return;
+        if (asked || strmap_get(&c->pending, p->name) != p) continue;   /* next check; or it is ready */
         const group_t *g = e->sets[p->metas[p->ref].process_set];
         char missing[512] = "";
         int k = 0;

@@ -50,8 +50,9 @@ BIG_ALLREDUCE = textwrap.dedent("""
 """)
 
 
-def _spawn_job(script, np_, tmp_path, extra_env=None):
-    """N real rank processes sharing a rendezvous store, as horovodlikerun would start them."""
+def _spawn_job(script, np_, tmp_path, extra_env=None, hosts=None):
+    """N real rank processes sharing a rendezvous store, as horovodlikerun would start them
+    (on this host, or on the fake host names `hosts`, one per rank)."""
     path = tmp_path / "rank.py"
     path.write_text(script)
     key = jobkey.generate()
@@ -59,9 +60,11 @@ def _spawn_job(script, np_, tmp_path, extra_env=None):
     job = f"kill{time.time_ns()}"
     procs = []
     for r in range(np_):
+        host = hosts[r] if hosts else HOST
+        local = [q for q in range(np_) if (hosts[q] if hosts else HOST) == host]
         env = dict(os.environ, HOROVOD_RANK=str(r), HOROVOD_SIZE=str(np_),
-                   HOROVOD_LOCAL_RANK=str(r), HOROVOD_LOCAL_SIZE=str(np_),
-                   HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1", HOROVOD_HOSTNAME=HOST,
+                   HOROVOD_LOCAL_RANK=str(local.index(r)), HOROVOD_LOCAL_SIZE=str(len(local)),
+                   HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1", HOROVOD_HOSTNAME=host,
                    HOROVODLIKE_STORE_ADDR=store.address, HOROVODLIKE_JOB_ID=job,
                    HOROVODLIKE_JOB_KEY=key.hex(), HOROVODLIKE_BIND_ADDR="127.0.0.1",
                    PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **(extra_env or {}))
