@@ -19,7 +19,8 @@ typedef struct config {
     int64_t socket_buffer;       /* HOROVODLIKE_SOCKET_BUFFER_BYTES */
     int shm;                     /* HOROVODLIKE_SHM: shared memory between local ranks */
     int shm_negotiate;           /* HOROVODLIKE_SHM_NEGOTIATE: a one-node job negotiates
-                                    cached requests in the segment (negotiate_shm.c) */
+                                    cached requests in the segment (negotiate_shm.c); on
+                                    several nodes, each node first (negotiate_nodes.c) */
     int spin_us;                 /* HOROVODLIKE_SPIN_US: poll before sleeping, per wait */
     int algorithm;               /* HOROVODLIKE_ALLREDUCE_ALGORITHM (ALG_*); HOROVOD_HIERARCHICAL_ALLREDUCE=1 means hier */
     int64_t small_bytes;         /* HOROVODLIKE_SMALL_BYTES: recursive doubling up to here */

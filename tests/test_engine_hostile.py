@@ -42,6 +42,7 @@ REPLY = struct.Struct("<II32s32s")          # magic pad challenge proof
 FRAME = struct.Struct("<IIq")               # magic type len
 META = struct.Struct("<6i8q2d")             # op dtype reduce root set ndim shape[8] pre post
 MSG_REQUESTS, MSG_RESPONSES, MSG_BYE, MSG_ABORT, MSG_PING, MSG_PONG, MSG_HEARTBEAT = range(1, 8)
+MSG_NODE_DONE, MSG_NODE_POSTED, MSG_NODE_CLOSE, MSG_NODE_REOPEN = range(8, 12)   # several nodes
 CH_DATA, CH_CONTROL = 0, 1
 FULL_TAG = 0xFFFFFFFF
 
@@ -501,6 +502,10 @@ MALFORMED_TO_ROOT = {
     "name-past-end": frame(MSG_REQUESTS, struct.pack("<III", 0, 1, 1 << 31) + b"abc"),
     "truncated-meta": frame(MSG_REQUESTS, struct.pack("<II", 0, 1) + string(NAME) + meta()[:50]),
     "trailing-bytes": frame(MSG_REQUESTS, requests((NAME, meta(), [])) + b"junk"),
+    # hierarchical negotiation's frames, in a job on one node (no segment words)
+    "node-agreement-on-one-node": frame(MSG_NODE_DONE, struct.pack("<i", 0)),
+    "word-report-on-one-node": frame(MSG_NODE_POSTED, bytes(24)),
+    "word-order-from-a-worker": frame(MSG_NODE_CLOSE, struct.pack("<iI", 0, 0)),
 }
 
 
@@ -546,7 +551,11 @@ MALFORMED_TO_WORKER = {
     "allgather-for-an-allreduce": responses(response(m=meta(op=1), tensors=[
         full_tensor(m=meta(op=1), dim0=struct.pack("<qq", 1 << 62, -1))])),
     "broadcast-root-outside": responses(response(m=meta(op=2, root=1), tensors=[full_tensor(m=meta(op=2))])),
-    "requests-to-a-worker": None,     # sent as MSG_REQUESTS below
+    # other frame types, sent as they are
+    "requests-to-a-worker": (MSG_REQUESTS, requests()),
+    "node-agreement-to-a-worker": (MSG_NODE_DONE, struct.pack("<i", 0)),
+    "word-order-without-a-segment": (MSG_NODE_CLOSE, struct.pack("<iI", 0, 0)),
+    "word-reopening-without-a-segment": (MSG_NODE_REOPEN, struct.pack("<I", 0)),
 }
 
 
@@ -569,10 +578,8 @@ def test_malformed_response_to_a_worker_fails_it_naming_rank0(job_factory, case)
     try:
         typ, payload = fake.read_frame(1)
         assert typ == MSG_REQUESTS
-        if case == "requests-to-a-worker":
-            fake.send(1, frame(MSG_REQUESTS, requests()))
-        else:
-            fake.send(1, frame(MSG_RESPONSES, MALFORMED_TO_WORKER[case]))
+        what = MALFORMED_TO_WORKER[case]
+        fake.send(1, frame(*what) if isinstance(what, tuple) else frame(MSG_RESPONSES, what))
         rc, out, err = job.wait(1, timeout=60)
     finally:
         fake.close()
