@@ -24,6 +24,20 @@ int hvdl__announce(engine_t *e) {
         if (strmap_put(&e->mine, o->name, o)) { rc = hvdl__oom(e, "request table", (int64_t)strlen(o->name)); break; }
         hvdl__tl_count_step(e, o->name);
         if (o->meta.op == HVDL_OP_JOIN) e->joined = 1;
+        if (o->meta.op == HVDL_OP_JOIN && e->nodes) {
+            /* on several nodes, what this rank posted goes ahead of its join */
+            if (ndone && (rc = hvdl__nodes_complete(e, done, ndone))) break;
+            ndone = 0;
+            int k = hvdl__nodes_withdraw(e, bits);
+            nbits += k;
+            for (int id = 0; e->rank == 0 && k && id < e->ncache; id++) {
+                if (!(bits[id / 64] >> (id % 64) & 1)) continue;
+                bits[id / 64] &= ~(1ull << (id % 64));
+                meta_t m = hvdl__cache_meta_for(e, id, 0);
+                if ((rc = hvdl__coord_record(e, 0, e->cache[id].name, &m, NULL, 0))) break;
+            }
+            if (rc) break;
+        }
         int n = o->splits ? e->sets[o->meta.process_set]->n : 0;
         int id = hvdl__cacheable(&o->meta) ? hvdl__cache_lookup(e, o->name) : -1;
         if (id >= 0) {

@@ -196,7 +196,7 @@ int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
         if (hvdl__neg_close_name(e, name)) return -1;
     }
     /* On several nodes: from's node mates may have posted this name in their segment. */
-    if (!p->have[from] && hvdl__nodes_took_request(e, from, p)) return -1;
+    if (!p->have[from] && hvdl__nodes_took_request(e, from, p, m)) return -1;
     if (p->have[from]) return 0;   /* refused at enqueue; never twice in flight */
     p->have[from] = 1;
     p->have_at[from] = hvdl_now();

@@ -330,7 +330,8 @@ void hvdl__nodes_thread_end(engine_t *e);
 void hvdl__nodes_count(engine_t *e, const response_t *r);   /* a worker applied r */
 int hvdl__nodes_post(engine_t *e, int id);           /* as hvdl__neg_post */
 int hvdl__nodes_complete(engine_t *e, const int *ids, int n);
-int hvdl__nodes_took_request(engine_t *e, int from, pending_t *p);   /* rank 0 */
+int hvdl__nodes_took_request(engine_t *e, int from, pending_t *p, const meta_t *m);   /* rank 0 */
+int hvdl__nodes_withdraw(engine_t *e, uint64_t *bits);   /* before a join: this rank's posted ids */
 int hvdl__nodes_join(engine_t *e);                   /* rank 0 */
 int hvdl__nodes_settle(engine_t *e, const response_t *r, int anyone_joined);   /* rank 0 planned r */
 int hvdl__nodes_take_done(engine_t *e, int from, const uint8_t *p, int64_t n);

@@ -31,7 +31,9 @@
  *     inspector names exactly the ranks that never submitted;
  *   a join closes every word of every node until it ends (the joined rank never posts),
  *     and its end sets each word closed for the round rank 0 has reached
- *     (MSG_NODE_REOPEN): each id then takes one round through rank 0 and reopens.
+ *     (MSG_NODE_REOPEN): each id then takes one round through rank 0 and reopens. The
+ *     joining rank first takes its own waiting bits back and sends them ahead of its
+ *     join (hvdl__nodes_withdraw), so what it submitted counts as submitted.
  * A bit sent in a frame is always safe: rank 0 takes it like any other request.
  *
  * Cost of a repeated op on N nodes of L ranks: one CAS per rank, one small frame per
@@ -169,6 +171,27 @@ int hvdl__nodes_post(engine_t *e, int id) {
     }
 }
 
+/* This rank is about to announce a join: it takes back its bits still waiting in words,
+ * marking them in `bits` (ids), so that they travel by frame ahead of its join (rank 0
+ * then counts it as joined only for what it never submitted). Returns how many. */
+int hvdl__nodes_withdraw(engine_t *e, uint64_t *bits) {
+    struct nodeneg *n = e->nodes;
+    int k = 0;
+    if (!n || !n->arrive) return 0;
+    uint64_t bit = 1ull << n->me;
+    for (int id = 0; id < NEG_IDS && id < e->ncache; id++) {
+        _Atomic uint64_t *w = &n->arrive[id];
+        uint64_t old = atomic_load(w);
+        while (!(old & CLOSED) && (old & bit) && ROUND_OF(old) == round_now(n, id))
+            if (atomic_compare_exchange_weak(w, &old, old & ~bit)) {
+                bits[id / 64] |= 1ull << (id % 64);
+                k++;
+                break;
+            }
+    }
+    return k;
+}
+
 /* The bits of `id`'s word for `round` (closing it for that round), 0 if the word has
  * moved on: the node completed that round (its completer told rank 0), and any bits
  * are the next round's, posted after rank 0 planned this one. */
@@ -184,13 +207,16 @@ static uint64_t close_word(struct nodeneg *n, int id, uint64_t round) {
 
 /* ---- rank 0: recording what the segments say ---- */
 
-/* The requests of `mask`'s local ranks of node k for cache id `id`. */
+/* The requests of `mask`'s local ranks of node k for cache id `id`. A rank that has
+ * joined since is skipped: it took its bits back before its join left (hvdl__nodes_
+ * withdraw), so a bit of its own here was taken out of a word by a close that crossed
+ * its join; rank 0 counts it present as joined, and its op may already be planned. */
 static int record_bits(engine_t *e, int k, int id, uint64_t mask, double waited) {
     struct nodeneg *n = e->nodes;
     n->recording = 1;
     int rc = 0;
     for (int q = 0; q < n->node_n[k] && !rc; q++) {
-        if (!(mask >> q & 1)) continue;
+        if (!(mask >> q & 1) || e->coord->joined[n->node_ranks[k][q]]) continue;
         int rank = n->node_ranks[k][q];
         meta_t m = hvdl__cache_meta_for(e, id, rank);
         rc = hvdl__coord_record(e, rank, e->cache[id].name, &m, NULL, 0);
@@ -226,9 +252,10 @@ static int take_over(engine_t *e, pending_t *p, int k, int id) {
     return close_on(e, k, id);
 }
 
-static int word_id(engine_t *e, const pending_t *p) {
+/* The word of name p for a request with metadata m, or -1 if rank 0 leaves it alone. */
+static int word_id(engine_t *e, const pending_t *p, const meta_t *m) {
     struct nodeneg *n = e->nodes;
-    if (!n || n->recording || n->join_closed || p->metas[p->ref].process_set != 0) return -1;
+    if (!n || n->recording || n->join_closed || !hvdl__cacheable(m)) return -1;
     int id = hvdl__cache_lookup(e, p->name);
     return id < NEG_IDS ? id : -1;
 }
@@ -236,8 +263,8 @@ static int word_id(engine_t *e, const pending_t *p) {
 /* coordinator.c: rank `from`'s request for `p` reached rank 0 as a frame (or, rank 0's,
  * in memory) rather than through its segment: its node's mates may have posted theirs
  * in the word, so rank 0 takes that word over for the round, once. */
-int hvdl__nodes_took_request(engine_t *e, int from, pending_t *p) {
-    int id = word_id(e, p);
+int hvdl__nodes_took_request(engine_t *e, int from, pending_t *p, const meta_t *m) {
+    int id = word_id(e, p, m);
     return id < 0 ? 0 : take_over(e, p, e->node[from], id);
 }
 
@@ -246,7 +273,7 @@ int hvdl__nodes_took_request(engine_t *e, int from, pending_t *p) {
  * check names the ranks), 0 if none (any on rank 0's node are recorded now). */
 int hvdl__nodes_before_stall(engine_t *e, pending_t *p) {
     struct nodeneg *n = e->nodes;
-    int id = word_id(e, p), asked = 0;
+    int id = word_id(e, p, &p->metas[p->ref]), asked = 0;
     for (int k = 0; id >= 0 && k < e->nnodes; k++) {
         int missing = 0, had = p->closed_nodes && p->closed_nodes[k];
         for (int q = 0; q < n->node_n[k]; q++) missing |= !p->have[n->node_ranks[k][q]];
@@ -274,10 +301,15 @@ int hvdl__nodes_take_done(engine_t *e, int from, const uint8_t *p, int64_t len) 
     if (len % 4 || len > 4 * NEG_IDS) return hvdl__malformed(e, from, "node agreement", "a bad length");
     int count = (int)(len / 4);
     int32_t ids[NEG_IDS];
+    uint64_t seen[NEG_IDS / 64] = {0};
     memcpy(ids, p, (size_t)len);
-    for (int i = 0; i < count; i++)
+    for (int i = 0; i < count; i++) {
         if (ids[i] < 0 || ids[i] >= e->ncache || ids[i] >= NEG_IDS || !hvdl__cacheable(&e->cache[ids[i]].meta))
             return hvdl__malformed(e, from, "node agreement", "a cache id that does not exist");
+        if (seen[ids[i] / 64] >> (ids[i] % 64) & 1)
+            return hvdl__malformed(e, from, "node agreement", "a cache id twice");
+        seen[ids[i] / 64] |= 1ull << (ids[i] % 64);
+    }
     return node_done(e, k, ids, count);
 }
 

@@ -191,6 +191,34 @@ def test_a_join_takes_every_word_over_until_it_ends(early):
     assert c[0][1] >= 2 * 15, c               # before and after the join, in the segments
 
 
+POSTED_THEN_JOIN = RANK_PRELUDE + textwrap.dedent("""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for i in range(5):
+        check_equal(hvd.broadcast(np.full(3, float(r)), root_rank=1, name="b"), np.full(3, 1.0), f"before {i}")
+    if r == 2:
+        # posts "b" in its node's word, then joins without waiting: its request counts
+        # as submitted, ahead of its join (as joined, only an allreduce could run)
+        h = hvd.broadcast_async(np.full(3, float(r)), root_rank=1, name="b")
+        hvd.join()
+        check_equal(hvd.synchronize(h), np.full(3, 1.0), "posted then joined")
+    else:
+        time.sleep(0.5)
+        check_equal(hvd.broadcast(np.full(3, float(r)), root_rank=1, name="b"), np.full(3, 1.0), "with 2's")
+        hvd.join()
+    for i in range(5):
+        check_equal(hvd.broadcast(np.full(3, float(r)), root_rank=1, name="b"), np.full(3, 1.0), f"after {i}")
+    finish()
+""")
+
+
+@pytest.mark.timeout(150)
+def test_a_request_posted_before_a_join_counts_as_submitted():
+    res = run_ranks(POSTED_THEN_JOIN, np=4, launcher_args=NODES, timeout=130,
+                    env={"HOROVOD_STALL_CHECK_DISABLE": "1"})
+    res.assert_ok()
+
+
 WAITER = textwrap.dedent("""
     import os, signal, sys, time
     import numpy as np
