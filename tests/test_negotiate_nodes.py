@@ -17,6 +17,7 @@ import pytest
 
 from harness import RANK_PRELUDE, run_ranks
 from test_failures import _cleanup, _read_until, _spawn_job
+from test_negotiate_shm import REPEATED
 
 NODES = ["-H", "a:2,b:2", "--ssh-command", "sh -c {command}"]
 LINE = re.compile(r"rank (\d+) completed its node's agreement on (\d+) tensors in (\d+) announcements; "
@@ -28,29 +29,6 @@ def counts(stderr):
     return {int(m[1]): (int(m[2]), int(m[4]), int(m[5])) for m in LINE.finditer(stderr)}
 
 
-REPEATED = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    iters = int(os.environ["ITERS"])
-    x = np.arange(100, dtype=np.float32) + r
-    exp = sum(np.arange(100, dtype=np.float32) + q for q in range(n))
-    for i in range(iters):
-        out = hvd.allreduce(x, op=hvd.Sum, name="a")
-        if i % 100 == 0:
-            check_equal(out, exp, f"sum {i}")
-    for it in range(4):                          # fused: 20 tensors announced together
-        hs = [hvd.allreduce_async(np.full(33, float(r + k), np.float32), op=hvd.Average, name=f"g{k}")
-              for k in range(20)]
-        for k, h in enumerate(hs):
-            check_close(hvd.synchronize(h), np.full(33, (n - 1) / 2 + k, np.float32), f"avg {it}.{k}",
-                        rtol=1e-6, atol=1e-6)
-        rows = hvd.allgather(np.full((r + 1, 2), r, np.int64), name="ag")
-        check_equal(rows, np.concatenate([np.full((q + 1, 2), q, np.int64) for q in range(n)]), f"ag {it}")
-        check_equal(hvd.broadcast(np.full(5, r), root_rank=n - 1, name="b"), np.full(5, n - 1), f"bc {it}")
-    finish()
-""")
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("np_,hosts,negotiate", [
     (4, "a:2,b:2", "1"), (5, "a:2,b:1,c:2", "1"), (4, "a:2,b:2", "0"),
@@ -59,7 +37,7 @@ def test_repeated_requests_are_agreed_per_node(np_, hosts, negotiate):
     iters = 400
     res = run_ranks(REPEATED, np=np_, timeout=280,
                     launcher_args=["-H", hosts, "--ssh-command", "sh -c {command}"],
-                    env={"HOROVOD_LOG_LEVEL": "debug", "ITERS": str(iters),
+                    env={"HOROVOD_LOG_LEVEL": "debug", "ITERS": str(iters), "FUSED": "20",
                          "HOROVODLIKE_SHM_NEGOTIATE": negotiate})
     res.assert_ok()
     c = counts(res.stderr)
