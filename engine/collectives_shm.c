@@ -57,15 +57,27 @@
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* dst = src[0] (op) src[1] (op) ... (op) src[L-1], in that order on every rank, so that
+ * every rank's result is bit-identical: the first step reads two sources at once. */
+static void reduce_in_order(int dtype, int op, void *dst, const uint8_t *const *src, int L,
+                            int64_t count) {
+    if (L == 1) {
+        memcpy(dst, src[0], (size_t)(count * hvdl_dtype_size(dtype)));
+        return;
+    }
+    hvdl__reduce_to(dtype, op, dst, src[0], src[1], count);
+    for (int q = 2; q < L; q++) hvdl__reduce(dtype, op, dst, src[q], count);
+}
+
 static int one_shot(ctx_t *c, hvdl_shm_t *s, const uint8_t *in, uint8_t *out, int64_t bytes,
                     int dtype, int op, double post) {
-    int esz = hvdl_dtype_size(dtype), which = s->epoch++ & 1;
+    int esz = hvdl_dtype_size(dtype), which = s->epoch++ & 1, L = s->nlocal;
+    const uint8_t *src[L];
     memcpy(hvdl__shm_slot(s, s->me, which), in, (size_t)bytes);
     hvdl__shm_post(c);
     if (hvdl__shm_wait_all(c)) return -1;
-    memcpy(out, hvdl__shm_slot(s, 0, which), (size_t)bytes);
-    for (int q = 1; q < s->nlocal; q++)
-        hvdl__reduce(dtype, op, out, hvdl__shm_slot(s, q, which), bytes / esz);
+    for (int q = 0; q < L; q++) src[q] = hvdl__shm_slot(s, q, which);
+    reduce_in_order(dtype, op, out, src, L, bytes / esz);
     hvdl__scale(dtype, out, bytes / esz, post);   /* while out is still in cache */
     return 0;
 }
@@ -86,10 +98,10 @@ static void reduce_share(hvdl_shm_t *s, int64_t len, int dtype, int op, double p
                          int64_t *off, int64_t *n) {
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
     uint8_t *res = hvdl__shm_slot(s, s->me, which) + L * s->chunk;
+    const uint8_t *src[L];
     share_of(len, esz, L, s->me, off, n);
-    memcpy(res, hvdl__shm_slot(s, 0, which) + *off, (size_t)*n);
-    for (int q = 1; q < L; q++)
-        hvdl__reduce(dtype, op, res, hvdl__shm_slot(s, q, which) + *off, *n / esz);
+    for (int q = 0; q < L; q++) src[q] = hvdl__shm_slot(s, q, which) + *off;
+    reduce_in_order(dtype, op, res, src, L, *n / esz);
     hvdl__scale(dtype, res, *n / esz, post);
 }
 
@@ -320,12 +332,10 @@ int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, 
         int64_t n = min64(C, seg_bytes[s->me] - lo);
         if (n <= 0) continue;
         uint8_t *dst = (uint8_t *)out + lo;
-        for (int q = 0; q < L; q++) {
-            const uint8_t *src = q == s->me && !staged ? own + lo
-                                                       : hvdl__shm_slot(s, q, which) + s->me * C;
-            if (q == 0) memcpy(dst, src, (size_t)n);
-            else hvdl__reduce(dtype, op, dst, src, n / esz);
-        }
+        const uint8_t *src[L];
+        for (int q = 0; q < L; q++)
+            src[q] = q == s->me && !staged ? own + lo : hvdl__shm_slot(s, q, which) + s->me * C;
+        reduce_in_order(dtype, op, dst, src, L, n / esz);
         hvdl__scale(dtype, dst, n / esz, post);   /* while the piece is in cache */
     }
     return 0;

@@ -62,6 +62,11 @@ typedef struct hvdl_shm {
     int64_t slot_bytes;
     uint32_t phase;          /* phases posted; identical on every local rank */
     uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
+    /* What the barriers cost this rank, logged when the segment closes (debug level):
+     * waits, their time in all, the waits that went to sleep, and for those the time
+     * from the last arrival's release to this rank running again (the wake-up). */
+    int64_t waits, slept;
+    double waited_s, wake_s, wake_max_s;
 } hvdl_shm_t;
 
 struct engine;
@@ -104,6 +109,7 @@ void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t by
 
 /* reduce.c */
 void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);
+void hvdl__reduce_to(int dtype, int op, void *dst, const void *a, const void *b, int64_t count);
 void hvdl__scale(int dtype, void *buf, int64_t count, double factor);
 
 /* shm.c: the segment's one synchronisation primitive */

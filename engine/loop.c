@@ -307,6 +307,7 @@ void *hvdl__loop(void *arg) {
     if (e->stopped && !e->failed) hvdl__goodbye(e);
     hvdl__neg_thread_end(e);
     hvdl__nodes_thread_end(e);
+    hvdl__shm_report(e);
     pthread_mutex_unlock(&e->drive);
     return NULL;
 }

@@ -1,12 +1,17 @@
 /*
- * Reduce kernels: dst[i] = dst[i] (op) src[i] for every dtype x op, and in-place scaling.
+ * Reduce kernels: dst[i] = dst[i] (op) src[i] for every dtype x op, the same with two
+ * sources (dst[i] = a[i] (op) b[i]: the first step of a reduction into a buffer that
+ * holds nothing yet, which would otherwise be a copy and then a pass), and in-place
+ * scaling.
  *
  * Plain loops over restrict pointers that the compiler vectorises; on x86-64 each
  * kernel is also built for x86-64-v3 (AVX2, FMA, F16C) and picked at load time, so one
  * build runs anywhere and is fast where it can be. float16 and bfloat16 are widened to
  * float32 for the arithmetic and rounded back once per step. bool is uint8 with
  * Sum/Max = OR and Min/Product = AND. Integer overflow wraps, as in numpy.
- * Cost: one read of src, one read and one write of dst; memory-bound above L2.
+ * Cost: one read of src, one read and one write of dst; memory-bound above L2. The
+ * two-source form reads a and b and writes dst once: a copy's worth less than copying a
+ * into dst and reducing b into it.
  */
 #include "context.h"
 #include <string.h>
@@ -41,6 +46,12 @@ static inline uint16_t f32_to_bf16(float f) {
 #define KERN(NAME, T, F, W, N)                                                          \
     KERNEL static void NAME(T *restrict d, const T *restrict s, int64_t n) {            \
         for (int64_t i = 0; i < n; i++) d[i] = N(F(W(d[i]), W(s[i])));                  \
+    }                                                                                   \
+    KERN2(NAME, T, F, W, N)
+#define KERN2(NAME, T, F, W, N)                                                         \
+    KERNEL static void NAME##_to(T *restrict d, const T *restrict a, const T *restrict b,  \
+                                 int64_t n) {                                           \
+        for (int64_t i = 0; i < n; i++) d[i] = N(F(W(a[i]), W(b[i])));                  \
     }
 #define ID(x) (x)
 #define TO_F32(x) ((float)(x))
@@ -74,7 +85,10 @@ KERN(b_or, uint8_t, OR, ID, ID)
 KERN(b_and, uint8_t, AND, ID, ID)
 
 typedef void (*kern_fn)(void *, const void *, int64_t);
+typedef void (*kern2_fn)(void *, const void *, const void *, int64_t);
 #define ROW(P) {(kern_fn)P##_sum, (kern_fn)P##_sum, (kern_fn)P##_min, (kern_fn)P##_max, (kern_fn)P##_prod}
+#define ROW2(P) {(kern2_fn)P##_sum_to, (kern2_fn)P##_sum_to, (kern2_fn)P##_min_to,       \
+                 (kern2_fn)P##_max_to, (kern2_fn)P##_prod_to}
 
 /* Indexed by [dtype][reduce op]; Average reduces as Sum and is scaled afterwards. */
 static const kern_fn KERNELS[HVDL_NUM_DTYPES][5] = {
@@ -84,8 +98,21 @@ static const kern_fn KERNELS[HVDL_NUM_DTYPES][5] = {
     [HVDL_BOOL] = {(kern_fn)b_or, (kern_fn)b_or, (kern_fn)b_and, (kern_fn)b_or, (kern_fn)b_and},
 };
 
+static const kern2_fn KERNELS2[HVDL_NUM_DTYPES][5] = {
+    [HVDL_UINT8] = ROW2(u8),     [HVDL_INT8] = ROW2(i8),     [HVDL_INT16] = ROW2(i16),
+    [HVDL_INT32] = ROW2(i32),    [HVDL_INT64] = ROW2(i64),   [HVDL_FLOAT16] = ROW2(f16),
+    [HVDL_BFLOAT16] = ROW2(bf16), [HVDL_FLOAT32] = ROW2(f32), [HVDL_FLOAT64] = ROW2(f64),
+    [HVDL_BOOL] = {(kern2_fn)b_or_to, (kern2_fn)b_or_to, (kern2_fn)b_and_to, (kern2_fn)b_or_to,
+                   (kern2_fn)b_and_to},
+};
+
 void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count) {
     KERNELS[dtype][op](dst, src, count);
+}
+
+/* dst must not overlap a or b. */
+void hvdl__reduce_to(int dtype, int op, void *dst, const void *a, const void *b, int64_t count) {
+    KERNELS2[dtype][op](dst, a, b, count);
 }
 
 /* Scaling: floats multiply in their own precision (widened for the half types); integers

@@ -71,7 +71,8 @@ typedef struct shm_header {
 } shm_header_t;
 
 /* Line 0: the header. Line 1: the arrival counter. Line 2: the generation word (what
- * waiters watch, so arrivals do not disturb them). Then one line per local rank: the
+ * waiters watch, so arrivals do not disturb them), and after it the time of its last
+ * release, which a rank that slept reads to count its wake-up. Then one line per local rank: the
  * barrier it reached. Then negotiation's part (negotiate_shm.c). Then the slots. */
 static size_t header_bytes(int nlocal) {
     return (size_t)LINE * (size_t)(3 + nlocal) + hvdl__neg_bytes(nlocal);
@@ -84,6 +85,8 @@ static _Atomic uint32_t *word_at(hvdl_shm_t *s, int line) {
 }
 static _Atomic uint32_t *arrived_of(hvdl_shm_t *s) { return word_at(s, 1); }
 static _Atomic uint32_t *generation_of(hvdl_shm_t *s) { return word_at(s, 2); }
+/* CLOCK_MONOTONIC is one clock for every process of the node. */
+static _Atomic double *released_at(hvdl_shm_t *s) { return (_Atomic double *)(s->base + LINE * 2 + 8); }
 static _Atomic uint32_t *reached_by(hvdl_shm_t *s, int local) { return word_at(s, 3 + local); }
 
 uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which) {
@@ -189,10 +192,21 @@ fail:
     return -1;
 }
 
+/* The loop thread, as it ends: what the barriers cost (debug level). */
+void hvdl__shm_report(engine_t *e) {
+    hvdl_shm_t *s = e->shm;
+    if (s && s->waits)
+        hvdl__log(HVDL_LOG_DEBUG, "rank %d's shared-memory barriers: %lld waits, %.1f us each on "
+                  "average; %lld slept, woken %.1f us after the release on average (at most %.0f us)",
+                  e->rank, (long long)s->waits, s->waited_s * 1e6 / (double)s->waits, (long long)s->slept,
+                  s->slept ? s->wake_s * 1e6 / (double)s->slept : 0.0, s->wake_max_s * 1e6);
+}
+
 void hvdl__shm_close(engine_t *e) {
-    if (!e->shm) return;
-    munmap(e->shm->base, e->shm->bytes);
-    free(e->shm);
+    hvdl_shm_t *s = e->shm;
+    if (!s) return;
+    munmap(s->base, s->bytes);
+    free(s);
     e->shm = NULL;
 }
 
@@ -203,6 +217,7 @@ void hvdl__shm_post(ctx_t *c) {
     /* Unsigned arithmetic: the counter and v * L wrap alike. */
     uint32_t before = atomic_fetch_add_explicit(arrived_of(s), 1, memory_order_acq_rel);
     if (before + 1 == v * (uint32_t)s->nlocal) {         /* the last to arrive */
+        atomic_store_explicit(released_at(s), hvdl_now(), memory_order_relaxed);
         atomic_store(generation_of(s), v);
         if (atomic_load(&((shm_header_t *)s->base)->sleepers))
             hvdl_futex_wake_all(generation_of(s));
@@ -253,7 +268,9 @@ int hvdl__shm_wait_all(ctx_t *c) {
         for (int i = 0; i < 16; i++) hvdl_pause();
     double since = hvdl_now();
     uint32_t seen = atomic_load(arrived_of(s));
+    int slept = 0;
     while (!reached(gen, v)) {
+        slept = 1;
         uint32_t cur = atomic_load(gen);
         atomic_fetch_add(&h->sleepers, 1);
         struct timespec ts = {0, 50 * 1000 * 1000};
@@ -267,6 +284,17 @@ int hvdl__shm_wait_all(ctx_t *c) {
         /* One heartbeat interval later than liveness.c, as the TCP transport does. */
         else if (hvdl_now() - since > e->cfg.peer_timeout + hvdl__heartbeat_interval(e))
             return stalled(e, s, v, hvdl_now() - since);
+    }
+    double end = hvdl_now();
+    s->waits++;
+    s->waited_s += end - now;
+    if (slept) {
+        /* Exact: the next release needs this rank's arrival, and the generation's acquire
+         * orders the time stored before it. */
+        double wake = end - atomic_load_explicit(released_at(s), memory_order_relaxed);
+        s->slept++;
+        s->wake_s += wake;
+        if (wake > s->wake_max_s) s->wake_max_s = wake;
     }
     return 0;
 }

@@ -24,6 +24,10 @@ AGREED = re.compile(r"rank (\d+) agreed on (\d+) tensors in shared memory and ex
                     r"responses planned by rank 0; waiting callers executed (\d+) log entries")
 
 
+BARRIERS = re.compile(r"rank (\d+)'s shared-memory barriers: (\d+) waits, ([\d.]+) us each on average; "
+                      r"(\d+) slept, woken ([\d.]+) us after the release")
+
+
 def agreed_counts(stderr):
     """{rank: (tensors agreed in the segment, responses planned by rank 0)}"""
     return {int(m[1]): (int(m[2]), int(m[3])) for m in AGREED.finditer(stderr)}
@@ -69,6 +73,11 @@ def test_repeated_requests_are_agreed_in_the_segment(np_, negotiate, launcher_ar
                     env={"HOROVOD_LOG_LEVEL": "debug", "ITERS": str(iters),
                          "HOROVODLIKE_SHM_NEGOTIATE": negotiate})
     res.assert_ok()
+    if not launcher_args:
+        # Every rank counts its barriers (one per small allreduce), as its engine stops.
+        barriers = {int(m[1]): (int(m[2]), int(m[4])) for m in BARRIERS.finditer(res.stderr)}
+        assert sorted(barriers) == list(range(np_)), res.stderr[-3000:]
+        assert all(w >= iters and 0 <= slept <= w for w, slept in barriers.values()), barriers
     counts = agreed_counts(res.stderr)
     if negotiate == "0" or launcher_args:
         assert counts == {}, res.stderr[-3000:]      # the path exists only on one node
