@@ -258,6 +258,42 @@ def test_process_sets_and_join_beside_the_segment():
     assert all(fast >= 30 for fast, _ in counts.values()), counts
 
 
+BARRIERS_LOOP = RANK_PRELUDE + textwrap.dedent("""
+    hvd.init(process_sets="dynamic")
+    r, n = hvd.rank(), hvd.size()
+    evens = hvd.add_process_set([q for q in range(n) if q % 2 == 0])
+    for i in range(300):
+        late = i % 100 == 50                     # from the segment: the first is rank 0's
+        if r == 0 and late:
+            time.sleep(0.3)
+        t = time.monotonic()
+        hvd.barrier()
+        waited = time.monotonic() - t
+        if r != 0 and late and waited < 0.2:
+            fail(f"barrier {i}", f"passed after {waited:.3f} s, before rank 0 arrived")
+        if r in evens.ranks:
+            hvd.barrier(process_set=evens)
+        s = hvd.allreduce(np.full(1, float(i)), op=hvd.Sum, name="s")
+        check_equal(s, np.full(1, float(i * n)), f"allreduce after barrier {i}")
+    finish()
+""")
+
+
+@pytest.mark.timeout(150)
+def test_repeated_barriers_are_agreed_in_the_segment():
+    # An eager barrier has one name, as in Horovod, so after the first one every
+    # barrier (and every barrier of a process set) is a cached request.
+    res = run_ranks(BARRIERS_LOOP, np=3, timeout=130, env={"HOROVOD_LOG_LEVEL": "debug"})
+    res.assert_ok()
+    counts = agreed_counts(res.stderr)
+    assert sorted(counts) == [0, 1, 2], res.stderr[-3000:]
+    # 300 barriers + 300 allreduces; the set's barriers go through rank 0 (a set is
+    # not the segment's), so the even ranks' planned counts hold those 300.
+    for rank, (fast, planned) in counts.items():
+        assert fast >= 590, (rank, fast, planned)
+        assert planned <= (310 if rank % 2 == 0 else 10), (rank, fast, planned)
+
+
 WAITER = textwrap.dedent("""
     import os, signal, sys, time
     import numpy as np

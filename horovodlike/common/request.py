@@ -253,12 +253,16 @@ class Request:
         return dataclasses.replace(self, name=name)
 
 
-def _request(kind, what, name, process_set, namer, members=None, **fields):
+def _request(kind, what, name, process_set, namer, members=None, fixed=False, **fields):
+    """fixed: the op's kind is its whole name (with the set's id), unnamed or not."""
     ps, sid = resolve_set(process_set)
     index = member_index(ps, what) if sid else basics.rank()
     if "root_rank" in fields:
         fields["root_rank"] = root(ps, fields["root_rank"], what)
-    base = engine_name(("grouped_" + kind) if members is not None else kind, name, sid, namer)
+    if fixed:
+        base = kind if sid == 0 else f"{kind}@set{sid}"
+    else:
+        base = engine_name(("grouped_" + kind) if members is not None else kind, name, sid, namer)
     req = Request(kind, base, ps, sid, ps.size(), index, **fields)
     if members is None:
         return req
@@ -310,7 +314,12 @@ def reducescatter(name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
 
 
 def barrier(process_set=None, namer=None):
-    return _request("barrier", "barrier", None, process_set, namer)
+    """An eager barrier has one name per set ("barrier", "barrier@set2"), as Horovod's
+    have (BARRIER_TENSOR_NAME): the call blocks, so a rank has one in flight per set, and
+    a name that repeats is agreed from the response cache (on one node in the
+    shared-memory segment) instead of through rank 0 every time. A graph numbers its
+    barriers (namer): one graph may hold several that run at once."""
+    return _request("barrier", "barrier", None, process_set, namer, fixed=namer is None)
 
 
 def join():
