@@ -32,7 +32,7 @@ class Ours:
         # In place, as MPI_IN_PLACE: the engine reads and writes the caller's buffer.
         return self.ops.submit((x,), lambda _: x, op=self.engine.ALLREDUCE, name=name,
                                dtype=self.engine.DTYPES["float32"], shape=x.shape,
-                               input_ptr=x.ctypes.data, output_ptr=x.ctypes.data,
+                               input_ptr=self.engine.address(x), output_ptr=self.engine.address(x),
                                reduce_op=getattr(self.engine, self.reduce_op))
 
     def allreduce(self, x):               # blocking, as hvd.allreduce: waited at once

@@ -4,6 +4,8 @@ Every call goes through `_check`, which turns an engine status into one exceptio
 family. cffi releases the GIL for the duration of each C call, so waiting here never
 blocks other Python threads.
 """
+import threading
+
 from horovodlike._engine import ffi, lib
 
 from .exceptions import HorovodInternalError, TensorMismatchError
@@ -67,6 +69,27 @@ def is_running() -> bool:
     return bool(lib.hvdl_is_running())
 
 
+def address(array) -> int:
+    """The address of a contiguous array's data: 0.4 us, where numpy's .ctypes.data
+    costs 1.8 us (it builds a ctypes helper object on every access)."""
+    return int(ffi.cast("uintptr_t", ffi.from_buffer(array)))
+
+
+class _Scratch(threading.local):
+    """Each thread's request, handle, message and result structs, made once: the engine
+    copies what it keeps at enqueue and fills all it returns at release, so reusing them
+    saves four allocations (one zeroing 1 KiB) on every op."""
+
+    def __init__(self):
+        self.req = ffi.new("hvdl_request *")
+        self.handle = ffi.new("int64_t *")
+        self.msg = ffi.new("char[]", lib.HVDL_MSG_BYTES)
+        self.res = ffi.new("hvdl_result *")
+
+
+_scratch = _Scratch()
+
+
 def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SUM,
             root_rank=0, prescale=1.0, postscale=1.0, process_set=0, splits=None,
             caller_waits=False) -> int:
@@ -77,7 +100,8 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
         raise ValueError(f"tensor name {name!r} contains a NUL character")
     if len(shape) > MAX_DIMS:
         raise ValueError(f"'{name}': {len(shape)} dimensions; at most {MAX_DIMS} are supported")
-    req = ffi.new("hvdl_request *")
+    scratch = _scratch
+    req = scratch.req
     req.op, req.dtype, req.reduce_op = op, dtype, reduce_op
     req.root_rank, req.process_set, req.ndim = root_rank, process_set, len(shape)
     for i, d in enumerate(shape):
@@ -89,11 +113,10 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
     encoded = name.encode()
     c_name = ffi.new("char[]", encoded)
     req.name, req.name_len = c_name, len(encoded)
-    if splits is not None:
-        c_splits = ffi.new("int64_t[]", [int(v) for v in splits])
-        req.splits = c_splits
-    handle = ffi.new("int64_t *")
-    _check(lib.hvdl_enqueue(req, handle))
+    c_splits = None if splits is None else ffi.new("int64_t[]", [int(v) for v in splits])
+    req.splits = ffi.NULL if c_splits is None else c_splits
+    handle = scratch.handle
+    _check(lib.hvdl_enqueue(req, handle))      # every field above is set on every call
     return handle[0]
 
 
@@ -128,8 +151,8 @@ class Result:
 
 def release(handle: int) -> Result:
     """Free a finished handle and return its Result; raises the op's error if it failed."""
-    msg = ffi.new("char[]", lib.HVDL_MSG_BYTES)
-    res = ffi.new("hvdl_result *")
+    scratch = _scratch
+    msg, res = scratch.msg, scratch.res
     status = lib.hvdl_release(handle, msg, res)
     data = ffi.gc(res.data, lib.hvdl_free) if res.data != ffi.NULL else None
     if status != lib.HVDL_OK:

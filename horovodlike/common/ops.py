@@ -123,7 +123,7 @@ def _same_shape(x, req):
     code = dtype_code(x.dtype, req.kind)
     out = np.empty_like(x)
     return submit((x, out), lambda _: out,
-                  **req.fields(code, x.shape, x.ctypes.data, out.ctypes.data))
+                  **req.fields(code, x.shape, engine.address(x), engine.address(out)))
 
 
 def _gathered(x, res):
@@ -151,7 +151,7 @@ def allgather_async(tensor, name=None, process_set=None):
     x = _as_array(tensor, "allgather")
     code = dtype_code(x.dtype, "allgather")
     req = request.allgather(name, process_set, x.ndim)
-    return submit((x,), lambda res: _gathered(x, res), **req.fields(code, x.shape, x.ctypes.data))
+    return submit((x,), lambda res: _gathered(x, res), **req.fields(code, x.shape, engine.address(x)))
 
 
 def allgather(tensor, name=None, process_set=None):
@@ -187,7 +187,7 @@ def reducescatter_async(tensor, op=None, name=None, process_set=None, prescale_f
                                 x.ndim)
     out = np.empty((req.rows(x.shape[0]),) + x.shape[1:], x.dtype)
     return submit((x, out), lambda _: out,
-                  **req.fields(code, x.shape, x.ctypes.data, out.ctypes.data))
+                  **req.fields(code, x.shape, engine.address(x), engine.address(out)))
 
 
 def reducescatter(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
@@ -206,7 +206,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
         out = _gathered(x, res)
         return (out, np.array(res.recv_splits or [], np.int32)) if req.splits_given else out
 
-    return submit((x,), finish, **req.fields(code, x.shape, x.ctypes.data, splits=req.splits))
+    return submit((x,), finish, **req.fields(code, x.shape, engine.address(x), splits=req.splits))
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from horovodlike.common import ops, request
+from horovodlike.common import engine, ops, request
 
 from ._tensors import aligned_empty
 
@@ -77,7 +77,7 @@ def _submit(item, x, splits):
             shape = (req.rows(x.shape[0]),) + x.shape[1:]
         out = aligned_empty(shape, x.dtype)
         return ops.submit((orig, x, out), lambda _: (back(out),),
-                          **req.fields(code, x.shape, x.ctypes.data, out.ctypes.data))
+                          **req.fields(code, x.shape, engine.address(x), engine.address(out)))
 
     def finish(res):
         flat = np.frombuffer(res.buffer(), dtype=x.dtype) if res.nbytes else \
@@ -89,7 +89,7 @@ def _submit(item, x, splits):
 
     if kind == "alltoall":
         splits = req.alltoall_splits(x.shape[0], splits)
-    return ops.submit((orig, x), finish, **req.fields(code, x.shape, x.ctypes.data,
+    return ops.submit((orig, x), finish, **req.fields(code, x.shape, engine.address(x),
                                                       splits=splits))
 
 
