@@ -64,9 +64,11 @@ typedef struct hvdl_shm {
     uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
     /* What the barriers cost this rank, logged when the segment closes (debug level):
      * waits, their time in all, the waits that went to sleep, and for those the time
-     * from the last arrival's release to this rank running again (the wake-up). */
-    int64_t waits, slept;
-    double waited_s, wake_s, wake_max_s;
+     * from the last arrival's release to this rank running again (the wake-up). And the
+     * two-shot's own work: its calls and their time copying in, reducing and copying
+     * out, which tells a slow memory path from slow peers. */
+    int64_t waits, slept, two_shots;
+    double waited_s, wake_s, wake_max_s, copy_in_s, reduce_s, copy_out_s;
 } hvdl_shm_t;
 
 struct engine;

@@ -28,6 +28,10 @@ BARRIERS = re.compile(r"rank (\d+)'s shared-memory barriers: (\d+) waits, ([\d.]
                       r"(\d+) slept, woken ([\d.]+) us after the release")
 
 
+TWO_SHOTS = re.compile(r"rank (\d+)'s two-shot allreduces: (\d+), on average ([\d.]+) us copying in, "
+                       r"([\d.]+) us reducing, ([\d.]+) us copying out")
+
+
 def agreed_counts(stderr):
     """{rank: (tensors agreed in the segment, responses planned by rank 0)}"""
     return {int(m[1]): (int(m[2]), int(m[3])) for m in AGREED.finditer(stderr)}
@@ -58,6 +62,8 @@ REPEATED = RANK_PRELUDE + textwrap.dedent("""
         rows = hvd.allgather(np.full((r + 1, 2), r, np.int64), name="ag")
         check_equal(rows, np.concatenate([np.full((q + 1, 2), q, np.int64) for q in range(n)]), f"ag {it}")
         check_equal(hvd.broadcast(np.full(5, r), root_rank=n - 1, name="b"), np.full(5, n - 1), f"bc {it}")
+    big = hvd.allreduce(np.full(1 << 18, float(r), np.float32), op=hvd.Sum, name="big")   # two-shot
+    check_equal(big, np.full(1 << 18, float(sum(range(n))), np.float32), "big")
     finish()
 """)
 
@@ -78,6 +84,10 @@ def test_repeated_requests_are_agreed_in_the_segment(np_, negotiate, launcher_ar
         barriers = {int(m[1]): (int(m[2]), int(m[4])) for m in BARRIERS.finditer(res.stderr)}
         assert sorted(barriers) == list(range(np_)), res.stderr[-3000:]
         assert all(w >= iters and 0 <= slept <= w for w, slept in barriers.values()), barriers
+        work = {int(m[1]): [float(v) for v in m.groups()[2:]] for m in TWO_SHOTS.finditer(res.stderr)}
+        assert sorted(work) == list(range(np_)) and all(
+            int(m[2]) >= 1 for m in TWO_SHOTS.finditer(res.stderr)), res.stderr[-3000:]
+        assert all(all(t > 0 for t in ts) for ts in work.values()), work
     counts = agreed_counts(res.stderr)
     if negotiate == "0" or launcher_args:
         assert counts == {}, res.stderr[-3000:]      # the path exists only on one node
