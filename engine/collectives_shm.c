@@ -97,7 +97,7 @@ static void share_of(int64_t len, int esz, int L, int j, int64_t *off, int64_t *
 static void reduce_share(hvdl_shm_t *s, int64_t len, int dtype, int op, double post, int which,
                          int64_t *off, int64_t *n) {
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
-    uint8_t *res = hvdl__shm_slot(s, s->me, which) + L * s->chunk;
+    uint8_t *res = hvdl__shm_slot(s, s->me, which) + L * s->rchunk;
     const uint8_t *src[L];
     share_of(len, esz, L, s->me, off, n);
     for (int q = 0; q < L; q++) src[q] = hvdl__shm_slot(s, q, which) + *off;
@@ -110,7 +110,7 @@ static void piece_copy_out(hvdl_shm_t *s, uint8_t *dst, int64_t len, int esz, in
     for (int q = 0; q < s->nlocal; q++) {
         int64_t off, n;
         share_of(len, esz, s->nlocal, q, &off, &n);
-        memcpy(dst + off, hvdl__shm_slot(s, q, which) + s->nlocal * s->chunk, (size_t)n);
+        memcpy(dst + off, hvdl__shm_slot(s, q, which) + s->nlocal * s->rchunk, (size_t)n);
     }
 }
 
@@ -160,7 +160,7 @@ static void copy_out(io_t *io, hvdl_shm_t *s, int which, int64_t lo, int64_t len
     for (int q = 0; q < s->nlocal; q++) {
         int64_t off, n;
         share_of(len, esz, s->nlocal, q, &off, &n);
-        if (n) scatter(io->v, lo + off, hvdl__shm_slot(s, q, which) + s->nlocal * s->chunk, n);
+        if (n) scatter(io->v, lo + off, hvdl__shm_slot(s, q, which) + s->nlocal * s->rchunk, n);
     }
 }
 
@@ -170,7 +170,7 @@ static void copy_out(io_t *io, hvdl_shm_t *s, int which, int64_t lo, int64_t len
 static int two_shot(ctx_t *c, hvdl_shm_t *s, io_t *io, int64_t bytes, int dtype, int op,
                     double post) {
     int esz = hvdl_dtype_size(dtype);
-    int64_t piece = s->chunk * s->nlocal, P = (bytes + piece - 1) / piece, off, n;
+    int64_t piece = s->rchunk * s->nlocal, P = (bytes + piece - 1) / piece, off, n;
     uint32_t e0 = s->epoch;
     s->epoch += (uint32_t)P;
 #define LEN(k) min64(piece, bytes - (k) * piece)
@@ -214,7 +214,7 @@ int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, 
 int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype, int op,
                              buf_t *out, int64_t *share_bytes) {
     hvdl_shm_t *s = c->shm;
-    int64_t piece = s->chunk * s->nlocal, off, n;
+    int64_t piece = s->rchunk * s->nlocal, off, n;
     out->len = 0;
     for (int64_t lo = 0; lo < bytes; lo += piece) {
         int which = s->epoch++ & 1;
@@ -226,7 +226,7 @@ int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype
          * copies it reduces from are written again only two pieces later, after barrier
          * k + 1, which every rank reaches once it has finished reducing piece k. */
         reduce_share(s, len, dtype, op, 1.0, which, &off, &n);
-        if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, n))
+        if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->rchunk, n))
             return hvdl__ctx_oom(c, "hierarchical share buffer", out->len + n);
     }
     *share_bytes = out->len;
@@ -237,14 +237,14 @@ int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype
 int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t bytes, int dtype, const void *shares) {
     hvdl_shm_t *s = c->shm;
     int esz = hvdl_dtype_size(dtype);
-    int64_t piece = s->chunk * s->nlocal, off, n;
+    int64_t piece = s->rchunk * s->nlocal, off, n;
     const uint8_t *mine = shares;
     for (int64_t lo = 0; lo < bytes; lo += piece) {
         int which = s->epoch++ & 1;
         int64_t len = min64(piece, bytes - lo);
         share_of(len, esz, s->nlocal, s->me, &off, &n);
         if (n) {   /* a rank's share may be empty (and `shares` NULL) for tiny buffers */
-            memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->chunk, mine, (size_t)n);
+            memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->rchunk, mine, (size_t)n);
             mine += n;
         }
         hvdl__shm_post(c);
@@ -262,7 +262,7 @@ int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int 
     int64_t bytes = count * hvdl_dtype_size(dtype);
     if (!bytes) return 0;
     double t0 = hvdl_now();
-    int one = bytes <= s->chunk;
+    int one = bytes <= s->rchunk;
     io_t io = {in, out, NULL, 0, {NULL, 0, 0}};
     int rc = one ? one_shot(c, s, in, out, bytes, dtype, op, post)
                  : two_shot(c, s, &io, bytes, dtype, op, post);
@@ -321,7 +321,7 @@ int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, 
                             int dtype, int op, double post) {
     hvdl_shm_t *s = c->shm;
     int L = s->nlocal, esz = hvdl_dtype_size(dtype);
-    int64_t off[L + 1], longest = 0, C = s->chunk;
+    int64_t off[L + 1], longest = 0, C = s->rchunk;
     off[0] = 0;
     for (int q = 0; q < L; q++) {
         off[q + 1] = off[q] + seg_bytes[q];
@@ -359,7 +359,7 @@ int hvdl__alltoall_shm(ctx_t *c, const void *in, const int64_t *send_bytes, void
                        const int64_t *recv_bytes, int64_t longest) {
     hvdl_shm_t *s = c->shm;
     int L = s->nlocal;
-    int64_t soff[L + 1], roff[L + 1], C = s->chunk;
+    int64_t soff[L + 1], roff[L + 1], C = s->rchunk;
     soff[0] = roff[0] = 0;
     for (int q = 0; q < L; q++) {
         soff[q + 1] = soff[q] + send_bytes[q];

@@ -57,8 +57,8 @@ typedef struct hvdl_shm {
     size_t bytes;
     int nlocal;              /* ranks on this node */
     int me;                  /* this rank's index among them */
-    int oversubscribed;      /* more local ranks than cores: spin less, use larger pieces */
-    int64_t chunk;           /* bytes each rank reduces per piece */
+    int64_t chunk;           /* bytes per rank per piece that broadcast and allgather copy */
+    int64_t rchunk;          /* ... that the reductions use, at most chunk (shm.c) */
     int64_t slot_bytes;
     uint32_t phase;          /* phases posted; identical on every local rank */
     uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
