@@ -1,0 +1,60 @@
+"""Small-op latency as the ranks see it: N rounds of (barrier, one allreduce), or a stream
+of barriers alone, with each rank's own clock readings gathered to rank 0.
+
+    horovodlikerun -np 2 python bench/latency.py [--bytes 4096] [--rounds 1000] [--barriers]
+
+The clock is CLOCK_MONOTONIC (time.perf_counter), one clock for every process of a
+node, so rank 0 can say how far apart the ranks left the barrier and how long each one's
+op took from its own start: what `bench/worker.py`'s single-op rows time, split by rank.
+Run it with HOROVOD_LOG_LEVEL=debug for the engine's barrier and two-shot counters.
+"""
+import argparse
+import time
+
+import numpy as np
+
+import horovodlike as hvd
+
+
+def pct(v):
+    return " ".join(f"{q:.0f}" for q in np.percentile(v, [10, 50, 90]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bytes", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=1000)
+    ap.add_argument("--barriers", action="store_true", help="time a stream of barriers only")
+    args = ap.parse_args()
+    hvd.init()
+    x = np.ones(max(1, args.bytes // 4), np.float32)
+    for _ in range(20):
+        hvd.barrier()
+        hvd.allreduce(x, op=hvd.Sum, name="latency")
+    rec = np.empty((args.rounds, 3))
+    for i in range(args.rounds):
+        a = time.perf_counter()
+        hvd.barrier()
+        b = time.perf_counter()
+        if not args.barriers:
+            hvd.allreduce(x, op=hvd.Sum, name="latency")
+        rec[i] = a, b, time.perf_counter()
+    every = hvd.allgather(rec[None], name="latency.clocks")   # (ranks, rounds, 3)
+    if hvd.rank() != 0:
+        return
+    us = 1e6
+    if args.barriers:
+        print(f"barrier, {hvd.size()} ranks, p10/50/90 us: {pct((every[:, :, 1] - every[:, :, 0]).ravel() * us)}")
+        return
+    left = every[:, :, 1]
+    op = (every[:, :, 2] - left) * us
+    late = left.argmax(0)
+    idx = np.arange(args.rounds)
+    print(f"{args.bytes} B allreduce after a barrier, {hvd.size()} ranks, p10/50/90 us:")
+    print(f"  ranks leave the barrier apart by  {pct((left.max(0) - left.min(0)) * us)}")
+    print(f"  the last rank's op                {pct(op[late, idx])}")
+    print(f"  every rank's op                   {pct(op.ravel())}")
+
+
+if __name__ == "__main__":
+    main()
