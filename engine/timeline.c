@@ -61,9 +61,12 @@ static void *writer_main(void *arg) {
         buf_t swap = t->pending;      /* take the batch; the engine keeps appending */
         t->pending = batch;
         batch = swap;
+        /* The flag is set under mu, where emit() reads it: no event can join pending
+         * after the batch that hits the cap, so the note stays the file's last event. */
+        int hit = !t->truncated && t->cap && t->tail_at + batch.len > t->cap;
+        if (hit) t->truncated = 1;
         pthread_mutex_unlock(&t->mu);
-        if (t->cap && t->tail_at + batch.len > t->cap && !t->truncated) {
-            t->truncated = 1;
+        if (hit) {
             batch.len = 0;
             char note[256];
             int n = snprintf(note, sizeof note, ",\n{\"name\": \"TIMELINE_TRUNCATED\", \"ph\": \"i\", "
