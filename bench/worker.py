@@ -30,9 +30,10 @@ class Ours:
 
     def _submit(self, x, name):
         # In place, as MPI_IN_PLACE: the engine reads and writes the caller's buffer.
+        at = self.engine.address(x)
         return self.ops.submit((x,), lambda _: x, op=self.engine.ALLREDUCE, name=name,
                                dtype=self.engine.DTYPES["float32"], shape=x.shape,
-                               input_ptr=self.engine.address(x), output_ptr=self.engine.address(x),
+                               input_ptr=at, output_ptr=at,
                                reduce_op=getattr(self.engine, self.reduce_op))
 
     def allreduce(self, x):               # blocking, as hvd.allreduce: waited at once

@@ -72,8 +72,8 @@ typedef struct shm_header {
 
 /* Line 0: the header. Line 1: the arrival counter. Line 2: the generation word (what
  * waiters watch, so arrivals do not disturb them), and after it the time of its last
- * release, which a rank that slept reads to count its wake-up. Then one line per local rank: the
- * barrier it reached. Then negotiation's part (negotiate_shm.c). Then the slots. */
+ * release, which a rank that slept reads to count its wake-up. Then one line per local
+ * rank: the barrier it reached. Then negotiation's part (negotiate_shm.c). Then the slots. */
 static size_t header_bytes(int nlocal) {
     return (size_t)LINE * (size_t)(3 + nlocal) + hvdl__neg_bytes(nlocal);
 }
@@ -86,7 +86,9 @@ static _Atomic uint32_t *word_at(hvdl_shm_t *s, int line) {
 static _Atomic uint32_t *arrived_of(hvdl_shm_t *s) { return word_at(s, 1); }
 static _Atomic uint32_t *generation_of(hvdl_shm_t *s) { return word_at(s, 2); }
 /* CLOCK_MONOTONIC is one clock for every process of the node. */
-static _Atomic double *released_at(hvdl_shm_t *s) { return (_Atomic double *)(s->base + LINE * 2 + 8); }
+static _Atomic double *released_at(hvdl_shm_t *s) {
+    return (_Atomic double *)(s->base + LINE * 2 + 8);
+}
 static _Atomic uint32_t *reached_by(hvdl_shm_t *s, int local) { return word_at(s, 3 + local); }
 
 uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which) {
@@ -130,10 +132,11 @@ static const char *attach_wait(engine_t *e, double deadline) {
 /* The reductions' chunk (allreduce, reducescatter, alltoall): the setting, but small
  * enough that the node's slots (2 L (L + 1) chunks) stay in the last-level cache. Every
  * rank reads a piece from every slot, so with more ranks the slots grow as L squared,
- * and once they spill, each piece comes from DRAM once more. Measured (2 cores, 32 MiB L3, 64 MiB allreduce): 8 ranks 73 ms with
- * 1 MiB chunks (the former rule, 4x the setting when ranks outnumber cores: slots of
- * 144 MiB) against 50 ms with 32 KiB (4.5 MiB); 4 ranks 32.7 against 22.0 ms with
- * 128 KiB (5 MiB); smaller pieces cost more barriers, which these figures include.
+ * and once they spill, each piece comes from DRAM once more. Measured (2 cores, 32 MiB
+ * L3, 64 MiB allreduce): 8 ranks 73 ms with 1 MiB chunks (the former rule, 4x the
+ * setting when ranks outnumber cores: slots of 144 MiB) against 50 ms with 32 KiB
+ * (4.5 MiB); 4 ranks 32.7 against 22.0 ms with 128 KiB (5 MiB); smaller pieces cost
+ * more barriers, which these figures include.
  * Broadcast and allgather read one slot per piece and keep the larger chunk: with
  * these pieces a 16 MiB allgather at 8 ranks took 57-97 ms against 20-39.
  * The budget is fixed rather than read from the cache size so that it depends only on
@@ -217,8 +220,9 @@ void hvdl__shm_report(engine_t *e) {
     if (s && s->waits)
         hvdl__log(HVDL_LOG_DEBUG, "rank %d's shared-memory barriers: %lld waits, %.1f us each on "
                   "average; %lld slept, woken %.1f us after the release on average (at most %.0f us)",
-                  e->rank, (long long)s->waits, s->waited_s * 1e6 / (double)s->waits, (long long)s->slept,
-                  s->slept ? s->wake_s * 1e6 / (double)s->slept : 0.0, s->wake_max_s * 1e6);
+                  e->rank, (long long)s->waits, s->waited_s * 1e6 / (double)s->waits,
+                  (long long)s->slept, s->slept ? s->wake_s * 1e6 / (double)s->slept : 0.0,
+                  s->wake_max_s * 1e6);
     if (s && s->two_shots) {
         double k = 1e6 / (double)s->two_shots;
         hvdl__log(HVDL_LOG_DEBUG, "rank %d's two-shot allreduces: %lld, on average %.1f us copying in, "
@@ -228,10 +232,9 @@ void hvdl__shm_report(engine_t *e) {
 }
 
 void hvdl__shm_close(engine_t *e) {
-    hvdl_shm_t *s = e->shm;
-    if (!s) return;
-    munmap(s->base, s->bytes);
-    free(s);
+    if (!e->shm) return;
+    munmap(e->shm->base, e->shm->bytes);
+    free(e->shm);
     e->shm = NULL;
 }
 

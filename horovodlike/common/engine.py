@@ -100,8 +100,7 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
         raise ValueError(f"tensor name {name!r} contains a NUL character")
     if len(shape) > MAX_DIMS:
         raise ValueError(f"'{name}': {len(shape)} dimensions; at most {MAX_DIMS} are supported")
-    scratch = _scratch
-    req = scratch.req
+    req = _scratch.req
     req.op, req.dtype, req.reduce_op = op, dtype, reduce_op
     req.root_rank, req.process_set, req.ndim = root_rank, process_set, len(shape)
     for i, d in enumerate(shape):
@@ -113,9 +112,9 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
     encoded = name.encode()
     c_name = ffi.new("char[]", encoded)
     req.name, req.name_len = c_name, len(encoded)
-    c_splits = None if splits is None else ffi.new("int64_t[]", [int(v) for v in splits])
-    req.splits = ffi.NULL if c_splits is None else c_splits
-    handle = scratch.handle
+    c_splits = ffi.NULL if splits is None else ffi.new("int64_t[]", [int(v) for v in splits])
+    req.splits = c_splits
+    handle = _scratch.handle
     _check(lib.hvdl_enqueue(req, handle))      # every field above is set on every call
     return handle[0]
 
@@ -151,8 +150,7 @@ class Result:
 
 def release(handle: int) -> Result:
     """Free a finished handle and return its Result; raises the op's error if it failed."""
-    scratch = _scratch
-    msg, res = scratch.msg, scratch.res
+    msg, res = _scratch.msg, _scratch.res
     status = lib.hvdl_release(handle, msg, res)
     data = ffi.gc(res.data, lib.hvdl_free) if res.data != ffi.NULL else None
     if status != lib.HVDL_OK:
