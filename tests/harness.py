@@ -263,6 +263,37 @@ def _argv(launcher, np_, script, args, launcher_args):
     raise ValueError(f"unknown launcher {launcher!r}; use one of {ALL_LAUNCHERS}")
 
 
+def _launch(argv, launcher, np, env, timeout, cwd, path):
+    """One launch of argv: its RunResult, or RankTimeout after killing the whole tree."""
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env(launcher, env),
+                            cwd=cwd, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_tree(proc)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:   # a pipe held by something unkillable
+            out, err = b"", b"(output lost: pipes still open after SIGKILL)"
+    except BaseException:                   # KeyboardInterrupt, pytest-timeout, ...
+        kill_tree(proc)
+        proc.wait()
+        raise
+    finally:
+        _signal(pgid=proc.pid)              # stragglers in the launcher's group
+    res = RunResult(argv, launcher, np, proc.returncode,
+                    out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                    time.monotonic() - start, timed_out, str(path))
+    if timed_out:
+        raise RankTimeout(f"run exceeded its {timeout} s timeout and was killed\n"
+                          f"{res.describe()}")
+    return res
+
+
 def run_ranks(script, np=1, launcher="horovodlikerun", env=None, timeout=120, args=(),
               launcher_args=(), cwd=None):
     """Run `script` (source text, or a path to a .py file) on `np` ranks.
@@ -278,32 +309,15 @@ def run_ranks(script, np=1, launcher="horovodlikerun", env=None, timeout=120, ar
             path = Path(tmp) / "rank_script.py"
             path.write_text(script)
         argv = _argv(launcher, np, path, args, launcher_args)
-        start = time.monotonic()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=_env(launcher, env),
-                                cwd=cwd or tmp, start_new_session=True)
-        timed_out = False
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_tree(proc)
-            try:
-                out, err = proc.communicate(timeout=10)
-            except subprocess.TimeoutExpired:   # a pipe held by something unkillable
-                out, err = b"", b"(output lost: pipes still open after SIGKILL)"
-        except BaseException:                   # KeyboardInterrupt, pytest-timeout, ...
-            kill_tree(proc)
-            proc.wait()
-            raise
-        finally:
-            _signal(pgid=proc.pid)              # stragglers in the launcher's group
-        res = RunResult(argv, launcher, np, proc.returncode,
-                        out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                        time.monotonic() - start, timed_out, str(path))
-        if timed_out:
-            raise RankTimeout(f"run exceeded its {timeout} s timeout and was killed\n"
-                              f"{res.describe()}")
+        for _ in range(2):
+            res = _launch(argv, launcher, np, env, timeout, cwd or tmp, path)
+            # OpenMPI's mpirun sometimes fails to start its own PMIx server (seen here
+            # about once in a few hundred launches, exit 213 within a second, before any
+            # rank exists): that is the launcher's failure, not the job's, so it gets
+            # one more try. Anything a rank did is never retried.
+            if not (launcher == "mpirun" and res.returncode == 213 and
+                    "PMIx server's listener thread failed to start" in res.stderr):
+                break
         return res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
