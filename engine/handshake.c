@@ -93,9 +93,17 @@ static int hello_as_connector(engine_t *e, int fd, int peer, int channel, double
     reply_t r;
     uint8_t want[HVDL_SHA256_BYTES], mine[HVDL_SHA256_BYTES];
     if (hvdl__io_full(fd, &r, sizeof r, 0, deadline)) {
-        hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s, %s:%d) closed the connection during the "
-                   "handshake: the ranks were not given the same job key, or that port is not "
-                   "this job's rank %d", peer, p->host, p->ip, p->port, peer);
+        /* Only a failed proof (below) means another key: a peer that says nothing is
+         * stopped or hung, and one that hangs up exited or turned the hello away. */
+        if (errno == ETIMEDOUT)
+            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: it accepted the start-up "
+                       "connection (%s:%d) but was silent until the start-up deadline, %.0f s "
+                       "(HOROVODLIKE_START_TIMEOUT): it is stopped, hung or overloaded", peer,
+                       p->host, p->ip, p->port, e->cfg.start_timeout);
+        else
+            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: it closed the start-up "
+                       "connection (%s:%d) before answering the hello: it exited, or that port is "
+                       "not this job's rank %d", peer, p->host, p->ip, p->port, peer);
         return -1;
     }
     proof(e, LABEL_ACCEPT, &h, r.challenge, want);
@@ -109,8 +117,9 @@ static int hello_as_connector(engine_t *e, int fd, int peer, int channel, double
     if (hvdl__io_full(fd, mine, sizeof mine, 1, deadline)) goto lost;
     return 0;
 lost:
-    hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s, %s:%d) dropped the connection during the "
-               "handshake: %s", peer, p->host, p->ip, p->port, strerror(errno));
+    hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: the start-up connection (%s:%d) "
+               "failed during the hello: %s", peer, p->host, p->ip, p->port,
+               errno == ETIMEDOUT ? "it took nothing until the start-up deadline" : strerror(errno));
     return -1;
 }
 
@@ -261,6 +270,36 @@ static void take(engine_t *e, acceptor_t *a, double deadline) {
     snprintf(c->who, sizeof c->who, "%s:%d", ip, ntohs(from.sin_port));
 }
 
+/* The start-up deadline passed with connections missing: name the rank that never
+ * arrived. A rank that connected none of the connections it owes us comes first (it is
+ * the one that is stopped or gone; a rank that got part of the way is held up by it), and
+ * the message says "rank N (host H) was lost" as every other report of a lost rank does,
+ * so the launcher names the same rank. */
+static void name_missing(engine_t *e) {
+    int culprit = -1, partial = -1, others = 0;
+    for (int r = 0; r < e->size; r++) {
+        if (r == e->rank) continue;
+        int owed = 0, came = 0;
+        if (r > e->rank) { owed++; came += e->peers[r].data_fd >= 0; }
+        if (e->rank == 0) { owed++; came += e->peers[r].ctrl.fd >= 0; }
+        if (came == owed) continue;
+        if (came == 0 && culprit < 0) culprit = r;
+        else if (came > 0 && partial < 0) partial = r;
+        else others++;
+    }
+    if (culprit < 0 && partial < 0) {
+        hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d: start-up did not finish within %.0f s "
+                   "(HOROVODLIKE_START_TIMEOUT)", e->rank, e->cfg.start_timeout);
+        return;
+    }
+    int r = culprit >= 0 ? culprit : partial;
+    if (culprit >= 0 && partial >= 0) others++;
+    hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: %s within %.0f s of start-up "
+               "(HOROVODLIKE_START_TIMEOUT): it is stopped, hung or gone%s", r, e->peers[r].host,
+               culprit >= 0 ? "it never connected to this rank" : "it connected only part of the way",
+               e->cfg.start_timeout, others ? " (other ranks that waited for it are missing too)" : "");
+}
+
 /* Accept until every expected connection has passed its hello; reject anything else. */
 static int accept_expected(engine_t *e, int expected, double deadline) {
     acceptor_t a = {0};
@@ -271,9 +310,7 @@ static int accept_expected(engine_t *e, int expected, double deadline) {
     while (!rc && expected > 0) {
         double now = hvdl_now();
         if (now >= deadline) {
-            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d: %d peer connection(s) never arrived within "
-                       "%.0f s of start-up (HOROVODLIKE_START_TIMEOUT)", e->rank, expected,
-                       e->cfg.start_timeout);
+            name_missing(e);
             rc = -1;
             break;
         }
@@ -301,11 +338,14 @@ static int accept_expected(engine_t *e, int expected, double deadline) {
 
 int hvdl__connect_all(engine_t *e) {
     double deadline = hvdl_now() + e->cfg.start_timeout;
+    /* Control to rank 0 first, then data upwards from rank 0: a rank that waits on a
+     * stopped peer has already given rank 0 everything it owes it, so rank 0 can tell the
+     * stopped rank (nothing arrived) from those it holds up (see name_missing). */
+    if (e->rank > 0 && (e->peers[0].ctrl.fd = connect_to(e, 0, CH_CONTROL, deadline)) < 0)
+        return -1;
     for (int i = 0; i < e->rank; i++) {
         if ((e->peers[i].data_fd = connect_to(e, i, CH_DATA, deadline)) < 0) return -1;
     }
-    if (e->rank > 0 && (e->peers[0].ctrl.fd = connect_to(e, 0, CH_CONTROL, deadline)) < 0)
-        return -1;
     int expected = e->size - 1 - e->rank + (e->rank == 0 ? e->size - 1 : 0);
     if (accept_expected(e, expected, deadline)) return -1;
     /* Every peer is in: nobody else may connect (nor have the kernel queue data for us). */

@@ -45,16 +45,23 @@ int hvdl__listen(engine_t *e) {
     return ntohs(a.sin_port);
 }
 
-/* Blocking I/O with a deadline, for the handshake only. */
+/* Blocking I/O with a deadline, for the handshake only: 0, or -1 with errno ETIMEDOUT
+ * when the peer sent (or took) nothing until the deadline, ECONNRESET when it closed. */
 int hvdl__io_full(int fd, void *p, size_t n, int writing, double deadline) {
     uint8_t *c = p;
     while (n) {
         struct pollfd pf = {fd, writing ? POLLOUT : POLLIN, 0};
         int ms = (int)((deadline - hvdl_now()) * 1000);
-        if (ms <= 0 || poll(&pf, 1, ms) <= 0) return -1;
+        int ready = ms > 0 ? poll(&pf, 1, ms) : 0;
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) {
+            if (ready == 0) errno = ETIMEDOUT;    /* the peer was silent until the deadline */
+            return -1;
+        }
         ssize_t k = writing ? send(fd, c, n, MSG_NOSIGNAL) : recv(fd, c, n, 0);
         if (k <= 0) {
             if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+            if (k == 0) errno = ECONNRESET;       /* the peer closed the connection */
             return -1;
         }
         c += k;

@@ -242,3 +242,66 @@ def test_mpi_world_size_disagreeing_with_launcher_fails_loudly():
                          text=True, timeout=60)
     assert res.returncode != 0
     assert "rank 0 of 2, but MPI says rank 0 of 1" in res.stderr, res.stderr
+
+
+# A rank that stops (SIGSTOP) between the address exchange and the engine's start-up
+# connections: its listener is open, so its peers' connections are accepted by the kernel
+# and then meet silence. The script stops itself at that point, so the test needs no
+# timing guess.
+STOP_AT_START = textwrap.dedent("""
+    import os, signal, sys
+    from horovodlike.common import engine
+    victim = int(os.environ["HVDTEST_VICTIM"])
+    _start = engine.start
+
+    def start(rank, size, blobs):
+        if rank == victim:
+            print(f"stopping {rank}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return _start(rank, size, blobs)
+
+    engine.start = start
+    import horovodlike as hvd
+    try:
+        hvd.init()
+    except Exception as e:
+        print(f"init failed on rank {os.environ['HOROVOD_RANK']}: {e}", flush=True)
+        sys.exit(3)
+    print("init passed", flush=True)
+""")
+START_TIMEOUT = 6
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_, victim", [(2, 1), (2, 0), (4, 1), (4, 0)])
+def test_rank_stopped_at_start_up_is_named_by_every_survivor(tmp_path, np_, victim):
+    store, procs = _spawn_job(STOP_AT_START, np_, tmp_path, extra_env={
+        "HVDTEST_VICTIM": str(victim), "HOROVODLIKE_START_TIMEOUT": str(START_TIMEOUT)})
+    try:
+        _read_until(procs[victim], "stopping", time.monotonic() + 60)
+        for r, p in enumerate(procs):
+            if r == victim:
+                continue
+            out, _ = p.communicate(timeout=START_TIMEOUT + 30)
+            assert p.returncode == 3, out
+            # Each survivor names the stopped rank, whether it waited on it as connector
+            # (a silent peer) or as acceptor (a peer that never connected) ...
+            assert f"rank {victim} (host {HOST}) was lost" in out, out
+            assert "silent" in out or "never connected" in out, out
+            # ... and nobody blames the job key: no proof failed.
+            assert "job key" not in out, out
+    finally:
+        _cleanup(store, procs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [2, 4])
+def test_launcher_names_the_rank_stopped_at_start_up(np_):
+    res = run_ranks(STOP_AT_START, np=np_, launcher="horovodlikerun", timeout=90,
+                    env={"HVDTEST_VICTIM": "1"},
+                    launcher_args=["--start-timeout", str(START_TIMEOUT)])
+    assert res.returncode != 0, res.describe()
+    # The launcher's own line names the stopped rank, not a survivor that exited first.
+    blamed = [line for line in res.stderr.splitlines() if line.startswith("horovodlikerun:")]
+    assert blamed and blamed[0].startswith(f"horovodlikerun: rank 1 (host {HOST}) was lost"), \
+        res.describe()
