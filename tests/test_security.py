@@ -177,6 +177,56 @@ def test_lengths_and_timeouts_are_bounded():
             assert c.get("still") == b"usable"
 
 
+def test_a_trickled_handshake_is_cut_at_one_deadline_for_the_whole_handshake(monkeypatch):
+    """A byte every 0.4 s keeps each recv under the limit; the handshake as a whole must
+    still end at HANDSHAKE_SECONDS, or trickling peers would hold connection slots."""
+    import select
+    monkeypatch.setattr(store_mod, "HANDSHAKE_SECONDS", 1.0)
+    with StoreServer(key=KEY) as server, _raw(server) as s:
+        s.recv(store_mod._HELLO.size, socket.MSG_WAITALL)
+        start = time.monotonic()
+        closed_after = None
+        for _ in range(12):                  # 12 bytes of 68: about 5 s if never cut
+            try:
+                s.sendall(b"H")
+            except OSError:
+                closed_after = time.monotonic() - start
+                break
+            if select.select([s], [], [], 0.4)[0] and _closed(s):
+                closed_after = time.monotonic() - start
+                break
+        assert closed_after is not None, "a trickling client kept its handshake open"
+        assert closed_after < 2.0, closed_after
+
+
+def test_many_ranks_connecting_at_once_are_queued_not_dropped():
+    """Connections the server has not accepted yet wait in the listen backlog; with
+    socketserver's default of 5, the sixth and later SYNs are dropped and retried a
+    second later."""
+    server = StoreServer(key=KEY)            # listening, but not accepting yet
+    socks = []
+    try:
+        for _ in range(64):
+            socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=0.5))
+    finally:
+        for s in socks:
+            s.close()
+        server.close()
+    assert len(socks) == 64
+
+
+def test_keys_count_toward_the_store_cap(monkeypatch):
+    monkeypatch.setattr(store_mod, "MAX_TOTAL", 3 * 4000)
+    with StoreServer(key=KEY) as server, StoreClient(server.address, key=KEY) as c:
+        with pytest.raises(RuntimeError, match="store is full"):
+            for i in range(10):               # empty values: only the keys take room
+                c.set(f"{i}".ljust(4000, "k"), b"")
+        assert i == 3
+        with pytest.raises(RuntimeError, match="store is full"):
+            c.add("c".ljust(4000, "k"))      # a new counter's key too
+        c.set("0".ljust(4000, "k"), b"")     # replacing an entry does not grow the store
+
+
 def test_address_entries_are_plain_bytes_checked_on_the_way_in():
     entry = bootstrap.pack_peer("node-1", b"\1" * 256)
     assert bootstrap.unpack_peer(entry, 256, "rank 3") == ("node-1", b"\1" * 256)

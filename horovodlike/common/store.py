@@ -19,8 +19,9 @@ so a frame cannot be forged, altered or replayed::
     response: MAGIC(4) status(1) value_len(u64) value mac(32)
 
 Lengths are bounded before anything is buffered: keys to 4 KiB, values to
-HOROVODLIKE_STORE_MAX_VALUE_BYTES (16 MiB), the whole store to 16 times that. A peer
-that fails the handshake, sends a bad frame or a bad MAC is dropped without a reply.
+HOROVODLIKE_STORE_MAX_VALUE_BYTES (16 MiB), the whole store (keys and values) to 16
+times that. A peer that fails the handshake, sends a bad frame or a bad MAC is dropped
+without a reply; the handshake as a whole must finish within HANDSHAKE_SECONDS.
 """
 
 import math
@@ -50,6 +51,7 @@ MAX_KEY_LEN = 4096
 MAX_VALUE_LEN = int(os.environ.get("HOROVODLIKE_STORE_MAX_VALUE_BYTES", 16 << 20))
 MAX_TOTAL = 16 * MAX_VALUE_LEN
 MAX_CONNECTIONS = 1024
+LISTEN_BACKLOG = 1024
 MAX_REPORTS = 10
 # An unauthenticated peer gets this long to finish the handshake.
 HANDSHAKE_SECONDS = 5.0
@@ -69,10 +71,17 @@ class _ProtocolError(Exception):
     pass
 
 
-def _recv_exact(sock, n):
-    """Read exactly n bytes; None on a clean EOF before the first byte."""
+def _recv_exact(sock, n, deadline=None):
+    """Read exactly n bytes; None on a clean EOF before the first byte. With a deadline
+    (time.monotonic()), the whole read must finish by then (socket.timeout otherwise),
+    however the peer spaces its bytes out."""
     chunks, got = [], 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("deadline passed")
+            sock.settimeout(left)
         # Chunked reads: a length is only trusted up to the caps checked before.
         chunk = sock.recv(min(n - got, _CHUNK))
         if not chunk:
@@ -161,10 +170,13 @@ class _Handler(socketserver.BaseRequestHandler):
     def _handshake(self, sock):
         key = self.server.store.key
         sn = os.urandom(NONCE)
+        # One deadline for the whole handshake, not one per recv: a peer that trickles a
+        # byte now and then must not hold a connection slot for longer than this.
+        deadline = time.monotonic() + HANDSHAKE_SECONDS
         sock.settimeout(HANDSHAKE_SECONDS)
         sock.sendall(_HELLO.pack(MAGIC, VERSION, sn))
         try:
-            reply = _recv_exact(sock, 4 + NONCE + MAC)
+            reply = _recv_exact(sock, 4 + NONCE + MAC, deadline)
         except socket.timeout:
             raise _ProtocolError(f"no handshake within {HANDSHAKE_SECONDS:g} s") from None
         except ConnectionError:
@@ -183,6 +195,9 @@ class _Handler(socketserver.BaseRequestHandler):
 class _TCPServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # Every rank of a large job connects at once; socketserver's default backlog of 5
+    # would leave most of them retrying SYNs (the kernel caps it at somaxconn).
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, address, store):
         self.store = store
@@ -280,7 +295,7 @@ class StoreServer:
     def _dispatch(self, op, key, value):
         if op == OP_SET:
             with self._cond:
-                grow = len(value) - len(self._data.get(key, b""))
+                grow = self._size(key, value) - self._size(key, self._data.get(key))
                 if self._bytes + grow > MAX_TOTAL:
                     return ST_ERROR, (f"store is full ({self._bytes} bytes held, "
                                       f"limit {MAX_TOTAL})").encode()
@@ -296,9 +311,17 @@ class StoreServer:
         if op == OP_ADD and len(value) == 8:
             try:
                 return ST_OK, struct.pack(">q", self._add(key, value))
+            except MemoryError as e:
+                return ST_ERROR, str(e).encode()
             except ValueError:
                 return ST_ERROR, f"key {key!r} is not a counter".encode()
         return ST_ERROR, b"unknown operation"
+
+    @staticmethod
+    def _size(key, value):
+        """What an entry costs against MAX_TOTAL: its key's bytes too, so that many
+        keys with empty values cannot fill memory past the cap (0 for no entry)."""
+        return 0 if value is None else len(key.encode("utf-8")) + len(value)
 
     def _wait_get(self, key, timeout):
         with self._cond:
@@ -313,12 +336,16 @@ class StoreServer:
         delta = struct.unpack(">q", raw_delta)[0]
         with self._cond:
             # Counters are stored as decimal text so get() on them is readable.
-            old = self._data.get(key, b"0") or b"0"
-            current = int(old)
+            held = self._data.get(key)
+            current = int(held or b"0")
             if not -(1 << 63) <= current + delta < (1 << 63):
                 raise ValueError("counter overflow")
-            self._data[key] = str(current + delta).encode()
-            self._bytes += len(self._data[key]) - len(old)
+            new = str(current + delta).encode()
+            grow = self._size(key, new) - self._size(key, held)
+            if self._bytes + grow > MAX_TOTAL:
+                raise MemoryError(f"store is full ({self._bytes} bytes held, limit {MAX_TOTAL})")
+            self._data[key] = new
+            self._bytes += grow
             self._cond.notify_all()
             return current + delta
 
