@@ -1,12 +1,15 @@
 """hvd.init() under the variables torchrun, Kubeflow, Ray Train, Spark and Horovod's own
 workers set: detection, the rank-0 store, and real launches (torchrun included)."""
+import hashlib
 import importlib.util
 import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +97,10 @@ def test_inconsistent_environments_are_refused(env, complaint):
 
 def test_adopt_on_a_non_zero_rank_sets_our_variables_only():
     env = dict(TORCHRUN_ENV)
+    with pytest.raises(RuntimeError, match="span hosts"):      # two hosts, no key
+        launch_env.adopt(env)
+    assert env == TORCHRUN_ENV                                 # nothing was changed
+    env[jobkey.ENV] = jobkey.generate().hex()
     le = launch_env.adopt(env)
     assert le.rank == 3 and launch_env._server is None      # rank 0 serves, not us
     assert env["HOROVODLIKE_STORE_ADDR"] == "node0:29501"
@@ -123,29 +130,108 @@ def test_rank_zero_reports_a_taken_port(monkeypatch):
             launch_env.serve_rendezvous(le, jobkey.generate())
 
 
-def test_job_key_given_shared_by_file_or_derived(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(launch_env.tempfile, "gettempdir", lambda: str(tmp_path))
+def _private(path):
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+def _squat(tmp_path, how):
+    """What another local user can do to a fixed name in a shared directory: create it
+    first (mode 0777, owned by someone else when the tests run as root), or make it a
+    symlink to a directory of theirs."""
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    fixed = shared / f"horovodlike-{os.getuid()}"
+    if how == "directory":
+        fixed.mkdir()
+        fixed.chmod(0o777)
+        target = fixed
+    else:
+        target = shared / "theirs"
+        target.mkdir()
+        fixed.symlink_to(target)
+    if os.getuid() == 0:
+        os.chown(target, 65534, 65534)
+    return shared
+
+
+def test_job_key_given_from_a_file_or_shared_in_a_private_directory(tmp_path):
     given = jobkey.generate()
     le0 = launch_env.LaunchEnv("torchrun", 0, 2, 0, 2, 0, 1, "127.0.0.1", 29501, "job-a")
     le1 = launch_env.LaunchEnv("torchrun", 1, 2, 1, 2, 0, 1, "127.0.0.1", 29501, "job-a")
     assert launch_env.job_key(le1, {jobkey.ENV: given.hex()}) == given
-    # One host: rank 0 leaves a private file for its siblings (same parent process).
-    key = launch_env.job_key(le0, {})
-    path = Path(launch_env.key_path(le0))
+    # A key file on shared storage: only a private one is read.
+    key_file = tmp_path / "job.key"
+    key_file.write_text(given.hex() + "\n")
+    key_file.chmod(0o600)
+    assert launch_env.job_key(le1, {launch_env.KEY_FILE_ENV: str(key_file)}) == given
+    key_file.chmod(0o640)
+    with pytest.raises(RuntimeError, match="not private to this user"):
+        launch_env.job_key(le1, {launch_env.KEY_FILE_ENV: str(key_file)})
+    # One host: rank 0 leaves a private file for its siblings (same parent process) in
+    # the user's runtime directory ...
+    env = {"XDG_RUNTIME_DIR": str(_private(tmp_path / "run-user"))}
+    key = launch_env.job_key(le0, env)
+    path = Path(launch_env.key_path(le0, env))
+    assert path.parent == tmp_path / "run-user" / "horovodlike"
     assert path.parent.stat().st_mode & 0o777 == 0o700
     assert path.stat().st_mode & 0o777 == 0o600
-    assert launch_env.job_key(le1, {}) == key and len(key) == jobkey.KEY_BYTES
+    assert launch_env.job_key(le1, env) == key and len(key) == jobkey.KEY_BYTES
     path.chmod(0o644)
     with pytest.raises(RuntimeError, match="not private"):
-        launch_env.job_key(le1, {})
-    path.unlink()
-    with pytest.raises(RuntimeError, match="did not leave the job's key"):
-        launch_env.job_key(le1, {"HOROVODLIKE_START_TIMEOUT": "0.2"})
-    # Several hosts and no secret: a derived key, and rank 0 says it is unauthenticated.
+        launch_env.job_key(le1, env)
+    launch_env.key_delivered()                # every rank has it: the file goes
+    assert not path.exists()
+    with pytest.raises(RuntimeError, match="did not leave the job's key.*different parents"):
+        launch_env.job_key(le1, {**env, "HOROVODLIKE_START_TIMEOUT": "0.2"})
+    # ... or in torchrun's own fresh run directory, learnt from the rank's environment.
+    attempt = _private(tmp_path / "torchelastic_x" / "none_y") / "attempt_0"
+    (attempt / "1").mkdir(parents=True)
+    env = {"TORCHELASTIC_ERROR_FILE": str(attempt / "1" / "error.json")}
+    key = launch_env.job_key(le0, env)
+    assert Path(launch_env.key_path(le0, env)).parent == attempt
+    assert launch_env.job_key(le1, env) == key
+    launch_env.key_delivered()
+    # Neither: an error saying what to do, not a fixed name in a shared directory.
+    with pytest.raises(RuntimeError, match="no private place.*XDG_RUNTIME_DIR is not set"):
+        launch_env.job_key(le0, {})
+
+
+@pytest.mark.parametrize("how", ["directory", "symlink"])
+def test_a_squatted_shared_name_does_not_stop_a_job(tmp_path, monkeypatch, how):
+    """The old fixed place, $TMPDIR/horovodlike-<uid>, taken by another user: the job
+    neither uses nor needs it."""
+    monkeypatch.setenv("TMPDIR", str(_squat(tmp_path, how)))
+    monkeypatch.setattr(tempfile, "tempdir", None)      # gettempdir() reads TMPDIR again
+    le0 = launch_env.LaunchEnv("torchrun", 0, 2, 0, 2, 0, 1, "127.0.0.1", 29501, "job-s")
+    le1 = launch_env.LaunchEnv("torchrun", 1, 2, 1, 2, 0, 1, "127.0.0.1", 29501, "job-s")
+    env = {"XDG_RUNTIME_DIR": str(_private(tmp_path / "run-user"))}
+    key = launch_env.job_key(le0, env)
+    assert launch_env.job_key(le1, env) == key
+    launch_env.key_delivered()
+    # Our own directory is never followed through a symlink, even one of the user's.
+    os.rmdir(tmp_path / "run-user" / "horovodlike")
+    (tmp_path / "run-user" / "horovodlike").symlink_to(tmp_path / "shared-tmp")
+    with pytest.raises(RuntimeError, match="not a symlink"):
+        launch_env.job_key(le0, env)
+
+
+def test_several_hosts_without_a_key_refuse_to_start(capsys):
     hosts0 = launch_env.LaunchEnv("torchrun", 0, 4, 0, 2, 0, 2, "10.0.0.1", 29501, "job-b")
     hosts3 = launch_env.LaunchEnv("torchrun", 3, 4, 1, 2, 1, 2, "10.0.0.1", 29501, "job-b")
-    assert launch_env.job_key(hosts0, {}) == launch_env.job_key(hosts3, {})
-    assert "not authenticated" in capsys.readouterr().err
+    for le in (hosts0, hosts3):
+        with pytest.raises(RuntimeError, match=f"span hosts.*{jobkey.ENV}.*"
+                                               f"{launch_env.KEY_FILE_ENV}.*"
+                                               f"{launch_env.INSECURE_ENV}=1"):
+            launch_env.job_key(le, {})
+    # Only the loudly named opt-in runs it, with a key anyone could compute.
+    insecure = {launch_env.INSECURE_ENV: "1"}
+    assert launch_env.job_key(hosts0, insecure) == launch_env.job_key(hosts3, insecure)
+    assert "NOT authenticated" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="span hosts"):
+        launch_env.job_key(hosts0, {launch_env.INSECURE_ENV: "yes"})
 
 
 # ------------------------------------------------------------------ real launches
@@ -214,11 +300,20 @@ def check_two_ranks(stdout_by_rank):
         assert f"AGAIN {rank} 2.0" in out, out
 
 
-@pytest.mark.parametrize("style", ["torch", "horovod"])
-def test_processes_started_with_scheduler_variables(style):
+@pytest.mark.parametrize("style, key", [("torch", "key"), ("horovod", "key"),
+                                        ("torch", "key-file"), ("horovod", "insecure")])
+def test_processes_started_with_scheduler_variables(style, key, tmp_path):
     """Two plain processes carrying only what Kubeflow / Ray Train (torch style) or
-    Horovod's Gloo workers (horovod style) set."""
+    Horovod's Gloo workers (horovod style) set, and the job's key in one of the ways a
+    multi-host job can be given one (or the opt-in to run without)."""
     port = free_port()
+    secret = {"key": {jobkey.ENV: jobkey.generate().hex()},
+              "insecure": {launch_env.INSECURE_ENV: "1"}}.get(key)
+    if key == "key-file":
+        path = tmp_path / "job.key"
+        path.write_text(jobkey.generate().hex() + "\n")
+        path.chmod(0o600)
+        secret = {launch_env.KEY_FILE_ENV: str(path)}
     envs = []
     for rank in range(2):
         if style == "torch":
@@ -228,12 +323,67 @@ def test_processes_started_with_scheduler_variables(style):
             extra = {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "2",
                      "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
                      "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port)}
-        envs.append(clean_env(**extra))
+        envs.append(clean_env(**extra, **secret))
     outs = run_processes(envs, RANK_SCRIPT)
     for code, out, err in outs:
         assert code == 0, err
     check_two_ranks([out for _, out, _ in outs])
-    assert "not authenticated" in outs[0][2]        # no shared secret was given
+    assert ("NOT authenticated" in outs[0][2]) == (key == "insecure")
+
+
+@pytest.mark.parametrize("how", ["directory", "symlink"])
+def test_one_host_job_starts_beside_a_squatted_shared_name(tmp_path, how):
+    """Two ranks of one host (one parent: this test) with no key given share one through
+    the user's runtime directory, while another user holds the old fixed name."""
+    port = free_port()
+    shared = _squat(tmp_path, how)
+    envs = [clean_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1), TMPDIR=str(shared),
+                      XDG_RUNTIME_DIR=str(_private(tmp_path / "run-user")))
+            for r in range(2)]
+    outs = run_processes(envs, RANK_SCRIPT)
+    for code, out, err in outs:
+        assert code == 0, err
+    check_two_ranks([out for _, out, _ in outs])
+    assert list((tmp_path / "run-user" / "horovodlike").iterdir()) == []   # key file gone
+
+
+OUTSIDER_TIMEOUT = 20
+
+
+def test_an_outsider_who_knows_the_job_description_cannot_join():
+    """Rank 0 of a two-host torchrun-style job with no key. An outsider knows everything
+    public about the job (torchrun's default run id, MASTER_ADDR, MASTER_PORT), so it can
+    compute any key derived from them; it must still not get into the rendezvous."""
+    from horovodlike.common.store import StoreAuthError, StoreClient
+    port = free_port_pair()
+    rank0 = subprocess.Popen(
+        [sys.executable, "-c", "import horovodlike as hvd; hvd.init()"], text=True,
+        env=clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      GROUP_RANK="0", GROUP_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), HOROVODLIKE_START_TIMEOUT=str(OUTSIDER_TIMEOUT)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    public = f"torchrun-none-0-127.0.0.1-{port}"
+    guessed = hashlib.sha256(f"horovodlike-unauthenticated/{public}".encode()).digest()
+    joined = None
+    try:
+        deadline = time.monotonic() + OUTSIDER_TIMEOUT
+        while rank0.poll() is None and time.monotonic() < deadline:
+            try:
+                with StoreClient(f"127.0.0.1:{port + 1}", timeout=0.5, key=guessed) as c:
+                    c.set("outsider", b"rank 1's blob, from someone else")
+                    joined = "the store accepted the outsider's key"
+                    break
+            except (TimeoutError, StoreAuthError, OSError):
+                continue
+        _, err = rank0.communicate(timeout=OUTSIDER_TIMEOUT + 30)
+    finally:
+        if rank0.poll() is None:
+            os.killpg(rank0.pid, 9)
+            rank0.wait()
+    assert joined is None, joined
+    assert rank0.returncode != 0
+    assert jobkey.ENV in err and launch_env.INSECURE_ENV in err, err
 
 
 def test_a_rank_with_another_key_cannot_join():
@@ -273,7 +423,14 @@ def test_torchrun_with_torch_distributed_alongside(tmp_path):
         print(f"TORCH {dist.get_rank()} {t.item()}", flush=True)
         dist.destroy_process_group()
         """))
-    res = torchrun([str(script)])
+    # With no XDG_RUNTIME_DIR, the ranks share their key in torchrun's own run
+    # directory, beside a squatted $TMPDIR/horovodlike-<uid>.
+    env = {k: v for k, v in clean_env().items() if k != "XDG_RUNTIME_DIR"}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                          "2", "--master_port", str(free_port_pair()), str(script)],
+                         capture_output=True, text=True, timeout=240, start_new_session=True,
+                         env={**env, "OMP_NUM_THREADS": "1",
+                              "TMPDIR": str(_squat(tmp_path, "directory"))})
     assert res.returncode == 0, res.stdout + res.stderr
     outs = [(tmp_path / f"out.{r}").read_text() for r in range(2)]
     check_two_ranks(outs)

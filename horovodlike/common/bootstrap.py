@@ -206,6 +206,9 @@ def _exchange_store(rank, size, payload):
                 raise RuntimeError(
                     f"horovodlike init: rank {r} (host unknown) was lost: it did not "
                     f"reach init within {timeout:.0f} s (HOROVODLIKE_START_TIMEOUT)") from None
+        # Every rank has proved the key to the store: a key file left for this host's
+        # ranks has done its job.
+        launch_env.key_delivered()
         return out
     finally:
         client.close()

@@ -29,13 +29,17 @@ The store and the engine authenticate every connection with the job's key
 (``HOROVODLIKE_JOB_KEY``). Where it comes from:
   * ``HOROVODLIKE_JOB_KEY`` already set (the same secret on every rank, e.g. from a
     Kubernetes secret): used as is.
+  * ``HOROVODLIKE_JOB_KEY_FILE``: a key file on storage every host shares, owned by
+    this user and readable by nobody else.
   * every rank on this host under one parent (torchrun's ranks are children of its
-    agent): rank 0 makes a key and leaves it in a file only this user can read
-    (``$TMPDIR/horovodlike-<uid>/``, named after the parent process and the job), the
-    others read it there; rank 0 removes it at exit.
-  * otherwise (ranks on several hosts with no shared secret): a key derived from the
-    job's public description, so the rendezvous is NOT authenticated against anyone
-    who can reach the master's address; a warning says so.
+    agent): rank 0 makes a key and leaves it in a file only this user can read, in a
+    directory only this user can write to whose name the ranks learn from what started
+    them (``key_dir``); the others read it there; rank 0 removes it once every rank
+    has joined, and at exit.
+  * otherwise (ranks on several hosts with no shared secret): the job refuses to start
+    and says how to give it a key. ``HOROVODLIKE_INSECURE_UNAUTHENTICATED_RENDEZVOUS=1``
+    runs it anyway with a key derived from the job's public description, which anyone
+    who can reach the master's address can compute; rank 0 warns.
 """
 import atexit
 import hashlib
@@ -43,7 +47,6 @@ import os
 import socket
 import stat
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -217,6 +220,12 @@ def adopt(environ=None):
 
 # ------------------------------------------------------------------ the job's key
 
+KEY_FILE_ENV = "HOROVODLIKE_JOB_KEY_FILE"
+# Running a multi-host job with a key anyone can compute takes this, set to 1: a name
+# nobody sets by accident, and that reads as what it does in a job's spec.
+INSECURE_ENV = "HOROVODLIKE_INSECURE_UNAUTHENTICATED_RENDEZVOUS"
+
+
 def _parent_identity():
     """(pid, start time) of the parent process: the same for every rank one torchrun
     agent started, different for the next run even if the pid comes back."""
@@ -229,51 +238,177 @@ def _parent_identity():
     return ppid, start
 
 
-def key_path(le):
+def _is_private_tree(path):
+    """Whether only this user can create or rename entries in `path`: it and every
+    directory up to the nearest one that is ours with mode 0700 are ours, not symlinks,
+    and writable by nobody else. (Above a 0700 directory nobody else can reach in.)"""
+    uid = os.getuid()
+    path = os.path.abspath(path)
+    while True:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+            return False
+        if not st.st_mode & 0o077:
+            return True
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+
+
+def key_dir(environ=None):
+    """(directory, why-not) where the ranks of one host leave the job's key for each
+    other: a directory no other user can write to, whose name every rank learns from
+    what started it, never a fixed name in a shared directory (which another user
+    could create first). directory is None when there is none; why-not then says what
+    was looked for.
+
+      * $XDG_RUNTIME_DIR/horovodlike: the user's own runtime directory (systemd makes
+        it, mode 0700, on a tmpfs emptied at logout).
+      * torchrun's own run directory: torchrun makes a fresh mkdtemp directory for
+        every run and tells each rank its error file in it (TORCHELASTIC_ERROR_FILE,
+        <run dir>/attempt_<n>/<local rank>/error.json); the ranks of one attempt share
+        its attempt directory.
+    """
+    env = os.environ if environ is None else environ
+    tried = []
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg:
+        if _is_private_tree(xdg):
+            path = os.path.join(xdg, "horovodlike")
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise RuntimeError(f"horovodlike: cannot make {path}: {exc}") from None
+            if not _is_private_tree(path):
+                raise RuntimeError(
+                    f"horovodlike: {path} must be a directory (not a symlink) owned by uid "
+                    f"{os.getuid()} that no other user can write to; remove it and start again")
+            return path, None
+        tried.append(f"XDG_RUNTIME_DIR={xdg} is not a directory private to uid {os.getuid()}")
+    else:
+        tried.append("XDG_RUNTIME_DIR is not set")
+    error_file = env.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        attempt = os.path.dirname(os.path.dirname(error_file))
+        if _is_private_tree(attempt):
+            return attempt, None
+        tried.append(f"torchrun's run directory {attempt} is not private to uid {os.getuid()}")
+    else:
+        tried.append("no torchrun run directory (TORCHELASTIC_ERROR_FILE)")
+    return None, "; ".join(tried)
+
+
+def key_path(le, environ=None):
+    """The key file of this job on this host, or raise saying why there is none. Its
+    name carries the parent process's identity: a file left behind by an earlier run
+    (rank 0 SIGKILLed) is never read by the next one, and holds a dead job's key."""
+    directory, why_not = key_dir(environ)
+    if directory is None:
+        raise RuntimeError(
+            f"horovodlike ({le.launcher}): the ranks of this host have no private place "
+            f"to share the job's key ({why_not}). Give every rank the same "
+            f"{jobkey.ENV} (64 hex digits), or {KEY_FILE_ENV}=<a key file only you can "
+            f"read>, or set XDG_RUNTIME_DIR to a directory only you can write to")
     ppid, start = _parent_identity()
-    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in le.job_id)[:150]
-    return os.path.join(tempfile.gettempdir(), f"horovodlike-{os.getuid()}",
-                        f"{safe}-{ppid}-{start}.key")
+    return os.path.join(directory, f"{_safe(le.job_id)}-{ppid}-{start}.key")
 
 
-def _private_dir(path):
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise RuntimeError(f"horovodlike: {path} must be a directory only this user can "
-                           f"read (mode 0700, owned by uid {os.getuid()})")
+def _safe(job_id):
+    return "".join(c if c.isalnum() or c in "-._" else "_" for c in job_id)[:150]
+
+
+def _open_private(path, what):
+    """A file of ours that nobody else can read, opened without following a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    f = os.fdopen(fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        f.close()
+        raise RuntimeError(f"horovodlike: {what} {path} is not private to this user: it must "
+                           f"be a regular file owned by uid {os.getuid()} with mode 0600 "
+                           f"(or 0400)")
+    return f
 
 
 def _read_key_file(path, timeout):
     deadline = time.monotonic() + timeout
     while True:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            f = _open_private(path, "the job's key file")
         except FileNotFoundError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"horovodlike: rank 0 did not leave the job's key in "
-                                   f"{path} within {timeout:.0f} s "
-                                   f"(HOROVODLIKE_START_TIMEOUT)") from None
+                raise RuntimeError(_no_key_message(path, timeout)) from None
             time.sleep(0.05)
             continue
-        with os.fdopen(fd) as f:
-            st = os.fstat(f.fileno())
-            if st.st_uid != os.getuid() or st.st_mode & 0o077:
-                raise RuntimeError(f"horovodlike: {path} is not private to this user")
+        except OSError as exc:     # ELOOP: a symlink where the key file should be
+            raise RuntimeError(f"horovodlike: cannot open the job's key file {path}: "
+                               f"{exc.strerror or exc}") from None
+        with f:
             text = f.read()
         if text.endswith("\n"):
             return jobkey.from_hex(text, where=path)
         time.sleep(0.05)      # not completely written yet (rank 0 renames it in place)
 
 
+def _no_key_message(path, timeout):
+    """Why a rank found no key: most often, ranks of one host under different parents."""
+    ppid, _ = _parent_identity()
+    name = os.path.basename(path)
+    job = name[:name.rindex("-", 0, name.rindex("-"))]
+    try:
+        others = sorted(f for f in os.listdir(os.path.dirname(path))
+                        if f.startswith(job + "-") and f.endswith(".key") and f != name)
+    except OSError:
+        others = []
+    seen = (f" ({len(others)} key file(s) of this job id left by other parent processes "
+            f"are there: {', '.join(others[:3])})") if others else ""
+    return (f"horovodlike: rank 0 did not leave the job's key in {path} within "
+            f"{timeout:.0f} s (HOROVODLIKE_START_TIMEOUT){seen}. The ranks of one host find "
+            f"it through their common parent process (this rank's is pid {ppid}); ranks "
+            f"started by different parents (not by one torchrun agent) cannot meet this "
+            f"way: give every rank the same {jobkey.ENV}, or {KEY_FILE_ENV}")
+
+
 def _write_key_file(path, key):
-    _private_dir(os.path.dirname(path))
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(jobkey.to_hex(key) + "\n")
     os.replace(tmp, path)
-    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    global _key_file
+    _key_file = path
+    atexit.register(key_delivered)
+
+
+_key_file = None      # rank 0's key file while the other local ranks may still read it
+
+
+def key_delivered():
+    """Rank 0: every rank has the key (the store exchange is done, or the process
+    exits): the key file goes. One left behind by a SIGKILL is harmless (key_path)."""
+    global _key_file
+    path, _key_file = _key_file, None
+    if path is not None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def read_key_file(path):
+    """HOROVODLIKE_JOB_KEY_FILE: a key the user put on storage every host shares."""
+    try:
+        with _open_private(path, KEY_FILE_ENV) as f:
+            return jobkey.from_hex(f.read(), where=f"{KEY_FILE_ENV}={path}")
+    except OSError as exc:
+        raise RuntimeError(f"horovodlike: cannot read {KEY_FILE_ENV}={path}: "
+                           f"{exc.strerror or exc}") from None
 
 
 def job_key(le, environ=None):
@@ -282,16 +417,27 @@ def job_key(le, environ=None):
     given = env.get(jobkey.ENV)
     if given:
         return jobkey.from_hex(given)
+    if env.get(KEY_FILE_ENV):
+        return read_key_file(env[KEY_FILE_ENV])
     if le.local_size is not None and le.local_size == le.size:
-        path = key_path(le)
+        path = key_path(le, env)
         if le.rank == 0:
             key = jobkey.generate()
             _write_key_file(path, key)
             return key
         return _read_key_file(path, float(env.get("HOROVODLIKE_START_TIMEOUT", "60")))
+    if env.get(INSECURE_ENV) != "1":
+        raise RuntimeError(
+            f"horovodlike ({le.launcher}): this job's ranks span hosts (world size "
+            f"{le.size}, {le.local_size or 'unknown'} on this host) and no job key was "
+            f"given, so anyone who can reach {le.rendezvous} could join it. Give every rank "
+            f"the same secret: {jobkey.ENV}=<64 hex digits> from a secret store (a "
+            f"Kubernetes Secret, Ray's or Spark's own channel; make one with python -c "
+            f"'import secrets; print(secrets.token_hex(32))'), or {KEY_FILE_ENV}=<path> to a "
+            f"key file on shared storage readable only by you (mode 0600). To run "
+            f"unauthenticated anyway, set {INSECURE_ENV}=1")
     if le.rank == 0:
-        print(f"horovodlike: ranks on several hosts ({le.launcher}) and no {jobkey.ENV}: "
-              f"the rendezvous at {le.rendezvous} is not authenticated. Set {jobkey.ENV} "
-              f"to the same secret (64 hex digits) on every rank, e.g. from a Kubernetes "
-              f"secret", file=sys.stderr, flush=True)
+        print(f"horovodlike: WARNING: {INSECURE_ENV}=1: the rendezvous at {le.rendezvous} "
+              f"is NOT authenticated; anyone who can reach it can join this job as a rank "
+              f"and read or change its data", file=sys.stderr, flush=True)
     return hashlib.sha256(f"horovodlike-unauthenticated/{le.job_id}".encode()).digest()
