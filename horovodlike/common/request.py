@@ -6,7 +6,8 @@ output. Everything else about a call is decided here, and comes back as a valida
 
 - the engine name. `name=x` becomes "<kind>.x"; an unnamed op is numbered per op kind
   and per process set ("allreduce.noname.3"), so ranks that run different unnamed ops
-  inside their own sets still agree on the numbers of the global ones. An op on a set
+  inside their own sets still agree on the numbers of the global ones, and per thread
+  (see `Counters`), so unnamed ops from several threads cannot pair wrongly. An op on a set
   other than the global one carries the set's id ("...@set2"): every set negotiates
   apart. A binding may number unnamed ops its own way by passing a `namer` (TensorFlow
   numbers the ops traced into a graph per graph, when they are traced).
@@ -48,24 +49,53 @@ KINDS = {"allreduce": engine.ALLREDUCE, "allgather": engine.ALLGATHER,
 # ------------------------------------------------------------------ names
 
 class Counters:
-    """Numbers for unnamed ops, one sequence per (op kind, process set)."""
+    """Numbers for unnamed ops, one sequence per (op kind, process set).
 
-    def __init__(self):
+    per_thread: one sequence per thread as well. Unnamed ops pair across ranks by their
+    number, so ops submitted from several threads at once would take numbers in
+    whatever order the threads happen to run on each rank, and pair with the wrong
+    tensors of other ranks. The main thread's ops keep the plain numbers; another
+    thread's carry its name ("allreduce.noname.3@thread:loader"), so they pair with the
+    ops of the same-named thread of every rank (threads made in the same order get the
+    same default names). Two live threads of one name cannot be told apart: their
+    unnamed ops are refused with an error saying so."""
+
+    def __init__(self, per_thread=False):
         self._next = {}
+        self._owner = {}           # thread name -> the live thread numbering under it
+        self._per_thread = per_thread
         self._lock = threading.Lock()
 
     def next(self, kind, sid):
+        tag = self._thread_tag(kind) if self._per_thread else ""
         with self._lock:
-            c = self._next.setdefault((kind, sid), itertools.count())
-            return str(next(c))
+            c = self._next.setdefault((kind, sid, tag), itertools.count())
+            n = str(next(c))
+        return f"{n}@thread:{tag}" if tag else n
+
+    def _thread_tag(self, kind):
+        me = threading.current_thread()
+        if me is threading.main_thread():
+            return ""
+        with self._lock:
+            owner = self._owner.get(me.name)
+            if owner is not None and owner is not me and owner.is_alive():
+                raise ValueError(
+                    f"unnamed {kind} from thread {me.name!r}: another live thread of that "
+                    f"name also submits unnamed ops. Ranks pair unnamed ops of other "
+                    f"threads by thread name and number, so give the threads distinct "
+                    f"names (threading.Thread(name=...)) or pass name= to the op")
+            self._owner[me.name] = me
+        return me.name
 
     def reset(self):
         """Number from 0 again (every member of a new elastic round does)."""
         with self._lock:
             self._next.clear()
+            self._owner.clear()
 
 
-counters = Counters()          # the process-wide numbering (eager calls)
+counters = Counters(per_thread=True)   # the process-wide numbering (eager calls)
 
 
 def engine_name(kind, name, sid, namer=None):
