@@ -3,8 +3,10 @@
  * comes from this job's rank `from_rank`, meant for this rank, on the expected channel.
  *
  * Topology: a full mesh of data sockets (rank j connects to every i < j) and a star of
- * control sockets (every worker connects to rank 0). A hello is accepted only in that
- * direction: a data hello from a higher rank, a control hello only by rank 0.
+ * control sockets (every worker connects to rank 0, before its data sockets). A hello is
+ * accepted only in that direction: a data hello from a higher rank, a control hello only
+ * by rank 0. A start-up that fails names the rank that stopped it: silent (a connector
+ * read nothing until the deadline), closed, or never arrived (name_missing).
  *
  * The hello with a job key (HMAC-SHA256 challenge-response, mutual):
  *

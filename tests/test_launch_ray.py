@@ -1,5 +1,6 @@
 """horovodlike.ray.RayExecutor on a local Ray cluster: 2 actors train a torch model."""
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(300)
 
+from horovodlike.common import jobkey  # noqa: E402
+from horovodlike.common.store import StoreAuthError, StoreClient  # noqa: E402
 from horovodlike.ray import BaseHorovodWorker, RayExecutor  # noqa: E402
 
 
@@ -87,8 +90,24 @@ def test_executable_class_execute_and_execute_single(local_ray):
         assert executor.execute(lambda c: c.value) == [12, 11]
         envs = executor.execute(lambda _: __import__("os").environ["HOROVOD_RANK"])
         assert envs == ["0", "1"]
+        # Every actor holds the job's random key, carried by Ray; the store takes only it.
+        keys = executor.execute(lambda _: __import__("os").environ[jobkey.ENV])
+        assert keys[0] == keys[1] and len(jobkey.from_hex(keys[0])) == jobkey.KEY_BYTES
+        assert os.environ.get(jobkey.ENV) != keys[0]
+        address = executor.execute_single(
+            lambda _: __import__("os").environ["HOROVODLIKE_STORE_ADDR"])
+        with pytest.raises(StoreAuthError):
+            StoreClient(address, key=jobkey.generate(), timeout=5)
+        with StoreClient(address, key=jobkey.from_hex(keys[0]), timeout=5) as c:
+            c.set("probe", b"ok")
     finally:
         executor.shutdown()
+    other = RayExecutor(RayExecutor.create_settings(), num_workers=2)
+    other.start()
+    try:                                   # a new job, a new key
+        assert other.execute_single(lambda _: __import__("os").environ[jobkey.ENV]) != keys[0]
+    finally:
+        other.shutdown()
 
 
 def test_failing_worker_raises_in_the_caller(local_ray):

@@ -186,9 +186,12 @@ class RayExecutor:
         driver_node = ray.get_runtime_context().get_node_id()
         local_only = all(n == driver_node for n in nodes)
         address = "127.0.0.1" if local_only else ray.util.get_node_ip_address()
-        key = jobkey.generate()
+        # A fresh random key per job (or the one the caller passes to every rank), never
+        # derived from anything public; it reaches the actors through Ray's own control
+        # channel, and the store refuses every connection that cannot prove it.
+        given = (extra_env_vars or {}).get(jobkey.ENV)
+        key = jobkey.from_hex(given) if given else jobkey.generate()
         self._store = StoreServer(address, 0, key=key).start()
-        # The key reaches the actors through Ray's own control channel.
         common = {jobkey.ENV: jobkey.to_hex(key),
                   "HOROVODLIKE_STORE_ADDR": f"{address}:{self._store.port}",
                   "HOROVODLIKE_JOB_ID": uuid.uuid4().hex[:12],
