@@ -221,7 +221,10 @@ def test_a_squatted_shared_name_does_not_stop_a_job(tmp_path, monkeypatch, how):
 def test_several_hosts_without_a_key_refuse_to_start(capsys):
     hosts0 = launch_env.LaunchEnv("torchrun", 0, 4, 0, 2, 0, 2, "10.0.0.1", 29501, "job-b")
     hosts3 = launch_env.LaunchEnv("torchrun", 3, 4, 1, 2, 1, 2, "10.0.0.1", 29501, "job-b")
-    for le in (hosts0, hosts3):
+    # Horovod's worker variables without a local size: nothing says one host either.
+    bare = launch_env.LaunchEnv("horovod-env", 0, 2, None, None, None, None, "10.0.0.1",
+                                5555, "horovod-env-10.0.0.1-5555")
+    for le in (hosts0, hosts3, bare):
         with pytest.raises(RuntimeError, match=f"span hosts.*{jobkey.ENV}.*"
                                                f"{launch_env.KEY_FILE_ENV}.*"
                                                f"{launch_env.INSECURE_ENV}=1"):
@@ -346,6 +349,35 @@ def test_one_host_job_starts_beside_a_squatted_shared_name(tmp_path, how):
         assert code == 0, err
     check_two_ranks([out for _, out, _ in outs])
     assert list((tmp_path / "run-user" / "horovodlike").iterdir()) == []   # key file gone
+
+
+def test_one_host_ranks_of_different_parents_are_told_why_they_cannot_meet(tmp_path):
+    """Rank 0 started by this test, rank 1 by another parent: rank 1 cannot find the key
+    rank 0 left for its own siblings, and says so rather than only timing out."""
+    port = free_port()
+    run_user = str(_private(tmp_path / "run-user"))
+    envs = [clean_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1),
+                      XDG_RUNTIME_DIR=run_user, HOROVODLIKE_START_TIMEOUT="3" if r else "60")
+            for r in range(2)]                # rank 0 keeps its key file while rank 1 looks
+    rank0 = subprocess.Popen([sys.executable, "-c", "import horovodlike as hvd; hvd.init()"],
+                             env=envs[0], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60     # rank 0 has left its key: start rank 1
+        while not list((tmp_path / "run-user").glob("horovodlike/*.key")):
+            assert time.monotonic() < deadline and rank0.poll() is None, rank0.stderr.read()
+            time.sleep(0.05)
+        parent = ("import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', "
+                  "'import horovodlike as hvd; hvd.init()']))")
+        rank1 = subprocess.run([sys.executable, "-c", parent], env=envs[1], text=True,
+                               capture_output=True, timeout=60)
+        assert rank1.returncode != 0
+        assert "different parents" in rank1.stderr and "key file(s) of this job id" in \
+            rank1.stderr and jobkey.ENV in rank1.stderr, rank1.stderr
+    finally:
+        rank0.kill()
+        rank0.communicate()
 
 
 OUTSIDER_TIMEOUT = 20
