@@ -36,6 +36,7 @@ from collections import defaultdict
 from ..common import elastic as proto
 from ..common import jobkey
 from ..common.store import StoreClient, StoreServer
+from . import args as cli
 from . import launch
 from .rank_output import RankOutput
 
@@ -106,8 +107,11 @@ class Settings:
                                  f"{COOLDOWN_LOWER_LIMIT_SECONDS} <= MIN <= MAX <= "
                                  f"{COOLDOWN_UPPER_LIMIT_SECONDS}")
         slots = getattr(args, "slots", None)
-        if slots is not None and slots < 1:
-            raise ValueError(f"--slots-per-host must be at least 1, got {slots}")
+        if slots is not None and not 1 <= slots <= launch.MAX_SLOTS_PER_HOST:
+            raise ValueError(f"--slots-per-host must be from 1 to "
+                             f"{launch.MAX_SLOTS_PER_HOST}, got {slots}")
+        self.grace = getattr(args, "shutdown_grace", None) or \
+            cli.resolve_shutdown_grace(args)
         if getattr(args, "use_mpi", False):
             raise ValueError("elastic mode runs on horovodlikerun's own launcher; drop --mpi")
         script = getattr(args, "host_discovery_script", None)
@@ -120,26 +124,62 @@ class Settings:
 
 
 class ScriptDiscovery:
-    """Runs the user's discovery script; its stdout is one 'host[:slots]' per line."""
+    """Runs the user's discovery script; its stdout is one 'host[:slots]' per line.
 
-    def __init__(self, script, default_slots):
+    The script runs in a process group of its own, and the whole group is killed when
+    it runs past the timeout, once it has answered (what it left running in the
+    background), and when the job ends (close()): a hung ssh or sleep inside it never
+    outlives the job."""
+
+    def __init__(self, script, default_slots, timeout=DISCOVERY_SCRIPT_TIMEOUT):
         self.script = script
         self.default_slots = default_slots
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._running = None            # the script's process while it runs
+        self._closed = False
 
     def find(self):
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the job is ending")
+            proc = self._running = subprocess.Popen(
+                self.script, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True)
         try:
-            res = subprocess.run(self.script, shell=True, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 timeout=DISCOVERY_SCRIPT_TIMEOUT)
+            out, err = proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            try:
+                proc.communicate(timeout=2.0)   # reap it; a pipe held elsewhere is let go
+            except subprocess.TimeoutExpired:
+                pass
             raise RuntimeError(f"host discovery script {self.script!r} ran longer than "
-                               f"{DISCOVERY_SCRIPT_TIMEOUT:.0f} s") from None
-        if res.returncode != 0:
-            err = res.stderr.decode(errors="replace").strip()[-500:]
+                               f"{self.timeout:g} s; its processes were killed") from None
+        finally:
+            with self._lock:
+                self._running = None
+        _kill_group(proc)               # whatever it left behind in its group
+        if self._closed:
+            raise RuntimeError("the job is ending")
+        return self.parse(out, err, proc.returncode)
+
+    def close(self):
+        """The job ends: kill a script still running, and run no other."""
+        with self._lock:
+            self._closed = True
+            proc = self._running
+        if proc is not None:
+            _kill_group(proc)           # find() reaps it and says the job is ending
+
+    def parse(self, out, err, returncode):
+        """{host: slots} from the script's output, in its order; O(lines)."""
+        if returncode != 0:
+            err = err.decode(errors="replace").strip()[-500:]
             raise RuntimeError(f"host discovery script {self.script!r} exited with code "
-                               f"{res.returncode}" + (f": {err}" if err else ""))
-        entries = []
-        for line in res.stdout.decode(errors="replace").splitlines():
+                               f"{returncode}" + (f": {err}" if err else ""))
+        hosts = {}
+        for line in out.decode(errors="replace").splitlines():
             line = line.strip()
             if not line:
                 continue        # an empty answer means no host is available now
@@ -149,13 +189,20 @@ class ScriptDiscovery:
                                        f"':slots'; print host:slots or pass "
                                        f"--slots-per-host")
                 line = f"{line}:{self.default_slots}"
-            entries.append(line)
-        if not entries:
-            return {}
-        try:
-            return dict(launch.parse_hosts(",".join(entries)))
-        except ValueError as exc:
-            raise RuntimeError(f"host discovery script {self.script!r}: {exc}") from None
+            try:
+                host, slots = launch.parse_host_entry(line)
+            except ValueError as exc:
+                raise RuntimeError(f"host discovery script {self.script!r}: {exc}") from None
+            hosts[host] = slots
+        return hosts
+
+
+def _kill_group(proc):
+    """SIGKILL the script's process group (its leader may be gone, its children not)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class FixedDiscovery:
@@ -166,6 +213,9 @@ class FixedDiscovery:
 
     def find(self):
         return dict(self.hosts)
+
+    def close(self):
+        pass
 
 
 class HostState:
@@ -250,6 +300,8 @@ class ElasticDriver:
         self.done_count = 0
         self.result = None
         self.last_discovery_error = None
+        self.activity = launch.Activity(self.job)
+        self.quiet_since = self.quiet_checked = None   # see check_quiet_members
 
     # ---- lifecycle
 
@@ -292,6 +344,7 @@ class ElasticDriver:
             return self.result
         finally:
             self.stopping.set()
+            self.s.discovery.close()
             self._stop_workers()
             self.client.close()
             self.job.cleanup()
@@ -351,7 +404,8 @@ class ElasticDriver:
             try:
                 self.events.put(("hosts", self.s.discovery.find()))
             except Exception as exc:   # noqa: BLE001 - reported, retried
-                self.events.put(("discovery_error", str(exc)))
+                if not self.stopping.is_set():
+                    self.events.put(("discovery_error", str(exc)))
 
     def _watch_ready(self):
         """Workers announce they wait for a round as ready/<n> (n from ready_seq)."""
@@ -392,15 +446,19 @@ class ElasticDriver:
         return sum(self.hosts[h] for h in self.order if self.usable(h))
 
     def on_hosts(self, hosts):
+        """A discovery's answer. O(hosts + workers) per poll: every test below is a dict
+        or set lookup (20,000 hosts take a few milliseconds)."""
         self.last_discovery_error = None
         now = time.monotonic()
         for h in hosts:
-            if self.host_state[h].resurrected(now):
+            state = self.host_state.get(h)
+            if state is not None and state.resurrected(now):
                 self.out.say(f"host {h} is out of its blacklist cooldown")
-                self.host_state[h].whitelist()
+                state.whitelist()
         # Hosts keep their place while listed; one that comes back goes to the end.
+        known = set(self.order)
         self.order = [h for h in self.order if h in hosts] + \
-            [h for h in hosts if h not in self.order]
+            [h for h in hosts if h not in known]
         self.hosts = dict(hosts)
         if not self.started:
             return
@@ -409,8 +467,13 @@ class ElasticDriver:
                 self.remove(w, f"host {w.host} slot {w.slot} is no longer discovered")
         self.fill_slots()
 
+    def ending(self):
+        """The job is ending: it has its result, is stopping, or a member has finished
+        its training (the others are about to). No new worker starts then."""
+        return self.result is not None or self.stopping.is_set() or self.done_count > 0
+
     def fill_slots(self):
-        if not self.started or self.result is not None:
+        if not self.started or self.ending():
             return
         staying = [w for w in self.workers.values() if w.state in _LIVE and not w.removed]
         room = self.s.max_np - len(staying)
@@ -474,7 +537,7 @@ class ElasticDriver:
         self.update_seq += 1
         self.client.set(f"{self.prefix}/update/{self.update_seq}", str(flags).encode())
 
-    def on_ready(self, wid, last, reason):
+    def on_ready(self, wid, last, reason, lost=None):
         w = self.workers.get(wid)
         if w is None or w.state not in _LIVE or not self._alive(w):
             return
@@ -483,8 +546,53 @@ class ElasticDriver:
         w.ready = reason
         if w.state == MEMBER:
             self.reset_wanted = True
+            if lost is not None and 0 <= lost < len(self.members):
+                self.on_lost(self.members[lost], f"as worker {wid} reported")
         elif self.newcomer_since is None:
             self.newcomer_since = time.monotonic()
+
+    def on_lost(self, w, how):
+        """A member is lost (its peers named it, or it stayed quiet while they came
+        back): stopped or hung, it would hold the next round back for ever. It is
+        killed and its host blacklisted; the round re-forms without it, with a new
+        worker on a spare slot if there is one."""
+        if w.state != MEMBER or w.ready is not None:
+            return                    # it has left already, or it is back and ready
+        self.out.say(f"worker {w.wid} (rank {w.rank}, host {w.host}) was lost, {how}; "
+                     f"killing it and blacklisting host {w.host}")
+        w.state = LEAVING             # its exit, when it comes, means nothing more
+        proc = self.job.procs.get(w.wid)
+        if proc is not None and proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.member_lost = self.reset_wanted = True
+        self.client.set(f"{self.job_id}/elastic{self.round_no}/blob/{w.rank}", b"\0")
+        self.blacklist(w.host)
+        self.fill_slots()
+
+    def check_quiet_members(self, now):
+        """While a round is to be re-formed and some members are ready, a member that
+        is not and stays quiet (no output, no CPU time) past the shutdown grace -- the
+        peer timeout plus a margin, by when its engine would have failed too -- is
+        lost. Checked once a second: each check reads the process table."""
+        waiting = [w for w in self.workers.values() if w.state == MEMBER and w.ready is None]
+        back = any(w.state == MEMBER and w.ready for w in self.workers.values())
+        if self.round_no < 0 or not self.reset_wanted or not waiting or not back:
+            self.quiet_since = None
+            return
+        if self.quiet_since is None:
+            self.quiet_since, self.quiet_checked = now, now
+        if now - self.quiet_checked < 1.0:
+            return
+        self.quiet_checked = now
+        for w in waiting:
+            quiet, stopped = self.activity.quiet(w.wid, self.quiet_since, now)
+            if quiet >= self.s.grace:
+                self.on_lost(w, f"{'stopped' if stopped else 'silent'} for {quiet:.0f} s "
+                                f"while its peers waited for the next round "
+                                f"(--shutdown-grace)")
 
     def announce_newcomers(self, now):
         """Ask the members to make room for workers that are ready to join: once every
@@ -566,6 +674,7 @@ class ElasticDriver:
             self.fill_slots()
         self.check_finished()
         if self.result is None:
+            self.check_quiet_members(now)
             self.announce_newcomers(now)
             self.try_publish(now)
 

@@ -78,15 +78,26 @@ def parse_args(argv):
     return args
 
 
+MAX_SLOTS_PER_HOST = 4096     # more ranks than any one host could run
+
+
+def parse_host_entry(item):
+    """(host, slots) from 'host:slots' (or 'host': one slot); ValueError naming it.
+    Slots are ASCII digits, 1..MAX_SLOTS_PER_HOST."""
+    name, sep, slots = item.rpartition(":")
+    if not sep:
+        name, slots = item, "1"
+    if name and 0 < len(slots) <= 9 and slots.isascii() and slots.isdigit():
+        n = int(slots)
+        if 1 <= n <= MAX_SLOTS_PER_HOST:
+            return name, n
+    raise ValueError(f"bad host entry {item!r} (want host:slots, slots a whole number "
+                     f"from 1 to {MAX_SLOTS_PER_HOST})")
+
+
 def parse_hosts(spec):
-    hosts = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, sep, slots = item.rpartition(":")
-        if not sep:
-            name, slots = item, "1"
-        if not name or not slots.isdigit() or int(slots) < 1:
-            raise ValueError(f"bad host entry {item!r} (want host:slots)")
-        hosts.append((name, int(slots)))
+    """[(host, slots)] from 'host1:n,host2:m'."""
+    hosts = [parse_host_entry(item) for item in filter(None, (s.strip() for s in spec.split(",")))]
     if not hosts:
         raise ValueError(f"no hosts in {spec!r}")
     return hosts
@@ -266,16 +277,37 @@ def group_activity(pgid):
     return ticks, stopped
 
 
-class _Quiet:
-    """Once the job is finishing (a rank exited 0), how long each rank still running
-    has done nothing: no output line, and on this host no CPU time in its process group
-    (a rank on another host is judged by its output alone). A rank quiet for the
-    shutdown grace is stopped or hung: it would keep the launcher waiting for ever."""
+class Activity:
+    """How long each rank has done nothing: no output line, and no CPU time in its
+    process group on this host (for a rank on another host, that is its ssh client's,
+    so it is judged by its output). A rank quiet for long is stopped or hung."""
+
+    def __init__(self, job):
+        self.job = job
+        self.cpu = {}                      # rank -> (ticks, when they last changed)
+
+    def quiet(self, rank, since, now):
+        """(seconds quiet, counted from `since` at the earliest; any process stopped)."""
+        ticks, stopped = group_activity(self.job.procs[rank].pid)
+        seen, when = self.cpu.get(rank, (None, since))
+        if seen is not None and ticks != seen:
+            when = now
+        self.cpu[rank] = (ticks, when)
+        return now - max(since, when, self.job.last_output.get(rank, 0.0)), stopped
+
+    def forget(self, rank):
+        self.cpu.pop(rank, None)
+
+
+class _Finishing:
+    """Once the job is finishing (a rank exited 0), a rank still running that stays
+    quiet for the shutdown grace is stopped or hung: it would keep the launcher waiting
+    for ever, since no engine is left to name it."""
 
     def __init__(self, job, grace):
-        self.job, self.grace = job, grace
+        self.grace = grace
+        self.activity = Activity(job)
         self.since = None                  # when the job began finishing
-        self.cpu = {}                      # rank -> (ticks, when they last changed)
 
     def begin(self, now):
         if self.since is None and self.grace is not None:
@@ -288,16 +320,8 @@ class _Quiet:
         """[(rank, 'stopped' or 'silent')] for ranks quiet for the whole grace."""
         out = []
         for rank in sorted(pending):
-            last, stopped = max(self.since, self.job.last_output.get(rank, 0.0)), False
-            proc = self.job.procs[rank]
-            if is_local_host(self.job.plan[rank].host):
-                ticks, stopped = group_activity(proc.pid)
-                seen, when = self.cpu.get(rank, (None, now))
-                if ticks != seen:
-                    when = now if seen is not None else self.since
-                self.cpu[rank] = (ticks, when)
-                last = max(last, when)
-            if now - last >= self.grace:
+            quiet, stopped = self.activity.quiet(rank, self.since, now)
+            if quiet >= self.grace:
                 out.append((rank, "stopped" if stopped else "silent"))
         return out
 
@@ -315,7 +339,7 @@ class Job:
         self.pumps = {}                    # rank -> its output threads
         self.lost = None                   # (culprit, reporting rank), the first one named
         self.last_output = {}              # rank -> when it last printed a line
-        self.quiet = _Quiet(self, shutdown_grace)
+        self.finishing = _Finishing(self, shutdown_grace)
 
     def spawn(self, slot, argv, env):
         """Start one rank behind its rank_shim. Its stdin carries the job key and then
@@ -393,16 +417,16 @@ class Job:
                 if quiet_check is not None and now >= quiet_check:
                     quiet_check = None
                     if not stopping:
-                        for rank, how in self.quiet.overdue(pending - killed, now):
+                        for rank, how in self.finishing.overdue(pending - killed, now):
                             slot = self.plan[rank]
                             self.out.say(f"rank {rank} (host {host_name(slot)}) is {how} and "
-                                         f"did not exit within {self.quiet.grace:g} s of "
+                                         f"did not exit within {self.finishing.grace:g} s of "
                                          f"another rank finishing (--shutdown-grace); "
                                          f"killing it")
                             killed.add(rank)
                             exit_code = exit_code or 1
                             self._kill(rank)
-                        quiet_check = self.quiet.next_check()
+                        quiet_check = self.finishing.next_check()
                     continue
                 if hang_check is not None and now >= hang_check:
                     hang_check = None
@@ -427,9 +451,9 @@ class Job:
                 if stopping or rank in killed:
                     continue
                 if code == 0:
-                    if pending and self.quiet.since is None:
-                        self.quiet.begin(time.monotonic())
-                        quiet_check = self.quiet.next_check()
+                    if pending and self.finishing.since is None:
+                        self.finishing.begin(time.monotonic())
+                        quiet_check = self.finishing.next_check()
                     if self.lost is not None and self.lost[0] in pending and hang_check is None:
                         # It may only be slow to exit (a rank that left on purpose):
                         # give it the grace period before calling it hung.
