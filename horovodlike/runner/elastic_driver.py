@@ -46,6 +46,7 @@ COOLDOWN_LOWER_LIMIT_SECONDS = 1          # Horovod's bounds on --blacklist-cool
 COOLDOWN_UPPER_LIMIT_SECONDS = 3600
 READY_GAP_SECONDS = 5.0
 NEWCOMER_GRACE_SECONDS = 5.0
+LOST_CONFIRM_SECONDS = 1.0     # a member named lost that has not exited by then hangs
 RESET_LIMIT_EXCEEDED_MESSAGE = ("the job was stopped because the number of resets during "
                                 "the elastic job exceeded the limit: {} (--reset-limit)")
 
@@ -302,6 +303,7 @@ class ElasticDriver:
         self.last_discovery_error = None
         self.activity = launch.Activity(self.job)
         self.quiet_since = self.quiet_checked = None   # see check_quiet_members
+        self.named_lost = {}                # wid -> (when, reporting wid); see check_named_lost
 
     # ---- lifecycle
 
@@ -510,12 +512,12 @@ class ElasticDriver:
             w.state = FAILED
             self.host_state[host].blacklist(time.monotonic())
 
-    def terminate(self, w):
-        w.state = LEAVING
+    def terminate(self, w, sig=signal.SIGTERM):
+        w.state = LEAVING             # its exit, when it comes, means nothing more
         proc = self.job.procs.get(w.wid)
         if proc is not None and proc.returncode is None:
             try:
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -547,7 +549,8 @@ class ElasticDriver:
         if w.state == MEMBER:
             self.reset_wanted = True
             if lost is not None and 0 <= lost < len(self.members):
-                self.on_lost(self.members[lost], f"as worker {wid} reported")
+                culprit = self.members[lost]
+                self.named_lost.setdefault(culprit.wid, (time.monotonic(), wid))
         elif self.newcomer_since is None:
             self.newcomer_since = time.monotonic()
 
@@ -560,17 +563,23 @@ class ElasticDriver:
             return                    # it has left already, or it is back and ready
         self.out.say(f"worker {w.wid} (rank {w.rank}, host {w.host}) was lost, {how}; "
                      f"killing it and blacklisting host {w.host}")
-        w.state = LEAVING             # its exit, when it comes, means nothing more
-        proc = self.job.procs.get(w.wid)
-        if proc is not None and proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        self.terminate(w, signal.SIGKILL)   # a stopped process takes no SIGTERM
         self.member_lost = self.reset_wanted = True
         self.client.set(f"{self.job_id}/elastic{self.round_no}/blob/{w.rank}", b"\0")
         self.blacklist(w.host)
         self.fill_slots()
+
+    def check_named_lost(self, now):
+        """Members their peers named as lost. One that crashed exits by itself and is
+        reported with its exit status (on_exit); one still there LOST_CONFIRM_SECONDS
+        after it was named is stopped or hung."""
+        for wid, (when, reporter) in list(self.named_lost.items()):
+            w = self.workers[wid]
+            if w.state != MEMBER or w.ready is not None:
+                del self.named_lost[wid]
+            elif now - when >= LOST_CONFIRM_SECONDS:
+                del self.named_lost[wid]
+                self.on_lost(w, f"as worker {reporter} reported")
 
     def check_quiet_members(self, now):
         """While a round is to be re-formed and some members are ready, a member that
@@ -674,6 +683,7 @@ class ElasticDriver:
             self.fill_slots()
         self.check_finished()
         if self.result is None:
+            self.check_named_lost(now)
             self.check_quiet_members(now)
             self.announce_newcomers(now)
             self.try_publish(now)
