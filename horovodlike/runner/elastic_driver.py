@@ -25,6 +25,7 @@ stays the same while the worker's rank changes from round to round.
 import os
 import queue
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -179,8 +180,17 @@ class ScriptDiscovery:
             err = err.decode(errors="replace").strip()[-500:]
             raise RuntimeError(f"host discovery script {self.script!r} exited with code "
                                f"{returncode}" + (f": {err}" if err else ""))
+        text = out.decode(errors="replace")
+        # The usual answer, 'host:slots' lines, at C speed: every word of the text must
+        # be one entry, else the line-by-line reading below says which line is wrong.
+        entries = _ENTRY.findall(text)
+        if entries and len(entries) == len(text.split()):
+            hosts = dict(entries)
+            counts = [int(n) for n in hosts.values()]
+            if 1 <= min(counts) and max(counts) <= launch.MAX_SLOTS_PER_HOST:
+                return dict(zip(hosts, counts))
         hosts = {}
-        for line in out.decode(errors="replace").splitlines():
+        for line in text.splitlines():
             line = line.strip()
             if not line:
                 continue        # an empty answer means no host is available now
@@ -196,6 +206,9 @@ class ScriptDiscovery:
                 raise RuntimeError(f"host discovery script {self.script!r}: {exc}") from None
             hosts[host] = slots
         return hosts
+
+
+_ENTRY = re.compile(r"^[ \t]*(\S+):([0-9]{1,4})[ \t]*$", re.MULTILINE)
 
 
 def _kill_group(proc):
@@ -285,7 +298,8 @@ class ElasticDriver:
         self.events = self.job.events
         self.stopping = threading.Event()
         self.hosts = {}                     # host -> slots, from the last discovery
-        self.order = []                     # hosts in the order they were first found
+        self.order = {}                     # hosts in the order they were first found
+                                            # (a dict used as an ordered set)
         self.host_state = defaultdict(lambda: HostState(settings.cooldown))
         self.workers = {}
         self.next_wid = 0
@@ -442,25 +456,28 @@ class ElasticDriver:
     # ---- hosts and workers
 
     def usable(self, host):
-        return host in self.hosts and not self.host_state[host].blacklisted
+        state = self.host_state.get(host)       # only hosts ever blacklisted have one
+        return host in self.hosts and (state is None or not state.blacklisted)
 
     def available_slots(self):
-        return sum(self.hosts[h] for h in self.order if self.usable(h))
+        return sum(self.hosts.values()) - sum(
+            self.hosts.get(h, 0) for h, state in self.host_state.items() if state.blacklisted)
 
     def on_hosts(self, hosts):
-        """A discovery's answer. O(hosts + workers) per poll: every test below is a dict
-        or set lookup (20,000 hosts take a few milliseconds)."""
+        """A discovery's answer. O(hosts + workers) per poll, the loops over the hosts
+        in C (dict and set operations): 20,000 hosts take a few milliseconds."""
         self.last_discovery_error = None
         now = time.monotonic()
-        for h in hosts:
-            state = self.host_state.get(h)
-            if state is not None and state.resurrected(now):
+        for h, state in self.host_state.items():
+            if h in hosts and state.resurrected(now):
                 self.out.say(f"host {h} is out of its blacklist cooldown")
                 state.whitelist()
-        # Hosts keep their place while listed; one that comes back goes to the end.
-        known = set(self.order)
-        self.order = [h for h in self.order if h in hosts] + \
-            [h for h in hosts if h not in known]
+        if hosts.keys() != self.hosts.keys():
+            # Hosts keep their place while listed; one that comes back goes to the end.
+            # Set and dict operations: C loops, O(n), no Python loop over the hosts.
+            for h in self.order.keys() - hosts.keys():
+                del self.order[h]
+            self.order.update(dict.fromkeys(hosts))
         self.hosts = dict(hosts)
         if not self.started:
             return
@@ -752,8 +769,7 @@ class ElasticDriver:
             return
         if self.round_no < 0:
             if self.started and not any(w.state in _LIVE for w in self.workers.values()) \
-                    and self.available_slots() == 0 and \
-                    all(self.host_state[h].lower is None for h in self.hosts):
+                    and self.available_slots() == 0 and not self.s.cooldown:
                 self.fail("every worker failed before the job could start, and every host "
                           "is blacklisted")
             return
