@@ -13,6 +13,12 @@ when the driver announces new or removed hosts (members raise HostsUpdatedInterr
 their next commit). Rank 0 of a new round is its oldest survivor, whose state the
 others receive.
 
+A member that is stopped or hung never comes back ready: once its peers name it as
+lost (or it stays quiet past ``--shutdown-grace`` while they wait), it is killed and
+treated as failed, so the round re-forms without it. Once a member has finished, the
+job is ending and no new worker starts. The discovery script runs in a process group
+of its own, killed on its timeout and when the job ends.
+
 A host whose worker fails is blacklisted (for good, or for ``--blacklist-cooldown-range``
 seconds, doubling per failure); ``--reset-limit`` bounds the number of new rounds; with
 fewer than ``--min-np`` usable slots the driver waits up to ``--elastic-timeout`` seconds
