@@ -251,14 +251,17 @@ int hvdl__engine_shutdown(engine_t *e) {
     e->thread_started = 0;
     e->stopped = 1;
     hvdl__close_all(e);
+    /* The job failed (not merely shut down): say so, for a launcher that must end it. */
+    if (e->failed && (e->fail_status == HVDL_ERR_PEER_LOST || e->fail_status == HVDL_ERR_STALLED))
+        return hvdl__err(e->fail_status, "%s", e->fail_msg);
     return HVDL_OK;
 }
 
 int hvdl_shutdown(void) {
     pthread_mutex_lock(&g_lifecycle);
-    if (g_engine) hvdl__engine_shutdown(g_engine);
+    int rc = g_engine ? hvdl__engine_shutdown(g_engine) : HVDL_OK;
     pthread_mutex_unlock(&g_lifecycle);
-    return HVDL_OK;
+    return rc;
 }
 
 int hvdl__engine_running(engine_t *e) {

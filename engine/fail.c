@@ -52,7 +52,7 @@ void hvdl__complete_all_locked(engine_t *e, int status, const char *msg) {
 /* The first cause is recorded (1), or one was already (0). Ops are completed only by
  * release(), after the cause has been sent on: a caller woken by its op may end the
  * process at once, and the other ranks must have heard why by then. */
-static int record(engine_t *e, int status, const char *msg) {
+int hvdl__record_failure(engine_t *e, int status, const char *msg) {
     pthread_mutex_lock(&e->mu);
     int first = !e->failed;
     if (first) {
@@ -73,7 +73,7 @@ static int release(engine_t *e) {
 }
 
 static int fail_msg(engine_t *e, int status, const char *msg) {
-    return record(e, status, msg) ? release(e) : -1;
+    return hvdl__record_failure(e, status, msg) ? release(e) : -1;
 }
 
 int hvdl__fail(engine_t *e, int status, const char *fmt, ...) {
@@ -104,7 +104,7 @@ int hvdl__fail_job(engine_t *e, int status, const char *fmt, ...) {
     snprintf(msg, sizeof msg, "rank %d (host %s) failed: %.700s%s%s%s", e->rank, e->host, cause,
              e->injected ? " (injected by HOROVODLIKE_TEST_INJECT=" : "",
              e->injected ? hvdl__inject_site_name(e->cfg.inject_site) : "", e->injected ? ")" : "");
-    if (!record(e, status, msg)) return -1;
+    if (!hvdl__record_failure(e, status, msg)) return -1;
     tell_everyone(e, msg, -1);
     return release(e);
 }
@@ -116,7 +116,7 @@ int hvdl__oom(engine_t *e, const char *what, int64_t bytes) {
 int hvdl__abort_received(engine_t *e, int from, const void *p, int64_t n) {
     char msg[HVDL_MSG_BYTES];
     snprintf(msg, sizeof msg, "%.*s", (int)(n < HVDL_MSG_BYTES - 1 ? n : HVDL_MSG_BYTES - 1), (const char *)p);
-    if (!record(e, HVDL_ERR_PEER_LOST, msg)) return -1;
+    if (!hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg)) return -1;
     /* rank 0 passes a worker's verdict on, so that every rank names the same cause */
     if (e->rank == 0) tell_everyone(e, msg, from);
     return release(e);
@@ -174,7 +174,7 @@ void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
     }
     snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s. horovodlike cannot go on "
              "without it; the job should be restarted", peer, e->peers[peer].host, why);
-    if (!record(e, HVDL_ERR_PEER_LOST, msg)) return;
+    if (!hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg)) return;
     tell_everyone(e, msg, peer);
     release(e);
 }

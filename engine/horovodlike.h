@@ -127,7 +127,9 @@ int hvdl_start(int rank, int size, const char *all_blobs);
  * every op not finished by then completes with HVDL_ERR_SHUT_DOWN (on every rank).
  * Returns once this rank's background thread has exited (rank 0 first waits, up to
  * HOROVODLIKE_PEER_TIMEOUT_SECONDS, for every worker to leave); after a failure it
- * returns at once. Safe to call twice. */
+ * returns at once. Safe to call twice. The engine stops either way; the status is
+ * HVDL_ERR_PEER_LOST or HVDL_ERR_STALLED (hvdl_last_error() says which rank) when the job
+ * failed, a worker that never finished shutting down included, else HVDL_OK. */
 int hvdl_shutdown(void);
 int hvdl_is_running(void);
 

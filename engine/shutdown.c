@@ -17,6 +17,7 @@
  */
 #include "internal.h"
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -80,8 +81,11 @@ void hvdl__goodbye(engine_t *e) {
     for (int w = 1; w < e->size; w++) {
         conn_t *c = &e->peers[w].ctrl;
         if (c->fd < 0 || c->eof) continue;
-        hvdl__log(HVDL_LOG_ERROR, "rank %d (host %s) was lost: it did not finish shutting down within "
-                  "%.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is stopped or hung",
-                  w, e->peers[w].host, e->cfg.peer_timeout);
+        char msg[HVDL_MSG_BYTES];
+        snprintf(msg, sizeof msg, "rank %d (host %s) was lost: it did not finish shutting "
+                 "down within %.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is "
+                 "stopped or hung", w, e->peers[w].host, e->cfg.peer_timeout);
+        hvdl__log(HVDL_LOG_ERROR, "%s", msg);
+        hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg);   /* hvdl_shutdown reports it */
     }
 }

@@ -3,8 +3,12 @@ checks, the driver/worker records, ElasticSampler's re-partitioning, and hvd.ela
 retry rules (restore after HorovodInternalError, keep after HostsUpdatedInterrupt).
 Plus the launcher's fast failures (a discovery script that fails at once, bad flags)."""
 import argparse
+import os
+import signal
 import stat
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -98,7 +102,8 @@ def test_elastic_flags_defined_elsewhere_win():
 
 
 def test_worker_records_are_checked():
-    assert proto.parse_ready(b"3 7 failure") == (3, 7, "failure")
+    assert proto.parse_ready(b"3 7 failure") == (3, 7, "failure", None)
+    assert proto.parse_ready(b"3 7 failure 1") == (3, 7, "failure", 1)
     for bad in (b"3 7 bogus", b"3 7", b"x 7 new", b"1 2 new " + b"x" * 600):
         with pytest.raises(ValueError):
             proto.parse_ready(bad)
@@ -203,3 +208,134 @@ def test_interrupt_keeps_uncommitted_attributes_through_the_sync():
 
     assert proto.run_fn(train, lambda: None)(state) == 2
     assert state.calls == ["sync", "sync"]
+
+
+# ---------------------------------------------------------------- a large host list
+
+def test_20000_hosts_cost_under_a_tenth_of_a_second_per_poll(monkeypatch, tmp_path):
+    """Parsing a discovery's 20,000 lines and handling them is linear, poll after poll,
+    with the list changing every time (a list membership test made each poll
+    quadratic: 9 s per poll)."""
+    d = ed.ElasticDriver(ed.Settings(_args(["-np", "2", "--min-np", "1", "--max-np", "4",
+                                            "--host-discovery-script", "x"])),
+                         _args(["-np", "2"]))
+    started = []
+    monkeypatch.setattr(d, "spawn", lambda host, slot: started.append((host, slot)))
+    d.started = True
+    # Two answers: one host leaves, another comes, and back again.
+    outs = ["".join(f"node{i:05d}:2\n" for i in range(k, 20000 + k)).encode() for k in (0, 1)]
+    discovery = ed.ScriptDiscovery("x", None)
+    d.on_hosts(discovery.parse(outs[0], b"", 0))           # the first poll finds them all
+    took = []
+    for poll in range(1, 6):                               # the polls after it
+        t0 = time.perf_counter()
+        hosts = discovery.parse(outs[poll % 2], b"", 0)
+        d.on_hosts(hosts)
+        took.append(time.perf_counter() - t0)
+        assert len(hosts) == 20000 and len(d.order) == 20000
+    # The best of five, as timeit does: the cost, not the machine's other load.
+    assert min(took) < 0.1, f"seconds per poll of 20,000 hosts: {took}"
+    order = list(d.order)
+    assert order[:2] == ["node00001", "node00002"] and order[-1] == "node20000"
+    assert d.available_slots() == 40000 and started
+
+
+# ---------------------------------------------------------------- garbage slot counts
+
+@pytest.mark.parametrize("line", ["a:-1", "a:0", "a:", "a:1e3", "a:\u0663", "a:99999",
+                                  "a:18446744073709551617", "a: 2"])
+def test_garbage_slot_counts_are_refused(tmp_path, line):
+    with pytest.raises(RuntimeError, match="bad host entry"):
+        ed.ScriptDiscovery("x", None).parse(line.encode() + b"\n", b"", 0)
+    with pytest.raises(ValueError, match="bad host entry"):
+        launch.parse_hosts(line)
+
+
+@pytest.mark.parametrize("slots", ["0", "5000"])
+def test_slots_per_host_is_bounded(slots):
+    with pytest.raises(ValueError, match="--slots-per-host must be from 1 to 4096"):
+        ed.Settings(_args(["-np", "2", "--slots-per-host", slots,
+                           "--host-discovery-script", "x"]))
+
+
+# ---------------------------------------------------------------- a hanging discovery
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid, seconds=5.0):
+    end = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+@pytest.mark.timeout(30)
+def test_hanging_discovery_script_is_killed_with_its_children(tmp_path):
+    pidfile = tmp_path / "pid"
+    script = _script(tmp_path, f"sleep 300 &\necho $! > {pidfile}\nwait\n")
+    d = ed.ScriptDiscovery(script, None, timeout=0.5)
+    with pytest.raises(RuntimeError, match="ran longer than 0.5 s; its processes were killed"):
+        d.find()
+    assert _wait_gone(int(pidfile.read_text())), "the script's child outlived its timeout"
+
+
+@pytest.mark.timeout(30)
+def test_closing_discovery_kills_a_running_script(tmp_path):
+    pidfile = tmp_path / "pid"
+    script = _script(tmp_path, f"sleep 300 &\necho $! > {pidfile}\nwait\n")
+    d = ed.ScriptDiscovery(script, None)
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, d.find)))
+    t.start()
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        t.join(0.05)
+    d.close()
+    t.join(10)
+    assert not t.is_alive() and errors
+    assert _wait_gone(int(pidfile.read_text()))
+    with pytest.raises(RuntimeError, match="the job is ending"):
+        d.find()
+
+
+# ---------------------------------------------------------------- a quiet member
+
+@pytest.mark.timeout(30)
+def test_member_quiet_while_its_peers_wait_is_dropped(monkeypatch):
+    """A member nobody named, stopped while the other is back and waiting for the next
+    round: after --shutdown-grace without output or CPU time it is killed and its host
+    blacklisted; the member that came back is left alone."""
+    args = _args(["-np", "2", "--min-np", "1", "--shutdown-grace", "0.5", "-H", "a:1,b:1"])
+    d = ed.ElasticDriver(ed.Settings(args), args)
+    written = []
+    monkeypatch.setattr(d, "client", type("C", (), {"set": lambda s, k, v: written.append(k)})(),
+                        raising=False)
+    monkeypatch.setattr(d, "spawn", lambda host, slot: None)
+    procs = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2)]
+    try:
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        members = []
+        for wid, (host, proc) in enumerate(zip("ab", procs)):
+            w = d.workers[wid] = ed.Worker(wid, host, 0)
+            w.state, w.rank = ed.MEMBER, wid
+            d.job.procs[wid] = proc
+            members.append(w)
+        members[0].ready = "failure"
+        d.members, d.round_no, d.reset_wanted, d.started = members, 0, True, True
+        end = time.monotonic() + 10
+        while members[1].state == ed.MEMBER and time.monotonic() < end:
+            d.check_quiet_members(time.monotonic())
+            time.sleep(0.1)
+        assert members[1].state == ed.LEAVING and d.host_state["b"].blacklisted
+        assert procs[1].wait(timeout=5) == -signal.SIGKILL
+        assert members[0].state == ed.MEMBER and procs[0].poll() is None
+        assert not d.host_state["a"].blacklisted
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -10,6 +10,10 @@ For every case, under horovodlikerun at 3 ranks:
   * no survivor names any other rank as lost (one culprit for the whole job);
   * when the victim hangs mid-job, a survivor fails and says which rank it was;
   * nothing is left running and no /dev/shm segment is left behind.
+
+Under mpirun (2 ranks), SIGSTOP at init, mid-collective and shutdown: mpirun itself
+returns non-zero within the peer (or start-up) timeout plus a margin, because a survivor
+ends the job (MPI's own waits, in MPI_Init and MPI_Finalize, would wait for ever).
 """
 import glob
 import re
@@ -19,7 +23,7 @@ import textwrap
 
 import pytest
 
-from harness import run_ranks
+from harness import requires_mpirun, run_ranks
 
 HOST = socket.gethostname()
 NP = 3
@@ -33,7 +37,7 @@ VICTIM = textwrap.dedent("""
 
     phase, victim = os.environ["FAULT_PHASE"], int(os.environ["FAULT_VICTIM"])
     sig = getattr(signal, os.environ["FAULT_SIGNAL"])
-    me = int(os.environ["HOROVOD_RANK"])
+    me = int(os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"])
 
     def hit():
         print("VICTIM-HIT", flush=True)
@@ -118,3 +122,88 @@ def test_fault_matrix(phase, role, sig):
         assert any("FAILED" in s and f"rank {victim}" in s for s in said), text
     assert res.elapsed < 60, text
     assert set(glob.glob("/dev/shm/hvdl-*")) <= before, text
+
+
+# Where the survivors of an mpirun job wait without an end: MPI_Init (a rank stopped
+# before init), MPI_Finalize at exit (stopped mid-collective, or before shutdown).
+MPI_NP = 2
+MPI_BOUND = {"init": START_TIMEOUT + 5 + 12,    # + mpi_end.START_MARGIN + start and load
+             "shm": PEER_TIMEOUT + 15, "shutdown": PEER_TIMEOUT + 15}
+
+
+@requires_mpirun
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("phase", list(MPI_BOUND))
+@pytest.mark.parametrize("role", ["worker", "coordinator"])
+def test_mpirun_stopped_rank_ends_the_job(phase, role):
+    victim = {"worker": MPI_NP - 1, "coordinator": 0}[role]
+    before = set(glob.glob("/dev/shm/hvdl-*"))
+    env = {"FAULT_PHASE": phase, "FAULT_VICTIM": victim, "FAULT_SIGNAL": "SIGSTOP",
+           "HOROVODLIKE_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT,
+           "HOROVODLIKE_START_TIMEOUT": START_TIMEOUT, "HOROVOD_STALL_CHECK_DISABLE": "1"}
+    res = run_ranks(VICTIM, np=MPI_NP, launcher="mpirun", env=env, timeout=60)
+    text = res.describe()
+    assert res.returncode != 0, text
+    assert res.elapsed < MPI_BOUND[phase], text
+    if phase == "init":
+        assert "start-up under MPI did not finish" in res.stderr, text
+    else:
+        # The survivor names the victim, then ends the job.
+        survivor = 1 - victim
+        said = "\n".join(res.rank_lines("stderr").get(survivor, []))
+        assert f"rank {victim} (host {HOST}) was lost" in said, text
+        assert "ending the MPI job (MPI_Abort)" in said, text
+    assert set(glob.glob("/dev/shm/hvdl-*")) <= before, text
+
+
+# A rank that stops (or hangs) once the job has shut down: its engine is gone, so no
+# peer can name it; horovodlikerun must notice it is quiet and end it (--shutdown-grace).
+AFTER_SHUTDOWN = textwrap.dedent("""
+    import os, signal, time
+    import numpy as np
+    import horovodlike as hvd
+
+    victim, mode = int(os.environ["FAULT_VICTIM"]), os.environ["FAULT_MODE"]
+    hvd.init()
+    me = hvd.rank()
+    hvd.allreduce(np.ones(4), name="warm")
+    hvd.shutdown()
+    if me == victim:
+        if mode == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        end = time.monotonic() + float(os.environ["FAULT_BUSY"])
+        while time.monotonic() < end:      # busy and silent: working, not hung
+            pass
+    print("FINISHED", flush=True)
+""")
+GRACE = 2
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("role", list(ROLES))
+def test_launcher_kills_a_rank_stopped_after_its_peers_finished(role):
+    victim = ROLES[role]
+    before = set(glob.glob("/dev/shm/hvdl-*"))
+    res = run_ranks(AFTER_SHUTDOWN, np=NP, launcher="horovodlikerun", timeout=60,
+                    env={"FAULT_VICTIM": victim, "FAULT_MODE": "stop", "FAULT_BUSY": 0},
+                    launcher_args=["--shutdown-grace", str(GRACE)])
+    text = res.describe()
+    assert res.returncode != 0, text
+    last = [line for line in res.stderr.splitlines() if line.startswith("horovodlikerun:")]
+    assert last and f"rank {victim} (host {HOST}) is stopped" in last[-1], text
+    assert "--shutdown-grace" in last[-1], text
+    lines = res.rank_lines()
+    assert all("FINISHED" in lines.get(r, []) for r in range(NP) if r != victim), text
+    assert res.elapsed < GRACE + 25, text
+    assert set(glob.glob("/dev/shm/hvdl-*")) <= before, text
+
+
+@pytest.mark.timeout(90)
+def test_launcher_waits_for_a_busy_rank_after_its_peers_finished():
+    # Rank 0 works on, silently, for twice the grace after the others left: CPU time
+    # is activity, so the job still ends well.
+    res = run_ranks(AFTER_SHUTDOWN, np=2, launcher="horovodlikerun", timeout=60,
+                    env={"FAULT_VICTIM": 0, "FAULT_MODE": "busy", "FAULT_BUSY": 2 * GRACE},
+                    launcher_args=["--shutdown-grace", str(GRACE)])
+    assert res.returncode == 0, res.describe()
+    assert "FINISHED" in res.rank_lines().get(0, []), res.describe()

@@ -96,8 +96,24 @@ def test_every_horovodrun_option_string_is_declared():
     missing = sorted(set(HOROVODRUN_OPTIONS) - ours)
     assert not missing, f"horovodrun options horovodlikerun lacks: {missing}"
     assert len(set(HOROVODRUN_OPTIONS)) == 71
-    # Ours beyond horovodrun's: help and the ssh template.
-    assert ours - set(HOROVODRUN_OPTIONS) == {"-h", "--help", "--ssh-command"}
+    # Ours beyond horovodrun's: help, the ssh template and the shutdown grace.
+    assert ours - set(HOROVODRUN_OPTIONS) == {"-h", "--help", "--ssh-command",
+                                              "--shutdown-grace"}
+
+
+def test_shutdown_grace_defaults_beyond_the_peer_timeout(monkeypatch, capsys):
+    monkeypatch.delenv("HOROVODLIKE_PEER_TIMEOUT_SECONDS", raising=False)
+    assert parse_args(["-np", "2", "python", "t.py"]).shutdown_grace == 35
+    assert parse_args(["-np", "2", "--gloo-timeout-seconds", "4", "python",
+                       "t.py"]).shutdown_grace == 9
+    monkeypatch.setenv("HOROVODLIKE_PEER_TIMEOUT_SECONDS", "10")
+    assert parse_args(["-np", "2", "python", "t.py"]).shutdown_grace == 15
+    assert parse_args(["-np", "2", "--shutdown-grace", "2.5", "python",
+                       "t.py"]).shutdown_grace == 2.5
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(SystemExit):
+            parse_args(["-np", "2", f"--shutdown-grace={bad}", "python", "t.py"])
+        assert "--shutdown-grace" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("opt", HOROVODRUN_OPTIONS)

@@ -23,7 +23,7 @@ COMMON_LAYERS = [
     ["exceptions", "jobkey", "compression", "affinity"],
     ["engine", "store"],
     ["launch_env"],
-    ["bootstrap"],
+    ["bootstrap", "mpi_end"],
     ["basics"],
     ["process_sets"],
     ["request"],

@@ -6,6 +6,7 @@ checks this, function-level imports included):
     exceptions, jobkey, compression, affinity   no horovodlike imports
     engine, store                    the cffi engine; the launcher's rendezvous store
     launch_env, bootstrap            who am I: the launch environment, the blob exchange
+    mpi_end                          under mpirun/srun, a failed job ends (MPI_Abort)
     basics                           start/stop the engine, topology queries
     process_sets                     registered sets; start() = engine + static sets
     request                          what a collective call means (names, roots, splits)

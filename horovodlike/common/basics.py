@@ -6,7 +6,7 @@ after_start and _on_shutdown."""
 import atexit
 import threading
 
-from . import affinity, bootstrap, engine
+from . import affinity, bootstrap, engine, mpi_end
 
 _lock = threading.Lock()
 _topo = None
@@ -21,7 +21,7 @@ def start(comm=None, after_start=None):
     start-up lock once the engine is up (the layers above register their state there);
     if it raises, the engine is stopped again. The public init() is api.init().
     """
-    global _topo, _atexit_registered
+    global _topo, _atexit_registered, _mpi_hooked
     with _lock:
         if _topo is not None and engine.is_running():
             return False
@@ -33,13 +33,25 @@ def start(comm=None, after_start=None):
             launcher, rank, size = "mpi", comm.Get_rank(), comm.Get_size()
         else:
             launcher, rank, size = bootstrap.detect()
-        key = bootstrap.job_key(launcher, rank, comm)
-        bind, advertise = bootstrap.listen_addresses(launcher, size, comm)
-        blob = engine.prepare(bootstrap.hostname(), advertise, bind, key)
-        peers = bootstrap.exchange(launcher, rank, size, blob, comm)
-        topo = bootstrap.topology(launcher, rank, [h for h, _ in peers])
-        with affinity.engine_thread_affinity(topo.local_rank, topo.local_size):
-            engine.start(rank, size, [b for _, b in peers])
+        under_mpi = launcher in _MPI_LAUNCHERS
+        # MPI's own waits have no limit: bound them, and end the job if this fails.
+        guard = mpi_end.guard_start(rank) if under_mpi else None
+        try:
+            topo = _start_engine(launcher, rank, size, comm)
+        except ValueError:
+            raise                      # a bad argument, the same on every rank
+        except Exception as exc:
+            if under_mpi:
+                mpi_end.watch(rank)
+                mpi_end.job_failed(rank, f"start-up failed: {exc}")
+            raise
+        finally:
+            if guard is not None:
+                guard.cancel()
+        if under_mpi and not _mpi_hooked:
+            mpi_end.watch(rank)
+            engine.on_job_failure.append(lambda why: mpi_end.job_failed(rank, why))
+            _mpi_hooked = True
         _topo = topo
         if after_start is not None:
             try:
@@ -54,6 +66,20 @@ def start(comm=None, after_start=None):
 
 
 _on_shutdown = []   # callbacks run once the engine has stopped (the layers above use it)
+_MPI_LAUNCHERS = ("mpi", "slurm")   # launches whose job MPI ends (see mpi_end)
+_mpi_hooked = False
+
+
+def _start_engine(launcher, rank, size, comm):
+    """Key, addresses, the exchange and the engine's start; this rank's Topology."""
+    key = bootstrap.job_key(launcher, rank, comm)
+    bind, advertise = bootstrap.listen_addresses(launcher, size, comm)
+    blob = engine.prepare(bootstrap.hostname(), advertise, bind, key)
+    peers = bootstrap.exchange(launcher, rank, size, blob, comm)
+    topo = bootstrap.topology(launcher, rank, [h for h, _ in peers])
+    with affinity.engine_thread_affinity(topo.local_rank, topo.local_size):
+        engine.start(rank, size, [b for _, b in peers])
+    return topo
 
 
 def _world_subset(ranks):

@@ -16,7 +16,9 @@ the next round, and starts again from a state every member agrees on:
 What the worker and the driver say to each other goes through the job's authenticated
 store, as short text values (never pickles), under ``<job id>/elastic/``:
 
-    ready_seq, ready/<n>     "<worker> <last round> <reason>": this worker waits for a round
+    ready_seq, ready/<n>     "<worker> <last round> <reason> [<lost rank>]": this worker
+                             waits for a round; after a failure, the rank of the last
+                             round its engine named as lost (the driver ends that member)
     current                  the newest round's number
     r<round>/w<worker>       "assign <rank> <size> <sync> <update seq>", "skip" (not in this
                              round: wait for the next) or "exit <why>"
@@ -25,6 +27,7 @@ store, as short text values (never pickles), under ``<job id>/elastic/``:
 import functools
 import os
 import queue
+import re
 import sys
 import threading
 
@@ -63,14 +66,31 @@ def elastic_timeout():
     return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
 
 
+# How the engine names a lost rank (engine/fail.c), and the start-up's words for one.
+_LOST = re.compile(r"rank (\d+) \(host [^)]*\) was lost")
+
+
+def lost_rank(error):
+    """The rank an engine error names as lost, or None."""
+    m = _LOST.search(str(error))
+    return int(m.group(1)) if m else None
+
+
 def parse_ready(raw):
-    """(worker, last round, reason) from a ready/<n> value; ValueError if malformed."""
+    """(worker, last round, reason, lost rank or None) from a ready/<n> value;
+    ValueError if malformed."""
     if len(raw) > _MAX_VALUE:
         raise ValueError("ready record too long")
-    wid, last, reason = raw.decode("ascii").split()
+    fields = raw.decode("ascii").split()
+    if len(fields) not in (3, 4):
+        raise ValueError(f"{len(fields)} fields, want 3 or 4")
+    wid, last, reason = fields[:3]
     if reason not in REASONS:
         raise ValueError(f"unknown reason {reason!r}")
-    return int(wid), int(last), reason
+    lost = int(fields[3]) if len(fields) == 4 else None
+    if lost is not None and (reason != "failure" or lost < 0):
+        raise ValueError("a lost rank goes only with a failure, and is >= 0")
+    return int(wid), int(last), reason, lost
 
 
 class Assignment:
@@ -107,6 +127,7 @@ class _Worker:
         self.client = StoreClient(self.addr, timeout=60.0, key=self.key)
         self.assignment = None       # the round this process last joined
         self.reason = "new"          # why it asks for the next one
+        self.lost = None             # with "failure": the rank its engine named as lost
         self.process_sets = None     # what later rounds pass to init(): None or "dynamic"
 
     def _current(self):
@@ -122,8 +143,9 @@ class _Worker:
         last = self.assignment.round if self.assignment else -1
         current = self._current()     # read before saying ready: no round is missed
         seq = self.client.add(f"{self.prefix}/ready_seq", 1)
+        lost = f" {self.lost}" if self.reason == "failure" and self.lost is not None else ""
         self.client.set(f"{self.prefix}/ready/{seq}",
-                        f"{self.wid} {last} {self.reason}".encode())
+                        f"{self.wid} {last} {self.reason}{lost}".encode())
         n = max(current, last) + 1
         deadline = time.monotonic() + elastic_timeout() + 60.0
         while True:
@@ -187,13 +209,13 @@ def init(process_sets=None):
         try:
             _sets.start(process_sets=sets)
             w.assignment = a
-            w.reason = "new"
+            w.reason, w.lost = "new", None
             return
         except (RuntimeError, TimeoutError, ConnectionError) as e:
             failures += 1
             basics.shutdown()
             w.assignment = a
-            w.reason = "failure"
+            w.reason, w.lost = "failure", lost_rank(e)
             if failures >= MAX_FAILED_STARTS:
                 raise
             sys.stderr.write(f"horovodlike elastic: round {a.round} did not start "
@@ -387,17 +409,17 @@ def run_fn(func, reset):
                     if not skip_sync:
                         state.sync()
                     return func(state, *args, **kwargs)
-                except HorovodInternalError:
+                except HorovodInternalError as e:
                     state.restore()
-                    skip_sync, reason = False, "failure"
+                    skip_sync, reason, lost = False, "failure", lost_rank(e)
                 except HostsUpdatedInterrupt as e:
                     # Every rank stopped at the same step: what they have now is what
                     # the next round starts from (also plain attributes changed since
                     # the last commit, which a sync would otherwise take back).
                     state.save()
-                    skip_sync, reason = e.skip_sync, "interrupt"
+                    skip_sync, reason, lost = e.skip_sync, "interrupt", None
                 if enabled():
-                    _the_worker().reason = reason
+                    _the_worker().reason, _the_worker().lost = reason, lost
                 reset()
                 a = current_assignment()
                 if a is not None:

@@ -28,8 +28,19 @@ DTYPES = {
 
 _NOT_INIT = "Horovod has not been initialized; use hvd.init()."
 
+# Called with the message when an op reports that the job cannot go on (a lost peer, a
+# stall shutdown); the layer that knows the launcher decides what that means (basics).
+on_job_failure = []
+
+
+def _job_failure(status, message):
+    if status in (lib.HVDL_ERR_PEER_LOST, lib.HVDL_ERR_STALLED):
+        for fn in on_job_failure:
+            fn(message)
+
 
 def _error(status, message):
+    _job_failure(status, message)
     if status in (lib.HVDL_ERR_INVALID, lib.HVDL_ERR_DUPLICATE_NAME):
         return ValueError(message)
     if status == lib.HVDL_ERR_NOT_INITIALIZED:
@@ -62,7 +73,11 @@ def start(rank: int, size: int, blobs: list) -> None:
 
 
 def shutdown() -> None:
-    lib.hvdl_shutdown()
+    """Stop the engine; never raises. A job that failed (a rank lost, even one that did
+    not finish shutting down) is told to on_job_failure."""
+    rc = lib.hvdl_shutdown()
+    if rc != lib.HVDL_OK:
+        _job_failure(rc, ffi.string(lib.hvdl_last_error()).decode(errors="replace"))
 
 
 def is_running() -> bool:

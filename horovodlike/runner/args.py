@@ -27,6 +27,8 @@ from ..common import jobkey
 
 PROG = "horovodlikerun"
 DEFAULT_START_TIMEOUT = 60
+DEFAULT_PEER_TIMEOUT = 30          # the engine's HOROVODLIKE_PEER_TIMEOUT_SECONDS
+SHUTDOWN_GRACE_MARGIN = 5          # --shutdown-grace's default: the peer timeout + this
 LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
 
 # Flags of features horovodlike does not have: dest -> why the value is ignored.
@@ -124,6 +126,10 @@ def add_arguments(p):
     p.add_argument("--start-timeout", dest="start_timeout", type=int,
                    help="seconds ranks wait for each other at startup (default: "
                         "$HOROVOD_START_TIMEOUT, else %d)" % DEFAULT_START_TIMEOUT)
+    p.add_argument("--shutdown-grace", dest="shutdown_grace", type=float,
+                   help="once a rank has finished, seconds a rank still running may be "
+                        "stopped or silent (no output, no CPU time) before it is killed "
+                        "and named (default: the peer timeout + %d)" % SHUTDOWN_GRACE_MARGIN)
     p.add_argument("--network-interfaces", dest="nics", action=_Nics,
                    help="network interface(s) the ranks bind and talk on, comma "
                         "separated; only the first is used (as in Horovod's Gloo mode)")
@@ -274,6 +280,7 @@ def finish(parser, args, say=None):
                 raise ValueError(f"--hostfile {args.hostfile}: {exc.strerror}") from None
         args.hosts = args.hosts or f"localhost:{args.num_proc}"
         args.start_timeout = resolve_start_timeout(args.start_timeout)
+        args.shutdown_grace = resolve_shutdown_grace(args)
         args.thread_affinity = parse_affinity(args.thread_affinity)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
@@ -335,6 +342,27 @@ def resolve_start_timeout(value):
             raise ValueError(f"HOROVOD_START_TIMEOUT={env!r} is not a whole number "
                              f"of seconds") from None
     return DEFAULT_START_TIMEOUT
+
+
+def resolve_shutdown_grace(args):
+    """--shutdown-grace, else a few seconds beyond the peer timeout: a rank's engine
+    names a silent peer within that timeout, so the launcher acts only on what it does
+    not (a rank stopped or hung once its peers have gone)."""
+    grace = getattr(args, "shutdown_grace", None)
+    if grace is not None:
+        if not grace > 0:
+            raise ValueError(f"--shutdown-grace must be a positive number of seconds, "
+                             f"got {grace}")
+        return grace
+    peer = getattr(args, "gloo_timeout_seconds", None)
+    if peer is None:
+        env = os.environ.get("HOROVODLIKE_PEER_TIMEOUT_SECONDS")
+        try:
+            peer = float(env) if env else DEFAULT_PEER_TIMEOUT
+        except ValueError:
+            raise ValueError(f"HOROVODLIKE_PEER_TIMEOUT_SECONDS={env!r} is not a number "
+                             f"of seconds") from None
+    return peer + SHUTDOWN_GRACE_MARGIN
 
 
 def parse_affinity(value):

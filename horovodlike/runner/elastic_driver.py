@@ -13,6 +13,12 @@ when the driver announces new or removed hosts (members raise HostsUpdatedInterr
 their next commit). Rank 0 of a new round is its oldest survivor, whose state the
 others receive.
 
+A member that is stopped or hung never comes back ready: once its peers name it as
+lost (or it stays quiet past ``--shutdown-grace`` while they wait), it is killed and
+treated as failed, so the round re-forms without it. Once a member has finished, the
+job is ending and no new worker starts. The discovery script runs in a process group
+of its own, killed on its timeout and when the job ends.
+
 A host whose worker fails is blacklisted (for good, or for ``--blacklist-cooldown-range``
 seconds, doubling per failure); ``--reset-limit`` bounds the number of new rounds; with
 fewer than ``--min-np`` usable slots the driver waits up to ``--elastic-timeout`` seconds
@@ -25,6 +31,7 @@ stays the same while the worker's rank changes from round to round.
 import os
 import queue
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +43,7 @@ from collections import defaultdict
 from ..common import elastic as proto
 from ..common import jobkey
 from ..common.store import StoreClient, StoreServer
+from . import args as cli
 from . import launch
 from .rank_output import RankOutput
 
@@ -45,6 +53,7 @@ COOLDOWN_LOWER_LIMIT_SECONDS = 1          # Horovod's bounds on --blacklist-cool
 COOLDOWN_UPPER_LIMIT_SECONDS = 3600
 READY_GAP_SECONDS = 5.0
 NEWCOMER_GRACE_SECONDS = 5.0
+LOST_CONFIRM_SECONDS = 1.0     # a member named lost that has not exited by then hangs
 RESET_LIMIT_EXCEEDED_MESSAGE = ("the job was stopped because the number of resets during "
                                 "the elastic job exceeded the limit: {} (--reset-limit)")
 
@@ -106,8 +115,11 @@ class Settings:
                                  f"{COOLDOWN_LOWER_LIMIT_SECONDS} <= MIN <= MAX <= "
                                  f"{COOLDOWN_UPPER_LIMIT_SECONDS}")
         slots = getattr(args, "slots", None)
-        if slots is not None and slots < 1:
-            raise ValueError(f"--slots-per-host must be at least 1, got {slots}")
+        if slots is not None and not 1 <= slots <= launch.MAX_SLOTS_PER_HOST:
+            raise ValueError(f"--slots-per-host must be from 1 to "
+                             f"{launch.MAX_SLOTS_PER_HOST}, got {slots}")
+        self.grace = getattr(args, "shutdown_grace", None) or \
+            cli.resolve_shutdown_grace(args)
         if getattr(args, "use_mpi", False):
             raise ValueError("elastic mode runs on horovodlikerun's own launcher; drop --mpi")
         script = getattr(args, "host_discovery_script", None)
@@ -120,26 +132,71 @@ class Settings:
 
 
 class ScriptDiscovery:
-    """Runs the user's discovery script; its stdout is one 'host[:slots]' per line."""
+    """Runs the user's discovery script; its stdout is one 'host[:slots]' per line.
 
-    def __init__(self, script, default_slots):
+    The script runs in a process group of its own, and the whole group is killed when
+    it runs past the timeout, once it has answered (what it left running in the
+    background), and when the job ends (close()): a hung ssh or sleep inside it never
+    outlives the job."""
+
+    def __init__(self, script, default_slots, timeout=DISCOVERY_SCRIPT_TIMEOUT):
         self.script = script
         self.default_slots = default_slots
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._running = None            # the script's process while it runs
+        self._closed = False
 
     def find(self):
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the job is ending")
+            proc = self._running = subprocess.Popen(
+                self.script, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True)
         try:
-            res = subprocess.run(self.script, shell=True, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 timeout=DISCOVERY_SCRIPT_TIMEOUT)
+            out, err = proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            try:
+                proc.communicate(timeout=2.0)   # reap it; a pipe held elsewhere is let go
+            except subprocess.TimeoutExpired:
+                pass
             raise RuntimeError(f"host discovery script {self.script!r} ran longer than "
-                               f"{DISCOVERY_SCRIPT_TIMEOUT:.0f} s") from None
-        if res.returncode != 0:
-            err = res.stderr.decode(errors="replace").strip()[-500:]
+                               f"{self.timeout:g} s; its processes were killed") from None
+        finally:
+            with self._lock:
+                self._running = None
+        _kill_group(proc)               # whatever it left behind in its group
+        if self._closed:
+            raise RuntimeError("the job is ending")
+        return self.parse(out, err, proc.returncode)
+
+    def close(self):
+        """The job ends: kill a script still running, and run no other."""
+        with self._lock:
+            self._closed = True
+            proc = self._running
+        if proc is not None:
+            _kill_group(proc)           # find() reaps it and says the job is ending
+
+    def parse(self, out, err, returncode):
+        """{host: slots} from the script's output, in its order; O(lines)."""
+        if returncode != 0:
+            err = err.decode(errors="replace").strip()[-500:]
             raise RuntimeError(f"host discovery script {self.script!r} exited with code "
-                               f"{res.returncode}" + (f": {err}" if err else ""))
-        entries = []
-        for line in res.stdout.decode(errors="replace").splitlines():
+                               f"{returncode}" + (f": {err}" if err else ""))
+        text = out.decode(errors="replace")
+        # The usual answer, 'host:slots' lines, at C speed: every word of the text must
+        # be one entry, else the line-by-line reading below says which line is wrong.
+        entries = _ENTRY.findall(text)
+        if entries and len(entries) == len(text.split()):
+            hosts = dict(entries)
+            counts = [int(n) for n in hosts.values()]
+            if 1 <= min(counts) and max(counts) <= launch.MAX_SLOTS_PER_HOST:
+                return dict(zip(hosts, counts))
+        hosts = {}
+        for line in text.splitlines():
             line = line.strip()
             if not line:
                 continue        # an empty answer means no host is available now
@@ -149,13 +206,23 @@ class ScriptDiscovery:
                                        f"':slots'; print host:slots or pass "
                                        f"--slots-per-host")
                 line = f"{line}:{self.default_slots}"
-            entries.append(line)
-        if not entries:
-            return {}
-        try:
-            return dict(launch.parse_hosts(",".join(entries)))
-        except ValueError as exc:
-            raise RuntimeError(f"host discovery script {self.script!r}: {exc}") from None
+            try:
+                host, slots = launch.parse_host_entry(line)
+            except ValueError as exc:
+                raise RuntimeError(f"host discovery script {self.script!r}: {exc}") from None
+            hosts[host] = slots
+        return hosts
+
+
+_ENTRY = re.compile(r"^[ \t]*(\S+):([0-9]{1,4})[ \t]*$", re.MULTILINE)
+
+
+def _kill_group(proc):
+    """SIGKILL the script's process group (its leader may be gone, its children not)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class FixedDiscovery:
@@ -166,6 +233,9 @@ class FixedDiscovery:
 
     def find(self):
         return dict(self.hosts)
+
+    def close(self):
+        pass
 
 
 class HostState:
@@ -234,7 +304,8 @@ class ElasticDriver:
         self.events = self.job.events
         self.stopping = threading.Event()
         self.hosts = {}                     # host -> slots, from the last discovery
-        self.order = []                     # hosts in the order they were first found
+        self.order = {}                     # hosts in the order they were first found
+                                            # (a dict used as an ordered set)
         self.host_state = defaultdict(lambda: HostState(settings.cooldown))
         self.workers = {}
         self.next_wid = 0
@@ -250,6 +321,9 @@ class ElasticDriver:
         self.done_count = 0
         self.result = None
         self.last_discovery_error = None
+        self.activity = launch.Activity(self.job)
+        self.quiet_since = self.quiet_checked = None   # see check_quiet_members
+        self.named_lost = {}                # wid -> (when, reporting wid); see check_named_lost
 
     # ---- lifecycle
 
@@ -292,6 +366,7 @@ class ElasticDriver:
             return self.result
         finally:
             self.stopping.set()
+            self.s.discovery.close()
             self._stop_workers()
             self.client.close()
             self.job.cleanup()
@@ -351,7 +426,8 @@ class ElasticDriver:
             try:
                 self.events.put(("hosts", self.s.discovery.find()))
             except Exception as exc:   # noqa: BLE001 - reported, retried
-                self.events.put(("discovery_error", str(exc)))
+                if not self.stopping.is_set():
+                    self.events.put(("discovery_error", str(exc)))
 
     def _watch_ready(self):
         """Workers announce they wait for a round as ready/<n> (n from ready_seq)."""
@@ -386,21 +462,28 @@ class ElasticDriver:
     # ---- hosts and workers
 
     def usable(self, host):
-        return host in self.hosts and not self.host_state[host].blacklisted
+        state = self.host_state.get(host)       # only hosts ever blacklisted have one
+        return host in self.hosts and (state is None or not state.blacklisted)
 
     def available_slots(self):
-        return sum(self.hosts[h] for h in self.order if self.usable(h))
+        return sum(self.hosts.values()) - sum(
+            self.hosts.get(h, 0) for h, state in self.host_state.items() if state.blacklisted)
 
     def on_hosts(self, hosts):
+        """A discovery's answer. O(hosts + workers) per poll, the loops over the hosts
+        in C (dict and set operations): 20,000 hosts take a few milliseconds."""
         self.last_discovery_error = None
         now = time.monotonic()
-        for h in hosts:
-            if self.host_state[h].resurrected(now):
+        for h, state in self.host_state.items():
+            if h in hosts and state.resurrected(now):
                 self.out.say(f"host {h} is out of its blacklist cooldown")
-                self.host_state[h].whitelist()
-        # Hosts keep their place while listed; one that comes back goes to the end.
-        self.order = [h for h in self.order if h in hosts] + \
-            [h for h in hosts if h not in self.order]
+                state.whitelist()
+        if hosts.keys() != self.hosts.keys():
+            # Hosts keep their place while listed; one that comes back goes to the end.
+            # Set and dict operations: C loops, O(n), no Python loop over the hosts.
+            for h in self.order.keys() - hosts.keys():
+                del self.order[h]
+            self.order.update(dict.fromkeys(hosts))
         self.hosts = dict(hosts)
         if not self.started:
             return
@@ -409,8 +492,13 @@ class ElasticDriver:
                 self.remove(w, f"host {w.host} slot {w.slot} is no longer discovered")
         self.fill_slots()
 
+    def ending(self):
+        """The job is ending: it has its result, is stopping, or a member has finished
+        its training (the others are about to). No new worker starts then."""
+        return self.result is not None or self.stopping.is_set() or self.done_count > 0
+
     def fill_slots(self):
-        if not self.started or self.result is not None:
+        if not self.started or self.ending():
             return
         staying = [w for w in self.workers.values() if w.state in _LIVE and not w.removed]
         room = self.s.max_np - len(staying)
@@ -447,12 +535,12 @@ class ElasticDriver:
             w.state = FAILED
             self.host_state[host].blacklist(time.monotonic())
 
-    def terminate(self, w):
-        w.state = LEAVING
+    def terminate(self, w, sig=signal.SIGTERM):
+        w.state = LEAVING             # its exit, when it comes, means nothing more
         proc = self.job.procs.get(w.wid)
         if proc is not None and proc.returncode is None:
             try:
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -474,7 +562,7 @@ class ElasticDriver:
         self.update_seq += 1
         self.client.set(f"{self.prefix}/update/{self.update_seq}", str(flags).encode())
 
-    def on_ready(self, wid, last, reason):
+    def on_ready(self, wid, last, reason, lost=None):
         w = self.workers.get(wid)
         if w is None or w.state not in _LIVE or not self._alive(w):
             return
@@ -483,8 +571,60 @@ class ElasticDriver:
         w.ready = reason
         if w.state == MEMBER:
             self.reset_wanted = True
+            if lost is not None and 0 <= lost < len(self.members):
+                culprit = self.members[lost]
+                self.named_lost.setdefault(culprit.wid, (time.monotonic(), wid))
         elif self.newcomer_since is None:
             self.newcomer_since = time.monotonic()
+
+    def on_lost(self, w, how):
+        """A member is lost (its peers named it, or it stayed quiet while they came
+        back): stopped or hung, it would hold the next round back for ever. It is
+        killed and its host blacklisted; the round re-forms without it, with a new
+        worker on a spare slot if there is one."""
+        if w.state != MEMBER or w.ready is not None:
+            return                    # it has left already, or it is back and ready
+        self.out.say(f"worker {w.wid} (rank {w.rank}, host {w.host}) was lost, {how}; "
+                     f"killing it and blacklisting host {w.host}")
+        self.terminate(w, signal.SIGKILL)   # a stopped process takes no SIGTERM
+        self.member_lost = self.reset_wanted = True
+        self.client.set(f"{self.job_id}/elastic{self.round_no}/blob/{w.rank}", b"\0")
+        self.blacklist(w.host)
+        self.fill_slots()
+
+    def check_named_lost(self, now):
+        """Members their peers named as lost. One that crashed exits by itself and is
+        reported with its exit status (on_exit); one still there LOST_CONFIRM_SECONDS
+        after it was named is stopped or hung."""
+        for wid, (when, reporter) in list(self.named_lost.items()):
+            w = self.workers[wid]
+            if w.state != MEMBER or w.ready is not None:
+                del self.named_lost[wid]
+            elif now - when >= LOST_CONFIRM_SECONDS:
+                del self.named_lost[wid]
+                self.on_lost(w, f"as worker {reporter} reported")
+
+    def check_quiet_members(self, now):
+        """While a round is to be re-formed and some members are ready, a member that
+        is not and stays quiet (no output, no CPU time) past the shutdown grace -- the
+        peer timeout plus a margin, by when its engine would have failed too -- is
+        lost. Checked once a second: each check reads the process table."""
+        waiting = [w for w in self.workers.values() if w.state == MEMBER and w.ready is None]
+        back = any(w.state == MEMBER and w.ready for w in self.workers.values())
+        if self.round_no < 0 or not self.reset_wanted or not waiting or not back:
+            self.quiet_since = None
+            return
+        if self.quiet_since is None:
+            self.quiet_since, self.quiet_checked = now, now
+        if now - self.quiet_checked < 1.0:
+            return
+        self.quiet_checked = now
+        for w in waiting:
+            quiet, stopped = self.activity.quiet(w.wid, self.quiet_since, now)
+            if quiet >= self.s.grace:
+                self.on_lost(w, f"{'stopped' if stopped else 'silent'} for {quiet:.0f} s "
+                                f"while its peers waited for the next round "
+                                f"(--shutdown-grace)")
 
     def announce_newcomers(self, now):
         """Ask the members to make room for workers that are ready to join: once every
@@ -566,6 +706,8 @@ class ElasticDriver:
             self.fill_slots()
         self.check_finished()
         if self.result is None:
+            self.check_named_lost(now)
+            self.check_quiet_members(now)
             self.announce_newcomers(now)
             self.try_publish(now)
 
@@ -633,8 +775,7 @@ class ElasticDriver:
             return
         if self.round_no < 0:
             if self.started and not any(w.state in _LIVE for w in self.workers.values()) \
-                    and self.available_slots() == 0 and \
-                    all(self.host_state[h].lower is None for h in self.hosts):
+                    and self.available_slots() == 0 and not self.s.cooldown:
                 self.fail("every worker failed before the job could start, and every host "
                           "is blacklisted")
             return

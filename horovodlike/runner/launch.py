@@ -3,7 +3,9 @@
 The launcher owns the job: it runs the rendezvous store, spawns every rank
 in its own process group, relays their output with ``[rank]<stream>:``
 prefixes, forwards SIGINT/SIGTERM, and tears the whole job down as soon as
-one rank fails so that a crash never leaves peers hanging in a collective.
+one rank fails so that a crash never leaves peers hanging in a collective. Once a rank
+has finished, a rank that stays stopped or silent for ``--shutdown-grace`` seconds is
+killed and named: with its peers' engines gone, nobody else would notice it.
 """
 
 import argparse
@@ -78,15 +80,26 @@ def parse_args(argv):
     return args
 
 
+MAX_SLOTS_PER_HOST = 4096     # more ranks than any one host could run
+
+
+def parse_host_entry(item):
+    """(host, slots) from 'host:slots' (or 'host': one slot); ValueError naming it.
+    Slots are ASCII digits, 1..MAX_SLOTS_PER_HOST."""
+    name, sep, slots = item.rpartition(":")
+    if not sep:
+        name, slots = item, "1"
+    if name and 0 < len(slots) <= 9 and slots.isascii() and slots.isdigit():
+        n = int(slots)
+        if 1 <= n <= MAX_SLOTS_PER_HOST:
+            return name, n
+    raise ValueError(f"bad host entry {item!r} (want host:slots, slots a whole number "
+                     f"from 1 to {MAX_SLOTS_PER_HOST})")
+
+
 def parse_hosts(spec):
-    hosts = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, sep, slots = item.rpartition(":")
-        if not sep:
-            name, slots = item, "1"
-        if not name or not slots.isdigit() or int(slots) < 1:
-            raise ValueError(f"bad host entry {item!r} (want host:slots)")
-        hosts.append((name, int(slots)))
+    """[(host, slots)] from 'host1:n,host2:m'."""
+    hosts = [parse_host_entry(item) for item in filter(None, (s.strip() for s in spec.split(",")))]
     if not hosts:
         raise ValueError(f"no hosts in {spec!r}")
     return hosts
@@ -247,10 +260,78 @@ class _Output:
 _LOST = re.compile(rb"rank (\d+) \(host [^)]*\) was lost")
 
 
+def group_activity(pgid):
+    """(CPU ticks used, any process stopped) over a process group on this host, read
+    from /proc: one pass over the process table, O(processes)."""
+    ticks, stopped = 0, False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue          # gone meanwhile
+        if int(fields[2]) != pgid:
+            continue
+        ticks += int(fields[11]) + int(fields[12])        # utime + stime
+        stopped = stopped or fields[0] in (b"T", b"t")
+    return ticks, stopped
+
+
+class Activity:
+    """How long each rank has done nothing: no output line, and no CPU time in its
+    process group on this host (for a rank on another host, that is its ssh client's,
+    so it is judged by its output). A rank quiet for long is stopped or hung."""
+
+    def __init__(self, job):
+        self.job = job
+        self.cpu = {}                      # rank -> (ticks, when they last changed)
+
+    def quiet(self, rank, since, now):
+        """(seconds quiet, counted from `since` at the earliest; any process stopped)."""
+        ticks, stopped = group_activity(self.job.procs[rank].pid)
+        seen, when = self.cpu.get(rank, (None, since))
+        if seen is not None and ticks != seen:
+            when = now
+        self.cpu[rank] = (ticks, when)
+        return now - max(since, when, self.job.last_output.get(rank, 0.0)), stopped
+
+    def forget(self, rank):
+        self.cpu.pop(rank, None)
+
+
+class _Finishing:
+    """Once the job is finishing (a rank exited 0), a rank still running that stays
+    quiet for the shutdown grace is stopped or hung: it would keep the launcher waiting
+    for ever, since no engine is left to name it."""
+
+    def __init__(self, job, grace):
+        self.grace = grace
+        self.activity = Activity(job)
+        self.since = None                  # when the job began finishing
+
+    def begin(self, now):
+        if self.since is None and self.grace is not None:
+            self.since = now
+
+    def next_check(self):
+        return None if self.since is None else time.monotonic() + min(1.0, self.grace / 4)
+
+    def overdue(self, pending, now):
+        """[(rank, 'stopped' or 'silent')] for ranks quiet for the whole grace."""
+        out = []
+        for rank in sorted(pending):
+            quiet, stopped = self.activity.quiet(rank, self.since, now)
+            if quiet >= self.grace:
+                out.append((rank, "stopped" if stopped else "silent"))
+        return out
+
+
 class Job:
     """The running set of ranks and the policy for ending them."""
 
-    def __init__(self, plan, out, key):
+    def __init__(self, plan, out, key, shutdown_grace=None):
         self.plan = plan
         self.out = out
         self.key = key
@@ -259,6 +340,8 @@ class Job:
         self.threads = []
         self.pumps = {}                    # rank -> its output threads
         self.lost = None                   # (culprit, reporting rank), the first one named
+        self.last_output = {}              # rank -> when it last printed a line
+        self.finishing = _Finishing(self, shutdown_grace)
 
     def spawn(self, slot, argv, env):
         """Start one rank behind its rank_shim. Its stdin carries the job key and then
@@ -286,6 +369,7 @@ class Job:
         return t
 
     def _observe(self, rank, line):
+        self.last_output[rank] = time.monotonic()
         m = _LOST.search(line) if self.lost is None else None
         if m and int(m.group(1)) in self.procs:
             self.lost = (int(m.group(1)), rank)
@@ -322,13 +406,31 @@ class Job:
         pending = set(self.procs)
         exit_code, stopping, deadline = 0, False, None
         hang_check = None    # when a rank named as lost must have exited by itself
+        quiet_check = None   # when to look again for ranks stopped after the others left
+        killed = set()       # ranks ended for being quiet; their exit is already told
         while pending:
-            wake = min((t for t in (deadline, hang_check) if t is not None), default=None)
+            wake = min((t for t in (deadline, hang_check, quiet_check) if t is not None),
+                       default=None)
             timeout = None if wake is None else max(0.0, wake - time.monotonic())
             try:
                 event = self.events.get(timeout=timeout)
             except queue.Empty:
-                if hang_check is not None and time.monotonic() >= hang_check:
+                now = time.monotonic()
+                if quiet_check is not None and now >= quiet_check:
+                    quiet_check = None
+                    if not stopping:
+                        for rank, how in self.finishing.overdue(pending - killed, now):
+                            slot = self.plan[rank]
+                            self.out.say(f"rank {rank} (host {host_name(slot)}) is {how} and "
+                                         f"did not exit within {self.finishing.grace:g} s of "
+                                         f"another rank finishing (--shutdown-grace); "
+                                         f"killing it")
+                            killed.add(rank)
+                            exit_code = exit_code or 1
+                            self._kill(rank)
+                        quiet_check = self.finishing.next_check()
+                    continue
+                if hang_check is not None and now >= hang_check:
                     hang_check = None
                     if not stopping and self.lost is not None and self.lost[0] in pending:
                         # A survivor finished, but a rank it named as lost has not
@@ -341,15 +443,19 @@ class Job:
                         self.signal_all(signal.SIGTERM)
                         stopping, deadline = True, time.monotonic() + GRACE_SECONDS
                     continue
-                self.signal_all(signal.SIGKILL)
-                deadline = None
+                if deadline is not None and now >= deadline:
+                    self.signal_all(signal.SIGKILL)
+                    deadline = None
                 continue
             if event[0] == "exit":
                 _, rank, code = event
                 pending.discard(rank)
-                if stopping:
+                if stopping or rank in killed:
                     continue
                 if code == 0:
+                    if pending and self.finishing.since is None:
+                        self.finishing.begin(time.monotonic())
+                        quiet_check = self.finishing.next_check()
                     if self.lost is not None and self.lost[0] in pending and hang_check is None:
                         # It may only be slow to exit (a rank that left on purpose):
                         # give it the grace period before calling it hung.
@@ -369,6 +475,12 @@ class Job:
                 self.signal_all(sig)
             stopping, deadline = True, time.monotonic() + GRACE_SECONDS
         return exit_code
+
+    def _kill(self, rank):
+        try:
+            os.killpg(self.procs[rank].pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def cleanup(self):
         # Grandchildren may outlive their rank; their group still dies here.
@@ -441,7 +553,7 @@ def run_static(args):
     key = jobkey.generate()
     store = StoreServer(bind_host, 0, key=key, on_reject=out.say).start()
     store_addr = f"{advertised}:{store.port}"
-    job = Job(plan, out, key)
+    job = Job(plan, out, key, shutdown_grace=args.shutdown_grace)
     saved = _install_handlers(job.on_signal)
     try:
         if args.verbose:
