@@ -4,7 +4,7 @@ sharing one GPU (torch.cuda.set_device(local_rank % device_count)). Skipped with
 - every collective and dtype on CUDA tensors against the same op on CPU tensors (the
   unstaged path), bit for bit, and the outputs are on the tensor's device;
 - a CUDA model trained with DistributedOptimizer (buckets, and groups: fused ops) equal
-  to the CPU run within fp tolerance;
+  to the CPU run within fp tolerance; broadcast_optimizer_state of CUDA state;
 - stream races: a kernel queued on the current stream writes the tensor (or, inside
   backward, the gradient) just before the op, behind a long GPU sleep, also on a side
   stream made current; the op must wait for it, and its result must be ready for the
@@ -170,6 +170,19 @@ for kw in ({}, {"groups": 2}, {"backward_passes_per_step": 1, "op": thvd.Sum}):
     t_close(gpu, cpu, f"CUDA training equals CPU training {kw}", rtol=1e-4, atol=1e-4)
     same_on_every_rank(gpu, f"CUDA parameters identical on every rank {kw}")
 check(_staging.stats().get("ops", 0) > 0, "the CUDA gradients were staged")
+
+# broadcast_optimizer_state of CUDA state larger than a piece: the other ranks receive it
+# on their GPU, so every rank stages the same pieces.
+big = nn.Linear(1024, 2048).to(DEV)                 # 8 MiB of weights
+adam = torch.optim.Adam(big.parameters(), lr=0.01)
+if R == 0:
+    big(torch.ones(4, 1024, device=DEV)).sum().backward()
+    adam.step()
+thvd.broadcast_optimizer_state(adam, root_rank=0)
+exp_avg = adam.state[big.weight]["exp_avg"]
+check(exp_avg.device.type == "cuda", "optimizer state on the GPU", str(exp_avg.device))
+check(bool(exp_avg.abs().sum() > 0), "root's optimizer state arrived")
+same_on_every_rank(exp_avg.reshape(-1).cpu(), "optimizer state identical on every rank")
 finish()
 '''
 
