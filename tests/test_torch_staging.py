@@ -36,23 +36,24 @@ check(_st.get("pool_reuses", 0) > 0, "pool buffers are reused", f"{_st}")
 '''
 
 
-def staged(body, min_ops, fused):
+def staged(body, min_ops, allreduces):
     head, tail = body.rsplit("finish()", 1)
     extra = CHECK_STAGED.replace("MIN_STAGED_OPS", str(min_ops))
-    if fused:        # allreduce and broadcast are cut into pieces of rows, the rest is not
-        extra += 'check(_st.get("pieces", 0) > _st.get("ops", 0), "several pieces per op", f"{_st}")\n'
+    if allreduces:   # allreduce and broadcast are cut into pieces of rows, the rest is not
+        extra += ('check(_st.get("pieces", 0) > _st.get("ops", 0), "several pieces per op", '
+                  'f"{_st}")\n')
         extra += 'check(_st.get("fused_groups", 0) > 0, "grouped ops fused", f"{_st}")\n'
     return head + extra + "finish()" + tail
 
 
-@pytest.mark.parametrize("body,min_ops,fused", [
+@pytest.mark.parametrize("body,min_ops,allreduces", [
     pytest.param(COLLECTIVES, 300, True, id="collectives"),
     pytest.param(ALLTOALL_REDUCESCATTER, 40, False, id="alltoall-reducescatter"),
     pytest.param(BEHAVIOUR, 40, True, id="optimizer-behaviour"),
     pytest.param(OPTIMIZERS, 40, False, id="optimizers"),
 ])
-def test_torch_tests_pass_with_staging_forced(body, min_ops, fused):
-    run_torch(staged(body, min_ops, fused), 2, "horovodlikerun", timeout=240, env=STAGED)
+def test_torch_tests_pass_with_staging_forced(body, min_ops, allreduces):
+    run_torch(staged(body, min_ops, allreduces), 2, "horovodlikerun", timeout=240, env=STAGED)
 
 
 def test_large_tensor_is_pipelined_in_pieces_and_pool_is_bounded():
@@ -123,4 +124,5 @@ def killed_rank_during_staged_op(tmp_path, extra_env):
 
 @pytest.mark.timeout(120)
 def test_killed_rank_during_staged_op_is_named(tmp_path):
-    killed_rank_during_staged_op(tmp_path, dict(STAGED, HOROVODLIKE_STAGING_PIECE_BYTES=str(1 << 20)))
+    killed_rank_during_staged_op(tmp_path, dict(STAGED,
+                                                HOROVODLIKE_STAGING_PIECE_BYTES=str(1 << 20)))

@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from . import _staging
+from ._tensors import cuda_enabled
 
 DEFAULT_CAP = 25 << 20
 DEFAULT_FIRST = 1 << 20
@@ -100,7 +100,7 @@ def _bucketed(p):
     (a CUDA bucket is staged as one op, see _staging.py)."""
     if p.layout != torch.strided:
         return False
-    return p.device.type == "cpu" or (p.device.type == "cuda" and _staging.cuda_enabled())
+    return p.device.type == "cpu" or (p.device.type == "cuda" and cuda_enabled())
 
 
 def plan(params, name_of, first_cap, cap):

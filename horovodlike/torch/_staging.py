@@ -35,8 +35,9 @@ engines), reduction time R(S) of the engine, and an engine op overhead o (~30 us
 so the pipeline hides the copies behind the reduction once P << S, for n*o extra; 4 MiB
 keeps n*o under 1% of R for sizes where it matters. The pool turns each piece's buffer
 into a free-list lookup instead of a pinned allocation (which locks pages, far slower
-than a pop); pinned memory is what makes the copies asynchronous and full speed. The staging thread polls: it blocks in the engine's wait with a 0.5 ms timeout
-while pieces are reduced, and sleeps 0.1 ms between looks at pending CUDA copies.
+than a pop); pinned memory is what makes the copies asynchronous and full speed.
+The staging thread polls: it blocks in the engine's wait with a 0.5 ms timeout while
+pieces are reduced, and sleeps 0.1 ms between looks at pending CUDA copies.
 
 Fusion: many small tensors of one grouped allreduce (DistributedOptimizer groups) are
 packed per dtype and device into one flat tensor first, which is staged as ONE op (a
@@ -62,15 +63,13 @@ import torch
 from horovodlike.common import ops as _ops
 from horovodlike.common.exceptions import HorovodInternalError
 
+from ._tensors import env_flag, from_engine
+
 DEFAULT_PIECE_BYTES = 4 << 20
 DEFAULT_POOL_BYTES = 512 << 20
 _MIN_CLASS = 4096
 _REDUCE_WAIT = 0.0005         # the staging thread's wait in the engine, per look
 _COPY_POLL = 0.0001           # its sleep between looks at pending CUDA copies
-
-
-def _env_flag(name):
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _env_bytes(name, default):
@@ -88,13 +87,7 @@ def _env_bytes(name, default):
 
 def forced():
     """HOROVODLIKE_FORCE_STAGING=1: CPU tensors are staged too (tests the path on CPU)."""
-    return _env_flag("HOROVODLIKE_FORCE_STAGING")
-
-
-def cuda_enabled():
-    """CUDA tensors are accepted (and staged) only with HOROVODLIKE_EXPERIMENTAL_CUDA=1
-    until the GPU tests have passed on a GPU."""
-    return _env_flag("HOROVODLIKE_EXPERIMENTAL_CUDA")
+    return env_flag("HOROVODLIKE_FORCE_STAGING")
 
 
 def wanted(tensor):
@@ -507,7 +500,6 @@ def gathered(tensor, buf, code, req, finish, splits=None):
         return req.fields(code, buf.shape, in_ptr, splits=splits)
 
     def deliver(piece, res):
-        from ._tensors import from_engine
         host = from_engine(res, dtype, tail)
         box["res"] = res
         box["out"] = out = h.copier.empty(tuple(host.shape), dtype)

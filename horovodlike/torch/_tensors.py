@@ -8,9 +8,9 @@ module only deals with requests and handles.
 """
 import torch
 
-from horovodlike.common import engine
+import os
 
-from . import _staging
+from horovodlike.common import engine
 
 # torch dtype -> engine dtype code. Every dtype the engine can move; bool is 0/1 bytes.
 TORCH_DTYPES = {
@@ -36,6 +36,17 @@ def _supported_names():
     return ", ".join(str(d).replace("torch.", "") for d in TORCH_DTYPES)
 
 
+def env_flag(name):
+    """A boolean environment variable: 1, true, yes or on."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cuda_enabled():
+    """CUDA tensors are accepted (and staged, see _staging.py) only with
+    HOROVODLIKE_EXPERIMENTAL_CUDA=1, until the GPU tests have passed on a GPU."""
+    return env_flag("HOROVODLIKE_EXPERIMENTAL_CUDA")
+
+
 def check_tensor(tensor, what, staged=False):
     """Raise a clear error unless `tensor` is a strided torch tensor of a supported dtype
     on the CPU, or (staged=True: the op can stage it, see _staging.py) on a CUDA device
@@ -46,7 +57,7 @@ def check_tensor(tensor, what, staged=False):
         cuda = tensor.device.type == "cuda"
         if cuda and not torch.cuda.is_available():
             why = "CUDA is not available in this process"
-        elif cuda and staged and _staging.cuda_enabled():
+        elif cuda and staged and cuda_enabled():
             why = None
         elif cuda and staged:
             why = ("CUDA tensors are experimental in horovodlike until its GPU tests have "
