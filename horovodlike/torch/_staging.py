@@ -130,13 +130,16 @@ class _Pool:
         return max(_MIN_CLASS, 1 << (max(nbytes, 1) - 1).bit_length())
 
     def take(self, nbytes, pinned):
+        """A buffer of at least nbytes (pinned: page-locked for CUDA copies)."""
         size = self._class(nbytes)
         with self._lock:
             free = self._free[(size, pinned)]
-            if free:
+            buf = free.pop() if free else None
+            if buf is not None:
                 self._kept -= size
-                _stats["pool_reuses"] += 1
-                return free.pop()
+        if buf is not None:
+            _count(pool_reuses=1)
+            return buf
         _count(pool_allocs=1)
         return torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
 
@@ -171,10 +174,15 @@ class _Done:
 
 class _HostCopier:
     """CPU tensors forced through staging: plain copies, done when issued."""
-    pinned = False
 
     def ready(self):
         return None
+
+    def host_buffer(self, nbytes):
+        return _pool.take(nbytes, pinned=False)
+
+    def give_back(self, buf):
+        _pool.give(buf, pinned=False)
 
     def to_host(self, dst, src, ready):
         dst.copy_(src)
@@ -195,13 +203,21 @@ class _CudaCopier:
     """One CUDA device's copies, through torch's public CUDA API only: a stream for each
     direction (so D2H and H2D run on both copy engines at once), events as completion
     marks, pinned pool buffers."""
-    pinned = True
 
     def __init__(self, device):
         self.device = device
         with torch.cuda.device(device):
             self.d2h = torch.cuda.Stream(device)
             self.h2d = torch.cuda.Stream(device)
+
+    def host_buffer(self, nbytes):
+        # Under the device: a pinned allocation made on the staging thread would otherwise
+        # open a context on GPU 0 for every process.
+        with torch.cuda.device(self.device):
+            return _pool.take(nbytes, pinned=True)
+
+    def give_back(self, buf):
+        _pool.give(buf, pinned=True)
 
     def ready(self):
         """An event after every piece of work queued so far on the caller's current
@@ -291,7 +307,7 @@ class _Piece:
     def _step(self):
         op, copier = self.op, self.op.copier
         if self.state == NEW:
-            self.host_in = _pool.take(self.src.numel() * self.src.element_size(), copier.pinned)
+            self.host_in = copier.host_buffer(self.src.numel() * self.src.element_size())
             view = _host_view(self.host_in, self.src.dtype, tuple(self.src.shape))
             self.mark = copier.to_host(view, self.src, op.ready)
             self.src = view
@@ -301,7 +317,7 @@ class _Piece:
             # submitted theirs, and the engine completes it (or fails it) for everyone.
             out_ptr = self.src.data_ptr() if self.out_bytes is None else 0
             if self.out_bytes:
-                self.host_out = _pool.take(self.out_bytes, copier.pinned)
+                self.host_out = copier.host_buffer(self.out_bytes)
                 out_ptr = self.host_out.data_ptr()
             fields = self.fields(self.host_in.data_ptr(), out_ptr)
             self.handle = _ops.submit((self.host_in, self.host_out), lambda res: res, **fields)
@@ -324,10 +340,9 @@ class _Piece:
                                        "flight") from None
 
     def _release(self):
-        pinned = self.op.copier.pinned
         for buf in (self.host_in, self.host_out):
             if buf is not None:
-                _pool.give(buf, pinned)
+                self.op.copier.give_back(buf)
         self.host_in = self.host_out = self.result = None
 
     def wait_hint(self):
