@@ -7,7 +7,7 @@
 # The command, from the repository root of a copy of the tree that has wheels/ in it, on
 # a machine with a CUDA GPU (Python 3.12 with torch CUDA and mpi4py, no network):
 #
-#     bash scripts/device_check.sh OUTDIR
+#     bash scripts/device_check.sh "$OUT"        # $OUT: the folder the logs go to
 #
 # wheels/ (ignored by git) is filled beforehand on a machine with network:
 #
@@ -114,8 +114,10 @@ if [ "$SMOKE" = "--smoke" ]; then
     step bench_sizes 300 "$PY" bench/run.py --cases sizes --np 2 --quick --rounds 1 \
         --out "$OUT/bench_sizes.json"
 else
-    step bench_sizes 300 "$PY" bench/run.py --cases sizes --np 2,4,8 --rounds 2 \
-        --out "$OUT/bench_sizes.json"
+    # One alternating round (DEVICE_CHECK_ROUNDS for more) keeps the run well under 10
+    # minutes: 3 rank counts x 3 implementations x 6 sizes, each size sampled >= 5 times.
+    step bench_sizes 300 "$PY" bench/run.py --cases sizes --np 2,4,8 \
+        --rounds "${DEVICE_CHECK_ROUNDS:-1}" --out "$OUT/bench_sizes.json"
 fi
 
 echo "total: ${SECONDS}s, $FAILED step(s) failed" | tee -a "$OUT/summary.txt"
