@@ -210,6 +210,9 @@ def ccl_built():
 
 
 def cuda_built():
+    """Whether the engine was built with CUDA: never (it moves host memory only). The
+    torch binding's experimental CUDA tensors are staged through host memory by the
+    binding, so this stays False with them too."""
     return False
 
 

@@ -89,6 +89,12 @@ def poll(handle):
     return engine.poll(_entry(handle)[0])
 
 
+def wait(handle, timeout):
+    """Wait up to `timeout` seconds for the op (the GIL is released); True once it has
+    finished. The handle stays valid: synchronize() collects it."""
+    return engine.wait(_entry(handle)[0], timeout)
+
+
 def synchronize(handle):
     """Wait for the op, free its handle and return its output (or raise its error).
 

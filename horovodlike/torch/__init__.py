@@ -4,8 +4,9 @@ Switch a Horovod script with one line:
 
     import horovodlike.torch as hvd      # was: import horovod.torch as hvd
 
-and run it under horovodlikerun, mpirun or plain python. CPU tensors only; see
-docs/moving-from-horovod.md for every known difference from Horovod.
+and run it under horovodlikerun, mpirun or plain python. CPU tensors; CUDA tensors are
+experimental (HOROVODLIKE_EXPERIMENTAL_CUDA=1, staged through host memory by
+_staging.py); see docs/moving-from-horovod.md for every known difference from Horovod.
 """
 from horovodlike.common.exceptions import (HorovodInternalError,  # noqa: F401
                                            HostsUpdatedInterrupt, TensorMismatchError)

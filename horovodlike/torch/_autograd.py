@@ -61,7 +61,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """Reduce `tensor` over all ranks (Average unless op= says otherwise) and return the
     result as a new tensor; differentiable. `compression` is applied around the transfer."""
     op = C.reduce_op(op, average, "allreduce")
-    _tensors.check_tensor(tensor, "allreduce")
+    _tensors.check_tensor(tensor, "allreduce", staged=True)
     compressed, ctx = compression.compress(tensor)
     reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
                                      process_set)
@@ -95,7 +95,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     op = C.reduce_op(op, average, "grouped_allreduce")
     tensors = C._tensor_list(tensors, "grouped_allreduce")
     for t in tensors:
-        _tensors.check_tensor(t, "grouped_allreduce")
+        _tensors.check_tensor(t, "grouped_allreduce", staged=True)
     compressed, ctxs = _compressed(tensors, compression)
     reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
                                             process_set, *compressed)
@@ -129,7 +129,7 @@ class HorovodAllgather(torch.autograd.Function):
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's `tensor` along the first dimension; differentiable."""
-    _tensors.check_tensor(tensor, "allgather")
+    _tensors.check_tensor(tensor, "allgather", staged=True)
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
@@ -155,7 +155,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """allgather of a list of tensors as one group; returns a list; differentiable."""
     tensors = C._tensor_list(tensors, "grouped_allgather")
     for t in tensors:
-        _tensors.check_tensor(t, "grouped_allgather")
+        _tensors.check_tensor(t, "grouped_allgather", staged=True)
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -181,7 +181,7 @@ class HorovodBroadcast(torch.autograd.Function):
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Return root_rank's `tensor` on every rank (a new tensor); differentiable."""
-    _tensors.check_tensor(tensor, "broadcast")
+    _tensors.check_tensor(tensor, "broadcast", staged=True)
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -210,7 +210,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Send splits[j] rows of `tensor` to the j-th rank of the set (evenly without
     splits) and return what was received: the output alone when splits is None, else
     (output, received_splits); differentiable."""
-    _tensors.check_tensor(tensor, "alltoall")
+    _tensors.check_tensor(tensor, "alltoall", staged=True)
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
@@ -248,7 +248,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=C.Average,
     """Reduce `tensor` over the ranks (Average or Sum) and return this rank's share of
     the first dimension (lower ranks get the remainder rows); differentiable."""
     op = C.reduce_op(op, None, "reducescatter")
-    _tensors.check_tensor(tensor, "reducescatter")
+    _tensors.check_tensor(tensor, "reducescatter", staged=True)
     compressed, ctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
                                      postscale_factor)
@@ -281,7 +281,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=C
     op = C.reduce_op(op, None, "grouped_reducescatter")
     tensors = C._tensor_list(tensors, "grouped_reducescatter")
     for t in tensors:
-        _tensors.check_tensor(t, "grouped_reducescatter")
+        _tensors.check_tensor(t, "grouped_reducescatter", staged=True)
     compressed, ctxs = _compressed(tensors, compression)
     outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
                                              postscale_factor, *compressed)

@@ -1,7 +1,7 @@
 """Gradient buckets for DistributedOptimizer, the way DDP forms them.
 
 Parameters are taken in reverse registration order (roughly the order backward produces
-their gradients) and packed, per dtype, into flat buckets: a small first bucket so the
+their gradients) and packed, per dtype and device, into flat buckets: a small first bucket so the
 first reduction starts as early as possible, then buckets up to a cap. When the last
 gradient of a bucket is ready, the bucket goes to the engine as ONE allreduce of one
 flat tensor.
@@ -21,6 +21,8 @@ bucketing off: one allreduce per gradient, as Horovod does.
 import os
 
 import torch
+
+from ._tensors import cuda_enabled
 
 DEFAULT_CAP = 25 << 20
 DEFAULT_FIRST = 1 << 20
@@ -59,8 +61,8 @@ class Bucket:
         for p in self.params:
             self.offsets.append(n)
             n += p.numel()
-        dtype = self.params[0].dtype
-        self.flat = torch.zeros(n, dtype=dtype)
+        first = self.params[0]
+        self.flat = torch.zeros(n, dtype=first.dtype, device=first.device)
         # Same name on every rank: the bucket's place and its first parameter's name.
         self.name = f"bucket.{index}.{name_of(self.params[0])}"
         self.done = set()      # slots filled this step
@@ -93,18 +95,27 @@ class Bucket:
                 p.grad.copy_(src)
 
 
+def _bucketed(p):
+    """Dense parameters on the CPU, or on a CUDA device when CUDA tensors are accepted
+    (a CUDA bucket is staged as one op, see _staging.py)."""
+    if p.layout != torch.strided:
+        return False
+    return p.device.type == "cpu" or (p.device.type == "cuda" and cuda_enabled())
+
+
 def plan(params, name_of, first_cap, cap):
-    """Buckets over `params` (in registration order): reverse order, per dtype, dense
-    CPU parameters only; returns (buckets, {param: (bucket, slot)})."""
+    """Buckets over `params` (in registration order): reverse order, per dtype and
+    device; returns (buckets, {param: (bucket, slot)})."""
     buckets, where, open_ = [], {}, {}
     for p in reversed(params):
-        if p.device.type != "cpu" or p.layout != torch.strided:
+        if not _bucketed(p):
             continue
         nbytes = p.numel() * p.element_size()
-        cur = open_.get(p.dtype)           # [members, bytes, this bucket's cap]
+        key = (p.dtype, p.device)
+        cur = open_.get(key)               # [members, bytes, this bucket's cap]
         if cur is None or (cur[1] and cur[1] + nbytes > cur[2]):
             cur = [[], 0, first_cap if not buckets else cap]
-            open_[p.dtype] = cur
+            open_[key] = cur
             buckets.append(cur)
         cur[0].append(p)
         cur[1] += nbytes

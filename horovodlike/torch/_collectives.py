@@ -9,6 +9,10 @@ by horovodlike.common.ops until then.
 In-place variants (trailing underscore) write into the caller's tensor; a non-contiguous
 tensor is reduced in a contiguous copy that is copied back at synchronize().
 
+CUDA tensors (and CPU ones with HOROVODLIKE_FORCE_STAGING=1) go through _staging.py:
+there the handle is a _staging.Handle, and a grouped allreduce packs its members per
+dtype and device into one staged op.
+
 Grouped ops submit one engine request per tensor and return one handle for the group: a
 negative integer, so it can never collide with an engine handle.
 """
@@ -22,7 +26,7 @@ from horovodlike.common import request
 from horovodlike.common.request import (Adasum, Average, Max, Min,  # noqa: F401
                                         Product, Sum)
 
-from . import _tensors
+from . import _staging, _tensors
 from ._process_sets import global_process_set
 
 _groups = {}                 # negative handle -> list of member handles
@@ -66,13 +70,15 @@ def _submit_group(requests, tensors, submit_one):
 
 def poll(handle):
     """True once the operation behind `handle` has finished; never blocks."""
+    if isinstance(handle, _staging.Handle):
+        return handle.poll()
     if callable(handle):
         return all(poll(h) for h in getattr(handle, "handles", ()))
     if isinstance(handle, int) and handle < 0:
         members = _groups.get(handle)
         if members is None:
             raise ValueError(f"unknown or already synchronized handle {handle}")
-        return all(_ops.poll(h) for h in members)
+        return all(poll(h) for h in members)
     return _ops.poll(handle)
 
 
@@ -87,7 +93,7 @@ def synchronize(handle):
             members = _groups.pop(handle, None)
         if members is None:
             raise ValueError(f"unknown or already synchronized handle {handle}")
-        return request.wait_all(members, _ops.synchronize)
+        return request.wait_all(members, synchronize)
     return _ops.synchronize(handle)
 
 
@@ -99,15 +105,17 @@ def _same_shape_op(tensor, inplace, code, req):
     buf = _tensors.contiguous(tensor)
     out = buf if inplace else torch.empty_like(buf)
 
-    def finish(_):
+    def finish(_=None):
         return _tensors.write_back(tensor, buf) if inplace else out
+    if _staging.wanted(buf):
+        return _staging.same_shape(tensor, buf, out, code, req, finish)
     return _ops.submit((tensor, buf, out), finish,
                        **req.fields(code, buf.shape, buf.data_ptr(), out.data_ptr()))
 
 
 def _allreduce(tensor, inplace, average, name, op, prescale_factor, postscale_factor,
                process_set, what):
-    code = _tensors.check_tensor(tensor, what)
+    code = _tensors.check_tensor(tensor, what, staged=True)
     req = request.allreduce(name, op, average, prescale_factor, postscale_factor,
                             process_set, what)
     return _same_shape_op(tensor, inplace, code, req)
@@ -138,11 +146,47 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def _grouped_allreduce(tensors, inplace, average, name, op, prescale_factor,
                        postscale_factor, process_set, what):
     tensors = _tensor_list(tensors, what)
-    codes = [_tensors.check_tensor(t, what) for t in tensors]
+    codes = [_tensors.check_tensor(t, what, staged=True) for t in tensors]
     reqs = request.allreduce(name, op, average, prescale_factor, postscale_factor,
                              process_set, what, members=len(tensors))
+    if any(_staging.wanted(t) for t in tensors):
+        return _fused_group(tensors, codes, reqs, inplace)
     return _submit_group(reqs, list(zip(tensors, codes)),
                          lambda tc, req: _same_shape_op(tc[0], inplace, tc[1], req))
+
+
+def _fused_group(tensors, codes, reqs, inplace):
+    """A grouped allreduce of staged tensors: one staged op per (dtype, device), named
+    after its first member; members that are not staged go to the engine on their own.
+    Returns a callable handle giving the outputs in the members' order."""
+    classes, parts = {}, []
+    for i, t in enumerate(tensors):
+        if _staging.wanted(t):
+            classes.setdefault((t.dtype, t.device), []).append(i)
+        else:
+            parts.append(([i], _same_shape_op(t, inplace, codes[i], reqs[i]), False))
+    for idx in classes.values():
+        first = reqs[idx[0]]
+        if len(idx) == 1:
+            parts.append((idx, _same_shape_op(tensors[idx[0]], inplace, codes[idx[0]], first),
+                          False))
+            continue
+        members = [tensors[i] for i in idx]
+        parts.append((idx, _staging.fused_allreduce(
+            members, [_tensors.contiguous(t) for t in members], codes[idx[0]],
+            first.renamed(f"{first.name}.fused{len(idx)}"), inplace,
+            _tensors.write_back), True))
+
+    def handle():
+        outs = request.wait_all([h for _, h, _ in parts], synchronize)
+        result = [None] * len(tensors)
+        for (idx, _, fused), out in zip(parts, outs):
+            for i, o in zip(idx, out if fused else [out]):
+                result[i] = o
+        return result
+
+    handle.handles = tuple(h for _, h, _ in parts)
+    return handle
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -200,6 +244,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 def _allgather_one(tensor, code, req):
     buf = _tensors.contiguous(tensor)
     dtype, tail = buf.dtype, tuple(buf.shape[1:])
+    if _staging.wanted(buf):
+        return _staging.gathered(tensor, buf, code, req, lambda out, _res: out)
     return _ops.submit((tensor, buf), lambda res: _tensors.from_engine(res, dtype, tail),
                        **req.fields(code, buf.shape, buf.data_ptr()))
 
@@ -207,7 +253,7 @@ def _allgather_one(tensor, code, req):
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start concatenating every rank's `tensor` along the first dimension (which may
     differ between ranks). Returns a handle."""
-    code = _tensors.check_tensor(tensor, "allgather")
+    code = _tensors.check_tensor(tensor, "allgather", staged=True)
     req = request.allgather(name, process_set, tensor.dim())
     return _allgather_one(tensor, code, req)
 
@@ -216,7 +262,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start allgathering a list of tensors as one group; synchronize() returns a list."""
     what = "grouped_allgather"
     tensors = _tensor_list(tensors, what)
-    codes = [_tensors.check_tensor(t, what) for t in tensors]
+    codes = [_tensors.check_tensor(t, what, staged=True) for t in tensors]
     reqs = request.allgather(name, process_set, [t.dim() for t in tensors], what,
                              members=len(tensors))
     return _submit_group(reqs, list(zip(tensors, codes)),
@@ -226,7 +272,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 # ------------------------------------------------------------------ broadcast
 
 def _broadcast(tensor, root_rank, inplace, name, process_set, what):
-    code = _tensors.check_tensor(tensor, what)
+    code = _tensors.check_tensor(tensor, what, staged=True)
     req = request.broadcast(root_rank, name, process_set, what)
     return _same_shape_op(tensor, inplace, code, req)
 
@@ -253,7 +299,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Start sending splits[j] rows of `tensor` (first dimension) to the j-th rank of the
     set and receiving theirs. Without splits, the rows are split evenly. synchronize()
     returns (output, received_splits) — an int32 tensor of rows from each rank."""
-    code = _tensors.check_tensor(tensor, "alltoall")
+    code = _tensors.check_tensor(tensor, "alltoall", staged=True)
     rows = int(tensor.shape[0]) if tensor.dim() else None
     if isinstance(splits, torch.Tensor):
         if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
@@ -263,11 +309,14 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     buf = _tensors.contiguous(tensor)
     dtype, tail = buf.dtype, tuple(buf.shape[1:])
 
-    def finish(res):
-        out = _tensors.from_engine(res, dtype, tail)
+    def finish(res, out=None):
+        out = _tensors.from_engine(res, dtype, tail) if out is None else out
         received = res.recv_splits if res.recv_splits is not None else []
         return out, torch.tensor(received, dtype=torch.int32)
 
+    if _staging.wanted(buf):
+        return _staging.gathered(tensor, buf, code, req, lambda out, res: finish(res, out),
+                                 splits=req.splits)
     return _ops.submit((tensor, buf), finish,
                        **req.fields(code, buf.shape, buf.data_ptr(), splits=req.splits))
 
@@ -277,6 +326,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 def _reducescatter_one(tensor, code, req):
     buf = _tensors.contiguous(tensor)
     out = _tensors.empty_rows(buf, req.rows(int(buf.shape[0])))
+    if _staging.wanted(buf):
+        return _staging.reducescatter(tensor, buf, out, code, req)
     return _ops.submit((tensor, buf, out), lambda _: out,
                        **req.fields(code, buf.shape, buf.data_ptr(), _tensors.address(out)))
 
@@ -285,7 +336,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Start reducing `tensor` over the ranks and scattering the result along the first
     dimension: rank i of n gets rows // n rows, plus one if i < rows % n."""
-    code = _tensors.check_tensor(tensor, "reducescatter")
+    code = _tensors.check_tensor(tensor, "reducescatter", staged=True)
     req = request.reducescatter(name, op, prescale_factor, postscale_factor, process_set,
                                 tensor.dim())
     return _reducescatter_one(tensor, code, req)
@@ -298,7 +349,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average,
     list."""
     what = "grouped_reducescatter"
     tensors = _tensor_list(tensors, what)
-    codes = [_tensors.check_tensor(t, what) for t in tensors]
+    codes = [_tensors.check_tensor(t, what, staged=True) for t in tensors]
     reqs = request.reducescatter(name, op, prescale_factor, postscale_factor, process_set,
                                  [t.dim() for t in tensors], what, members=len(tensors))
     return _submit_group(reqs, list(zip(tensors, codes)),

@@ -1,11 +1,14 @@
 """Torch tensors <-> engine buffers: the dtype map, argument checks, and wrapping the
 engine's output without a copy.
 
-The engine takes raw addresses of contiguous CPU buffers. Everything a binding needs to
+The engine takes raw addresses of contiguous CPU buffers (CUDA tensors go through
+_staging.py instead). Everything a binding needs to
 turn a torch tensor into such a buffer (and back) lives here, so that the collectives
 module only deals with requests and handles.
 """
 import torch
+
+import os
 
 from horovodlike.common import engine
 
@@ -33,19 +36,39 @@ def _supported_names():
     return ", ".join(str(d).replace("torch.", "") for d in TORCH_DTYPES)
 
 
-def check_tensor(tensor, what):
-    """Raise a clear error unless `tensor` is a CPU, strided torch tensor of a supported
-    dtype. Returns the engine dtype code."""
+def env_flag(name):
+    """A boolean environment variable: 1, true, yes or on."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cuda_enabled():
+    """CUDA tensors are accepted (and staged, see _staging.py) only with
+    HOROVODLIKE_EXPERIMENTAL_CUDA=1, until the GPU tests have passed on a GPU."""
+    return env_flag("HOROVODLIKE_EXPERIMENTAL_CUDA")
+
+
+def check_tensor(tensor, what, staged=False):
+    """Raise a clear error unless `tensor` is a strided torch tensor of a supported dtype
+    on the CPU, or (staged=True: the op can stage it, see _staging.py) on a CUDA device
+    with HOROVODLIKE_EXPERIMENTAL_CUDA=1. Returns the engine dtype code."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} expects a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
-        if tensor.device.type == "cuda" and not torch.cuda.is_available():
+        cuda = tensor.device.type == "cuda"
+        if cuda and not torch.cuda.is_available():
             why = "CUDA is not available in this process"
+        elif cuda and staged and cuda_enabled():
+            why = None
+        elif cuda and staged:
+            why = ("CUDA tensors are experimental in horovodlike until its GPU tests have "
+                   "passed on a GPU (HOROVODLIKE_EXPERIMENTAL_CUDA=1 stages them through "
+                   "host memory)")
         else:
-            why = "horovodlike moves CPU tensors only (GPU tensors are not supported yet)"
-        raise UnsupportedTensorError(
-            f"{what}: the tensor is on device '{tensor.device}', but {why}; "
-            f"move it to the CPU first with tensor.cpu()")
+            why = "horovodlike moves CPU tensors only here"
+        if why is not None:
+            raise UnsupportedTensorError(
+                f"{what}: the tensor is on device '{tensor.device}', but {why}; "
+                f"move it to the CPU first with tensor.cpu()")
     if tensor.layout != torch.strided:
         raise UnsupportedTensorError(
             f"{what}: {tensor.layout} tensors are not supported; use a dense tensor "
@@ -102,5 +125,5 @@ def empty_rows(tensor, rows):
     output buffer whenever the input has data, even if this rank's share is empty."""
     tail = tuple(tensor.shape[1:])
     if rows == 0:
-        return torch.empty((1,) + tail, dtype=tensor.dtype)[:0]
-    return torch.empty((rows,) + tail, dtype=tensor.dtype)
+        return torch.empty((1,) + tail, dtype=tensor.dtype, device=tensor.device)[:0]
+    return torch.empty((rows,) + tail, dtype=tensor.dtype, device=tensor.device)

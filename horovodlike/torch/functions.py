@@ -86,10 +86,12 @@ def _initialize_state(optimizer, sparse):
 
 def _skeleton(value, tensors):
     """The structure of a state_dict with every tensor replaced by a placeholder (its
-    index in `tensors`, shape and dtype); non-tensor leaves stay as they are."""
+    index in `tensors`, shape, dtype and whether it is on a GPU); non-tensor leaves stay
+    as they are."""
     if isinstance(value, torch.Tensor):
         tensors.append(value)
-        return _TensorSlot(len(tensors) - 1, tuple(value.shape), value.dtype)
+        return _TensorSlot(len(tensors) - 1, tuple(value.shape), value.dtype,
+                           value.device.type == "cuda")
     if isinstance(value, dict):
         return {k: _skeleton(v, tensors) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -98,13 +100,26 @@ def _skeleton(value, tensors):
 
 
 class _TensorSlot:
-    __slots__ = ("index", "shape", "dtype")
+    __slots__ = ("index", "shape", "dtype", "cuda")
 
-    def __init__(self, index, shape, dtype):
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index, shape, dtype, cuda=False):
+        self.index, self.shape, self.dtype, self.cuda = index, shape, dtype, cuda
 
     def __reduce__(self):
-        return (_TensorSlot, (self.index, self.shape, self.dtype))
+        return (_TensorSlot, (self.index, self.shape, self.dtype, self.cuda))
+
+
+def _receiving_device(slot, optimizer):
+    """Where a non-root rank receives a state tensor: on a GPU when the root's is (a CUDA
+    tensor is staged in pieces, named apart from a CPU tensor's op), on the GPU of the
+    optimizer's first CUDA parameter, else the current one."""
+    if not slot.cuda:
+        return torch.device("cpu")
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.device.type == "cuda":
+                return p.device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _fill(value, tensors):
@@ -149,8 +164,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None,
     if not is_root:
         tensors = []
         _collect_slots(skeleton, tensors)
-        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(tensors,
-                                                                      key=lambda s: s.index)]
+        tensors = [torch.empty(s.shape, dtype=s.dtype, device=_receiving_device(s, optimizer))
+                   for s in sorted(tensors, key=lambda s: s.index)]
     broadcast_parameters([(f"optimizer_state.{i}", t) for i, t in enumerate(tensors)],
                          root_rank, process_set=process_set)
     if not is_root:
