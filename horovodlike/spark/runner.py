@@ -31,6 +31,7 @@ its peer.
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -133,6 +134,9 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, use_mpi=None,
     try:
         out = sc.parallelize(range(num_proc), num_proc).barrier() \
             .mapPartitions(task).collect()
+    except KeyboardInterrupt:
+        sc.cancelJobGroup(group)          # interruptOnCancel: the tasks end too
+        raise
     except Exception as exc:
         raise _job_error(store, key, num_proc, exc) from None
     finally:
@@ -228,7 +232,6 @@ def _run_rank(key_hex, rank_env, payload, executable):
     rank = _ranks_by_host(hosts)[ctx.partitionId()]
     run_dir = tempfile.mkdtemp(prefix="horovodlike-spark-")      # mode 0700
     try:
-        import pickle
         with open(os.path.join(run_dir, PAYLOAD), "wb") as f:
             f.write(pickle.dumps(payload))
         env = dict(os.environ)
