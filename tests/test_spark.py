@@ -4,6 +4,7 @@ One SparkSession serves the module (starting the JVM is most of the cost).
 """
 import glob
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,7 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed")
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(shutil.which("java") is None,
+                                 reason="no java on PATH (PySpark needs Java 17 or newer)")]
 
 import horovodlike.spark  # noqa: E402
 
