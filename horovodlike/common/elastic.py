@@ -25,10 +25,10 @@ store, as short text values (never pickles), under ``<job id>/elastic/``:
     update/<k>               the k-th host update (1 removed, 2 added, 3 both)
 """
 import functools
+import logging
 import os
 import queue
 import re
-import sys
 import threading
 
 import numpy as np
@@ -44,6 +44,8 @@ WORKER_ENV = "HOROVODLIKE_ELASTIC_WORKER"    # this process's worker id (set by 
 ROUND_ENV = "HOROVODLIKE_ELASTIC_ROUND"      # the round the engine runs in (read by bootstrap)
 TIMEOUT_ENV = "HOROVOD_ELASTIC_TIMEOUT"
 DEFAULT_TIMEOUT = 600
+
+log = logging.getLogger("horovodlike.elastic")
 
 # HostUpdateResult's values in Horovod.
 NO_UPDATE, REMOVED, ADDED, MIXED = 0, 1, 2, 3
@@ -163,9 +165,8 @@ class _Worker:
             if kind == "skip":
                 n += 1
             elif kind == "exit":
-                sys.stderr.write(f"horovodlike elastic: worker {self.wid} leaves the job: "
-                                 f"{rest}\n")
-                sys.stderr.flush()
+                log.warning("horovodlike elastic: worker %s leaves the job: %s", self.wid,
+                            rest)
                 raise SystemExit(0)
             elif kind == "assign":
                 return Assignment.decode(n, rest.split())
@@ -218,8 +219,8 @@ def init(process_sets=None):
             w.reason, w.lost = "failure", lost_rank(e)
             if failures >= MAX_FAILED_STARTS:
                 raise
-            sys.stderr.write(f"horovodlike elastic: round {a.round} did not start "
-                             f"({e}); waiting for the next one\n")
+            log.warning("horovodlike elastic: round %s did not start (%s); waiting for "
+                        "the next one", a.round, e)
 
 
 def reset():

@@ -202,6 +202,18 @@ def _launch(argv):
     return code, tail
 
 
+def rank_failure(who, errors):
+    """The RuntimeError for failed ranks: errors maps rank -> {summary (what it did, e.g.
+    "raised ValueError: x"), traceback, time, secondary (its error only echoes another
+    rank's loss)}. The cause is named first: a rank's own error before the
+    HorovodInternalError its exit gave the others, then the earliest."""
+    first = min(errors, key=lambda r: (errors[r]["secondary"], errors[r]["time"], r))
+    others = sorted(set(errors) - {first})
+    more = f" (ranks {others} failed too)" if others else ""
+    return RuntimeError(f"{who}: rank {first} {errors[first]['summary']}{more}\n\n"
+                        f"Traceback from rank {first}:\n{errors[first]['traceback']}")
+
+
 def _collect(run_dir, num_proc, code, tail):
     results, errors = {}, {}
     for rank in range(num_proc):
@@ -211,14 +223,8 @@ def _collect(run_dir, num_proc, code, tail):
                 with open(path, "rb") as f:     # written by our own child process
                     into[rank] = pickle.load(f)
     if errors:
-        # The cause first: a rank's own error before the HorovodInternalError its exit
-        # gave the others, then the earliest.
-        first = min(errors, key=lambda r: (errors[r]["secondary"], errors[r]["time"], r))
-        others = sorted(set(errors) - {first})
-        more = f" (ranks {others} failed too)" if others else ""
-        raise RuntimeError(f"horovodlike.run: rank {first} raised {errors[first]['summary']}"
-                           f"{more}\n\nTraceback from rank {first}:\n"
-                           f"{errors[first]['traceback']}")
+        raise rank_failure("horovodlike.run", {r: dict(e, summary=f"raised {e['summary']}")
+                                               for r, e in errors.items()})
     missing = [r for r in range(num_proc) if r not in results]
     if code != 0 or missing:
         why = "; ".join(tail) or f"horovodlikerun exited with code {code}"

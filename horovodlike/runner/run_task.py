@@ -5,6 +5,7 @@ It reads the function its caller pickled into DIR, calls it, and writes
 exception's summary and traceback), replacing the file atomically. DIR is the private
 directory the caller made; nothing here reads from the network.
 """
+import logging
 import os
 import pickle
 import runpy
@@ -61,7 +62,8 @@ def _task_main(run_dir):
         _write(run_dir, f"error.{rank}", pickle.dumps(
             {"summary": summary, "traceback": traceback.format_exc(), "time": time.time(),
              "secondary": type(exc).__name__ == "HorovodInternalError"}))
-        print(f"horovodlike.run: rank {rank}: {summary}", file=sys.stderr, flush=True)
+        logging.getLogger("horovodlike.run").error("horovodlike.run: rank %s: %s", rank,
+                                                   summary)
         return 1
     return 0
 

@@ -3,7 +3,7 @@
 
 Everything is inline (data as JSON, script, style): the page makes no network request
 and works from a file:// URL. The script and the style are kept as files in
-timeline_viewer/static/ (viewer.js, viewer.css) and copied into every page. Events narrower than a pixel are merged while drawing, so
+horovodlike/timeline_viewer/static/ (viewer.js, viewer.css) and copied into every page. Events narrower than a pixel are merged while drawing, so
 hundreds of thousands of events stay fluid; beyond `max_events` the shortest events
 are left out of the page (the page says how many, and the tables still count them).
 """
@@ -176,8 +176,8 @@ def build_data(rep, max_events=MAX_EVENTS):
 
 
 def _static(name):
-    """A file of timeline_viewer/static/ (package data, so installed copies have it)."""
-    return resources.files("timeline_viewer").joinpath("static", name).read_text("utf-8")
+    """A file of horovodlike/timeline_viewer/static/ (package data, so installed copies have it)."""
+    return resources.files(__package__).joinpath("static", name).read_text("utf-8")
 
 
 def _table_html(sec):

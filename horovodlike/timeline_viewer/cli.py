@@ -1,4 +1,4 @@
-"""Command line: python -m timeline_viewer PATH... [--html F] [--png F] [--merged F]."""
+"""Command line: horovodlike-timeline PATH... [--html F] [--png F] [--merged F]."""
 import argparse
 import os
 import sys
@@ -31,10 +31,24 @@ def build_parser():
     return p
 
 
+def _have_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.top < 1:
         print("horovodlike-timeline: --top must be at least 1", file=sys.stderr)
+        return 2
+    if args.png and not _have_matplotlib():
+        # Said before the traces are read, which can take a while.
+        print("horovodlike-timeline: --png needs matplotlib, which is not installed "
+              "(pip install matplotlib, or pip install horovodlike[viewer]); --html "
+              "needs nothing more", file=sys.stderr)
         return 2
     from .analyses import analyze
     from .model import open_timeline

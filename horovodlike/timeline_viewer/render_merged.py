@@ -80,7 +80,7 @@ def _axis(base, v):
 
 def render_merged(tl, path):
     other = {
-        "merged_by": "timeline_viewer", "size": tl.size,
+        "merged_by": "horovodlike.timeline_viewer", "size": tl.size,
         "t0_since_epoch_in_micros": tl.t0_epoch_us,
         "ranks": {str(r): {"file": rt.path, "hostname": rt.hostname,
                            "start_time_since_epoch_in_micros": rt.start_epoch_us,
