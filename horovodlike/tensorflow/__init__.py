@@ -16,6 +16,7 @@ from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchEr
 
 from . import _keras2_compat
 from . import elastic  # noqa: F401
+from . import util  # noqa: F401  (hvd.util, as in Horovod)
 from ._errors import XLANotSupportedError
 from ._tensors import UnsupportedTensorError
 from .compression import Compression
@@ -30,6 +31,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_p
                       size_op)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNormalization
+from .util import _cache, _executing_eagerly, _make_subgraph, refs_to_vars, vars_to_refs  # noqa: F401
 
 
 _keras2_compat.install()

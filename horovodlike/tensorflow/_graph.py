@@ -1,6 +1,31 @@
-"""Running a numpy kernel from TensorFlow: directly when eager, as one stateful
-`tf.numpy_function` inside a graph (tf.function, Keras' train step); and naming the
-unnamed ops traced into a graph.
+"""Running a batch of collectives from TensorFlow: directly when eager; inside a graph
+(a TF1 graph run by a Session, tf.function, Keras' train step) as an enqueue and a wait
+that never hold one of TensorFlow's threads while a collective is in flight; and naming
+the unnamed ops traced into a graph.
+
+Why no graph can deadlock (docs/tensorflow.md gives the argument in full). A kernel
+that enqueued its collectives and then waited for them would hold an inter-op thread
+until every rank had reached the same collective; two ranks whose threads pick
+independent collectives in different orders can then hold every thread on ops the
+other rank never gets to. So a batch is two graph nodes:
+
+- the enqueue, a stateful `tf.numpy_function` on an inter-op thread: it hands every
+  tensor to the engine and returns a token at once (the engine only queues, under a
+  short lock), so it never waits for another rank;
+- the wait, a `tf.numpy_function` inside a one-element `tf.data` pipeline read by
+  `Dataset.get_single_element()`: TensorFlow runs that kernel asynchronously, on a
+  thread of tf.data's own unbounded pool, and the map function runs on that thread
+  (`use_inter_op_parallelism=False`), so the blocking wait holds none of the graph's
+  threads.
+
+Every inter-op thread therefore stays free to run every enqueue whose inputs are
+ready, on every rank; the engine completes any op that every rank has enqueued
+(whatever else is pending); so each wait ends, and by induction on the graph's
+dependencies every collective of a step completes, whatever order TensorFlow picks and
+however few threads it has. A Session fetching a subset of a graph runs exactly the
+collectives it needs: nothing is chained to anything it would not run anyway.
+Cost: about the time of one more py-call per batch, not per tensor (a gradient batch
+is still one enqueue and one wait, fused by the engine).
 
 Unnamed ops get their names when they are traced, as Horovod names graph ops when the
 graph is built: numbered per function graph, in trace order, which every rank follows
@@ -15,6 +40,7 @@ Keras' `jit_compile="auto"` with a GPU) is refused at trace time with an error t
 says what to change, instead of failing obscurely or being dropped.
 """
 import functools
+import itertools
 import re
 import weakref
 
@@ -23,7 +49,7 @@ import tensorflow as tf
 
 from horovodlike.common import request
 
-from . import _errors
+from . import _errors, _kernels
 from ._errors import XLANotSupportedError
 from ._tensors import np_dtype, to_tf
 
@@ -90,31 +116,72 @@ def namer():
     return n
 
 
-def run(fn, inputs, out_dtypes, out_shapes, what):
-    """fn(*numpy arrays) -> list of numpy arrays; returns the outputs as tensors."""
+def run(items, inputs, out_dtypes, out_shapes, what):
+    """Run the batch `items` (_kernels.Item) on `inputs`; returns the outputs as
+    tensors, eagerly or when the graph runs."""
     if not inputs and not out_dtypes:
         return []
     if tf.executing_eagerly():
         with _errors.translated():
-            return [to_tf(a) for a in fn(*[np.asarray(t) for t in inputs])]
+            return [to_tf(a) for a in _kernels.execute(items, [np.asarray(t) for t in inputs])]
     check_xla(what)
-    empty = [np_dtype(d) for d in out_dtypes]
-
-    def guarded(*arrays):
-        try:
-            outs = list(fn(*arrays))
-            error = None
-        except Exception as e:  # noqa: BLE001 - only a mismatch is returned, see _errors
-            if not _errors.is_precondition(e):
-                raise
-            outs, error = [np.zeros(0, d) for d in empty], e
-        return outs + [np.array(_errors.status_path(error).encode(), dtype=object)]
-
-    guarded = tf.autograph.experimental.do_not_convert(guarded)   # plain Python: keep it so
-    *outs, status = tf.numpy_function(guarded, list(inputs), list(out_dtypes) + [tf.string],
-                                      stateful=True, name="horovodlike_" + what)
+    batch = _Batch(tuple(items), [np_dtype(d) for d in out_dtypes])
+    token = tf.numpy_function(batch.enqueue, list(inputs), tf.int64, stateful=True,
+                              name=f"horovodlike_{what}_enqueue")
+    *outs, status = _off_thread(batch.wait, token, list(out_dtypes) + [tf.string],
+                                f"horovodlike_{what}_wait")
     with tf.control_dependencies([_errors.check_status(status, what)]):
         outs = [tf.identity(o) for o in outs]
     for o, s in zip(outs, out_shapes):
         o.set_shape(s)
     return outs
+
+
+# Batches enqueued and not yet waited for: token -> (handles, refusal). A step that
+# TensorFlow abandons between the two (another node failed) leaves its entry here; its
+# ops still complete, as the other ranks submit theirs, and their names are free again.
+_open = {}
+_tokens = itertools.count(1)
+
+
+class _Batch:
+    """The two kernels of one batch in a graph. Plain Python that AutoGraph must leave
+    alone; one instance per graph node, shared by every run of it."""
+
+    def __init__(self, items, empty):
+        self.items, self.empty = items, empty
+
+    @tf.autograph.experimental.do_not_convert
+    def enqueue(self, *arrays):
+        token = next(_tokens)
+        _open[token] = _kernels.submit_all(self.items, arrays)
+        return np.int64(token)
+
+    @tf.autograph.experimental.do_not_convert
+    def wait(self, token):
+        handles, refusal = _open.pop(int(token))
+        try:
+            outs, error = _kernels.wait_all(handles, refusal), None
+        except Exception as e:  # noqa: BLE001 - only a mismatch is returned, see _errors
+            if not _errors.is_precondition(e):
+                raise
+            outs, error = [np.zeros(0, d) for d in self.empty], e
+        return outs + [np.array(_errors.status_path(error).encode(), dtype=object)]
+
+
+def _map_dataset():
+    try:      # where the map function runs on the calling thread, as the wait needs
+        from tensorflow.python.data.ops.map_op import _MapDataset
+        return functools.partial(_MapDataset, use_inter_op_parallelism=False,
+                                 preserve_cardinality=True)
+    except ImportError:
+        return lambda ds, fn: ds.map(fn)
+
+
+def _off_thread(fn, token, dtypes, name):
+    """fn(token) as a stateful py-call that TensorFlow runs on a tf.data thread, not on
+    one of the graph's inter-op threads (see the module's docstring)."""
+    ds = tf.data.Dataset.from_tensors(token)
+    ds = _map_dataset()(ds, lambda t: tuple(tf.numpy_function(fn, [t], dtypes,
+                                                              stateful=True, name=name)))
+    return list(ds.get_single_element())

@@ -4,7 +4,7 @@ Each item carries a `request.Request` built (named and checked) when the op was 
 or traced; this module only maps arrays to engine buffers and allocates outputs. A
 batch enqueues every tensor first and only then waits for all of them, so the gradients
 of one backward pass reach the engine together and are fused there; in a graph the
-whole batch is one `tf.numpy_function` call. Outputs that this module allocates are
+whole batch is one enqueue call and one wait call (see _graph). Outputs that this module allocates are
 64-byte aligned, which lets TensorFlow adopt them without a copy.
 """
 from dataclasses import dataclass
@@ -93,12 +93,10 @@ def _submit(item, x, splits):
                                                       splits=splits))
 
 
-def execute(items, arrays):
-    """Enqueue every item, then wait for all; returns the outputs in order (alltoall
-    gives two: the output and the received splits). The first error is raised after
-    every enqueued op has been waited for, so no handle is left behind."""
-    handles, error = [], None
-    pos = 0
+def submit_all(items, arrays):
+    """Enqueue every item; never waits. Returns (handles, error): a refusal stops the
+    batch, and is raised by wait_all once the ops already enqueued have finished."""
+    handles, pos = [], 0
     try:
         for item in items:
             x = np.asarray(arrays[pos]) if item.n_inputs else None  # 0-d come as scalars
@@ -106,7 +104,14 @@ def execute(items, arrays):
             pos += item.n_inputs
             handles.append(_submit(item, x, splits))
     except Exception as e:  # noqa: BLE001 - refused at enqueue: still drain what was queued
-        error = e
+        return handles, e
+    return handles, None
+
+
+def wait_all(handles, error=None):
+    """Wait for every handle (so none is left behind), then raise the first error, or
+    return the outputs in order (alltoall gives two: the output and the received
+    splits)."""
     try:
         outs = request.wait_all(handles, ops.synchronize)
     except Exception as e:  # noqa: BLE001
@@ -116,10 +121,6 @@ def execute(items, arrays):
     return [o for out in outs for o in out]
 
 
-def kernel(items):
-    """A function of numpy arrays running `items` (what tf.numpy_function calls)."""
-    items = tuple(items)
-
-    def run(*arrays):
-        return execute(items, arrays)
-    return run
+def execute(items, arrays):
+    """Enqueue every item, then wait for all (eager calls)."""
+    return wait_all(*submit_all(items, arrays))

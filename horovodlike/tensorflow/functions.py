@@ -33,7 +33,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     reqs = request.broadcast(root_rank, None, process_set, what, _graph.namer(),
                              members=len(values))
     items = [_kernels.Item(r, raw=_raw(t)) for r, t in zip(reqs, values)]
-    outs = _graph.run(_kernels.kernel(items), values, [t.dtype for t in values],
+    outs = _graph.run(items, values, [t.dtype for t in values],
                       [_shape(t) for t in values], what)
     assigns = [v.assign(o) for v, o in zip(variables, outs)]
     if tf.executing_eagerly():

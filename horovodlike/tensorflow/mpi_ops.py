@@ -50,7 +50,7 @@ def _rows(t):
 
 
 def _run(items, inputs, out_dtypes, out_shapes, what):
-    return _graph.run(_kernels.kernel(items), inputs, out_dtypes, out_shapes, what)
+    return _graph.run(items, inputs, out_dtypes, out_shapes, what)
 
 
 def _build(builder, name, n, *args, grouped=None, **kwargs):

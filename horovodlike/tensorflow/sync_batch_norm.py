@@ -19,9 +19,18 @@ from .mpi_ops import Sum, allreduce
 class SyncBatchNormalization(keras.layers.BatchNormalization):
     """keras.layers.BatchNormalization with statistics over all ranks of `process_set`."""
 
-    def __init__(self, *args, process_set=global_process_set, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, fused=False, process_set=global_process_set, **kwargs):
+        # Horovod's signature and refusal: the fused kernel computes the moments itself,
+        # where they cannot be synchronized. Keras 3 has no fused kernel (nor argument).
+        if fused in (True, None):
+            raise ValueError('SyncBatchNormalization does not support fused=True.')
+        if not kwargs.get("name"):
+            kwargs["name"] = "sync_batch_normalization"
+        super().__init__(**kwargs)
         self.process_set = process_set
+
+    def get_config(self):
+        return dict(super().get_config(), fused=False)
 
     def _moments(self, inputs, mask):
         if mask is not None:

@@ -1,0 +1,92 @@
+"""A caller blocked in synchronize() never keeps another thread's op, in the same
+process, from being announced and completed (the engine side of "no TensorFlow graph
+can deadlock", docs/tensorflow.md).
+
+At 2 ranks, rank 0's thread A waits for op `blocked.i`, which rank 1 submits only
+after op `other.i` has completed; rank 0 submits `other.i` from its main thread while A
+waits. So `other.i` can only complete if rank 0 announces it while A is blocked; if it
+did not, both ranks would hang, and a watchdog ends the rank naming the case. Each case
+runs 30 times, with A and B each blocking (flagged to drive the engine's work
+themselves on one node) or asynchronous then synchronize(), under:
+
+- one-node negotiation in shared memory, where a waiting caller runs the loop's work
+  itself (loop.c, hvdl__drive) -- the caller-driven path;
+- the same with a 20 ms cycle, so `other.i` arrives while `blocked.i` is in flight and
+  must wait out the cycle before anyone announces it;
+- negotiation over TCP (HOROVODLIKE_SHM_NEGOTIATE=0), where only the loop thread does.
+"""
+import pytest
+
+from harness import RANK_PRELUDE, run_ranks
+
+BODY = r'''
+import threading
+hvd.init()
+R = hvd.rank()
+assert hvd.size() == 2
+
+
+def watchdog(what, seconds=30.0):
+    def fire():
+        sys.stderr.write(f"rank {R}: HANG in {what}\n")
+        sys.stderr.flush()
+        os._exit(3)
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def collective(mode, x, name):
+    if mode == "blocking":
+        return hvd.allreduce(x, name=name, op=hvd.Sum)
+    return hvd.synchronize(hvd.allreduce_async(x, name=name, op=hvd.Sum))
+
+
+def case(i, a_mode, b_mode):
+    x = np.full(4, R + 1.0)
+    if R == 1:                          # `other` first; `blocked` only once it is done
+        b = collective(b_mode, x, f"other.{i}")
+        a = collective(a_mode, x, f"blocked.{i}")
+    else:
+        got, started = {}, threading.Event()
+
+        def waiter():
+            if a_mode == "blocking":
+                started.set()
+                got["a"] = hvd.allreduce(x, name=f"blocked.{i}", op=hvd.Sum)
+            else:
+                h = hvd.allreduce_async(x, name=f"blocked.{i}", op=hvd.Sum)
+                started.set()
+                got["a"] = hvd.synchronize(h)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        started.wait()
+        b = collective(b_mode, x, f"other.{i}")
+        t.join()
+        a = got.get("a")
+    check_equal(b, np.full(4, 3.0), f"other.{i} ({a_mode}/{b_mode})")
+    check_equal(a, np.full(4, 3.0), f"blocked.{i} ({a_mode}/{b_mode})")
+
+
+MODES = [("blocking", "blocking"), ("async", "blocking"), ("blocking", "async"),
+         ("async", "async")]
+i = 0
+for a_mode, b_mode in MODES:
+    dog = watchdog(f"A {a_mode}, B {b_mode}")
+    for _ in range(30):
+        case(i, a_mode, b_mode)
+        i += 1
+    dog.cancel()
+finish()
+'''
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    {"HOROVOD_CYCLE_TIME": "20"},
+    {"HOROVODLIKE_SHM_NEGOTIATE": "0"},
+], ids=["shm-caller-driven", "shm-cycle-20ms", "tcp-loop-thread"])
+def test_blocked_caller_does_not_hold_back_other_threads(env):
+    run_ranks(RANK_PRELUDE + BODY, 2, "horovodlikerun", env=env, timeout=120).assert_ok()
