@@ -299,7 +299,8 @@ static void name_missing(engine_t *e) {
     hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: %s within %.0f s of start-up "
                "(HOROVODLIKE_START_TIMEOUT): it is stopped, hung or gone%s", r, e->peers[r].host,
                culprit >= 0 ? "it never connected to this rank" : "it connected only part of the way",
-               e->cfg.start_timeout, others ? " (other ranks that waited for it are missing too)" : "");
+               e->cfg.start_timeout,
+               others ? " (connections of other ranks are missing too, maybe held up by it)" : "");
 }
 
 /* Accept until every expected connection has passed its hello; reject anything else. */
