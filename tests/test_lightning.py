@@ -3,7 +3,8 @@
 Each rank starts from different weights, trains a float64 linear model for two epochs
 with SGD + momentum under the strategy, and compares its parameters with a plain torch
 loop in one process over the global batch (both ranks' samples, at the learning rate
-the strategy scales by the number of ranks). Equal parameters show the sampler split,
+the strategy scales by the number of ranks); then again with two accumulated
+micro-batches per step and scale_lr=False. Equal parameters show the sampler split,
 the initial broadcast, the averaged gradients and the optimizer wrapping together; the
 script also checks the logged metric's reduction, rank-zero-only checkpoints and logs.
 """
@@ -59,35 +60,57 @@ class Model(pl.LightningModule):
 
 hvd.init()
 R, P = hvd.rank(), hvd.size()
-model = Model(seed=100 + R)                      # different on every rank
 start0 = Model(seed=100).layer.state_dict()      # rank 0's, which the broadcast spreads
-trainer = pl.Trainer(strategy=HorovodStrategy(), accelerator="cpu", devices=1,
-                     max_epochs=EPOCHS, precision="64-true", default_root_dir=OUT,
-                     logger=pl.loggers.CSVLogger(OUT), enable_progress_bar=False,
-                     enable_model_summary=False, log_every_n_steps=1)
-trainer.fit(model, DataLoader(TensorDataset(X, Y), batch_size=B))
 
-# The reference: one process, the global batch (the B samples of every rank, as the
-# shuffling DistributedSampler Lightning puts on a training loader deals them each
-# epoch), the learning rate times P.
-ref = torch.nn.Linear(4, 1).double()
-ref.load_state_dict(start0)
-opt = torch.optim.SGD(ref.parameters(), lr=LR * P, momentum=MOMENTUM)
-for epoch in range(EPOCHS):
-    shards = []
-    for r in range(P):
-        s = DistributedSampler(TensorDataset(X, Y), num_replicas=P, rank=r, shuffle=True,
-                               seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
-        s.set_epoch(epoch)
-        shards.append(list(s))
-    for step in range(N // (B * P)):
-        idx = torch.tensor([i for shard in shards for i in shard[step * B:(step + 1) * B]])
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ref(X[idx]), Y[idx]).backward()
-        opt.step()
+
+def reference(lr, accumulate):
+    """One process over the global batch: the samples every rank sees for one optimizer
+    step (B per rank and micro-batch, dealt each epoch by the shuffling
+    DistributedSampler Lightning puts on a training loader)."""
+    ref = torch.nn.Linear(4, 1).double()
+    ref.load_state_dict(start0)
+    opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=MOMENTUM)
+    per_step = B * accumulate
+    for epoch in range(EPOCHS):
+        shards = []
+        for r in range(P):
+            s = DistributedSampler(TensorDataset(X, Y), num_replicas=P, rank=r, shuffle=True,
+                                   seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
+            s.set_epoch(epoch)
+            shards.append(list(s))
+        for step in range(N // (per_step * P)):
+            idx = torch.tensor([i for shard in shards
+                                for i in shard[step * per_step:(step + 1) * per_step]])
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ref(X[idx]), Y[idx]).backward()
+            opt.step()
+    return ref
+
+
+def fit(out, accumulate=1, **strategy):
+    model = Model(seed=100 + R)                  # different on every rank
+    trainer = pl.Trainer(strategy=HorovodStrategy(**strategy), accelerator="cpu",
+                         devices=1, max_epochs=EPOCHS, precision="64-true",
+                         default_root_dir=out, logger=pl.loggers.CSVLogger(out),
+                         enable_progress_bar=False, enable_model_summary=False,
+                         log_every_n_steps=1, accumulate_grad_batches=accumulate)
+    trainer.fit(model, DataLoader(TensorDataset(X, Y), batch_size=B))
+    return model, trainer
+
+
+# Lightning 1.x's behaviour: the learning rate scaled by the number of ranks.
+model, trainer = fit(OUT)
+ref = reference(LR * P, 1)
 for name, p in model.layer.named_parameters():
     check_close(p.detach().numpy(), getattr(ref, name).detach().numpy(),
                 f"{name} after training", rtol=1e-12, atol=1e-12)
+# Two accumulated micro-batches per step, the learning rate as given.
+model2, _ = fit(os.path.join(OUT, "accumulate"), accumulate=2, scale_lr=False)
+ref2 = reference(LR, 2)
+for name, p in model2.layer.named_parameters():
+    check_close(p.detach().numpy(), getattr(ref2, name).detach().numpy(),
+                f"{name} after training with accumulate_grad_batches=2, scale_lr=False",
+                rtol=1e-12, atol=1e-12)
 
 sampler = trainer.train_dataloader.sampler
 check(isinstance(sampler, DistributedSampler) and sampler.num_replicas == P
@@ -97,8 +120,9 @@ check(isinstance(trainer.optimizers[0], thvd.optimizer._DistributedOptimizer),
 check(abs(float(trainer.callback_metrics["rank_mean"]) - 0.5) < 1e-12,
       "sync_dist metric is the mean over ranks", trainer.callback_metrics)
 hvd.barrier()
-ckpts = glob.glob(os.path.join(OUT, "**", "*.ckpt"), recursive=True)
-metrics = glob.glob(os.path.join(OUT, "**", "metrics.csv"), recursive=True)
+ckpts = glob.glob(os.path.join(OUT, "lightning_logs", "**", "*.ckpt"), recursive=True)
+metrics = glob.glob(os.path.join(OUT, "lightning_logs", "**", "metrics.csv"),
+                    recursive=True)
 check(len(ckpts) == 1, "one checkpoint, written by rank 0", ckpts)
 check(len(metrics) == 1, "one metrics log, written by rank 0", metrics)
 finish()
