@@ -4,6 +4,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -489,3 +490,29 @@ def test_torchrun_digits_trains_as_under_horovodlikerun(tmp_path):
     assert got == summary(ours.stdout)       # same data split, same arithmetic
     assert "RESULT accuracy=" in under_torchrun.stdout and "identical=1" in \
         under_torchrun.stdout
+
+
+def test_one_host_key_falls_back_to_the_users_cache_in_their_home(tmp_path):
+    """No runtime directory and no torchrun: the key file goes to ~/.cache/horovodlike,
+    which only this user (and root) can reach; a cache behind a directory anyone can
+    write to (such as /tmp) is refused, not used."""
+    home = os.path.expanduser("~")
+    if not launch_env._is_safe_chain(home):
+        pytest.skip(f"this user's home {home} is writable by others")
+    fake_home = Path(tempfile.mkdtemp(dir=home, prefix=".horovodlike-test-"))
+    try:
+        le0 = launch_env.LaunchEnv("env", 0, 2, 0, 2, 0, 1, "127.0.0.1", 29501, "job-h")
+        le1 = launch_env.LaunchEnv("env", 1, 2, 1, 2, 0, 1, "127.0.0.1", 29501, "job-h")
+        env = {"HOME": str(fake_home)}
+        key = launch_env.job_key(le0, env)
+        path = Path(launch_env.key_path(le0, env))
+        assert path.parent == fake_home / ".cache" / "horovodlike"
+        assert path.parent.stat().st_mode & 0o777 == 0o700
+        assert launch_env.job_key(le1, env) == key
+        launch_env.key_delivered()
+        assert not path.exists()
+    finally:
+        shutil.rmtree(fake_home, ignore_errors=True)
+    exposed = _private(tmp_path / "home")          # under /tmp: others can rename it
+    with pytest.raises(RuntimeError, match="no private place.*not reachable through"):
+        launch_env.job_key(le0, {"HOME": str(exposed)})

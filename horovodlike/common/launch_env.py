@@ -272,24 +272,15 @@ def key_dir(environ=None):
         every run and tells each rank its error file in it (TORCHELASTIC_ERROR_FILE,
         <run dir>/attempt_<n>/<local rank>/error.json); the ranks of one attempt share
         its attempt directory.
+      * $XDG_CACHE_HOME/horovodlike or ~/.cache/horovodlike: inside the user's home,
+        which only they (and root) can write to, checked up to / as ssh checks ~/.ssh.
     """
     env = os.environ if environ is None else environ
     tried = []
     xdg = env.get("XDG_RUNTIME_DIR")
     if xdg:
         if _is_private_tree(xdg):
-            path = os.path.join(xdg, "horovodlike")
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise RuntimeError(f"horovodlike: cannot make {path}: {exc}") from None
-            if not _is_private_tree(path):
-                raise RuntimeError(
-                    f"horovodlike: {path} must be a directory (not a symlink) owned by uid "
-                    f"{os.getuid()} that no other user can write to; remove it and start again")
-            return path, None
+            return _own_subdir(xdg), None
         tried.append(f"XDG_RUNTIME_DIR={xdg} is not a directory private to uid {os.getuid()}")
     else:
         tried.append("XDG_RUNTIME_DIR is not set")
@@ -301,7 +292,65 @@ def key_dir(environ=None):
         tried.append(f"torchrun's run directory {attempt} is not private to uid {os.getuid()}")
     else:
         tried.append("no torchrun run directory (TORCHELASTIC_ERROR_FILE)")
+    cache = _cache_dir(env)
+    if cache:
+        if _is_safe_chain(cache):
+            return _own_subdir(cache), None
+        tried.append(f"{cache} is not reachable through directories only uid "
+                     f"{os.getuid()} or root can write to")
+    else:
+        tried.append("neither XDG_CACHE_HOME nor HOME is set")
     return None, "; ".join(tried)
+
+
+def _cache_dir(env):
+    """The user's cache directory ($XDG_CACHE_HOME, else $HOME/.cache), made if missing:
+    inside the home directory, which no other user can write to, so its name may be
+    fixed. None without either variable."""
+    base = env.get("XDG_CACHE_HOME") or (
+        os.path.join(env["HOME"], ".cache") if env.get("HOME") else None)
+    if base and not os.path.isdir(base):
+        try:
+            os.makedirs(base, 0o700, exist_ok=True)
+        except OSError:
+            return None
+    return base
+
+
+def _is_safe_chain(path):
+    """Whether nobody but this user (and root) can create, rename or remove entries
+    anywhere on the way to `path`: every directory from it up to / is a real directory
+    (not a symlink) owned by this user or root and writable by neither group nor other.
+    This is the check ssh makes of ~/.ssh, and what a home directory passes."""
+    uid = os.getuid()
+    path = os.path.abspath(path)
+    while True:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, 0) or st.st_mode & 0o022:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def _own_subdir(base):
+    """base/horovodlike, ours and mode 0700 (made if missing), never through a symlink."""
+    path = os.path.join(base, "horovodlike")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise RuntimeError(f"horovodlike: cannot make {path}: {exc}") from None
+    if not _is_private_tree(path):
+        raise RuntimeError(
+            f"horovodlike: {path} must be a directory (not a symlink) owned by uid "
+            f"{os.getuid()} that no other user can write to; remove it and start again")
+    return path
 
 
 def key_path(le, environ=None):
