@@ -3,6 +3,7 @@ checks, the driver/worker records, ElasticSampler's re-partitioning, and hvd.ela
 retry rules (restore after HorovodInternalError, keep after HostsUpdatedInterrupt).
 Plus the launcher's fast failures (a discovery script that fails at once, bad flags)."""
 import argparse
+import gc
 import os
 import signal
 import stat
@@ -226,15 +227,22 @@ def test_20000_hosts_cost_under_a_tenth_of_a_second_per_poll(monkeypatch, tmp_pa
     outs = ["".join(f"node{i:05d}:2\n" for i in range(k, 20000 + k)).encode() for k in (0, 1)]
     discovery = ed.ScriptDiscovery("x", None)
     d.on_hosts(discovery.parse(outs[0], b"", 0))           # the first poll finds them all
+    # The cost is the CPU time this thread spends (a busy machine makes the wall clock
+    # wait for a CPU, not the poll cost more), the best of five with the collector off,
+    # as timeit does (this test process's heap is not the driver's).
     took = []
-    for poll in range(1, 6):                               # the polls after it
-        t0 = time.perf_counter()
-        hosts = discovery.parse(outs[poll % 2], b"", 0)
-        d.on_hosts(hosts)
-        took.append(time.perf_counter() - t0)
-        assert len(hosts) == 20000 and len(d.order) == 20000
-    # The best of five, as timeit does: the cost, not the machine's other load.
-    assert min(took) < 0.1, f"seconds per poll of 20,000 hosts: {took}"
+    gc.collect()
+    gc.disable()
+    try:
+        for poll in range(1, 6):                           # the polls after it
+            t0 = time.thread_time()
+            hosts = discovery.parse(outs[poll % 2], b"", 0)
+            d.on_hosts(hosts)
+            took.append(time.thread_time() - t0)
+            assert len(hosts) == 20000 and len(d.order) == 20000
+    finally:
+        gc.enable()
+    assert min(took) < 0.1, f"CPU seconds per poll of 20,000 hosts: {took}"
     order = list(d.order)
     assert order[:2] == ["node00001", "node00002"] and order[-1] == "node20000"
     assert d.available_slots() == 40000 and started

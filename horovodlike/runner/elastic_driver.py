@@ -192,9 +192,10 @@ class ScriptDiscovery:
         entries = _ENTRY.findall(text)
         if entries and len(entries) == len(text.split()):
             hosts = dict(entries)
-            counts = [int(n) for n in hosts.values()]
-            if 1 <= min(counts) and max(counts) <= launch.MAX_SLOTS_PER_HOST:
-                return dict(zip(hosts, counts))
+            # A few distinct counts: each converted and checked once.
+            counts = {n: int(n) for n in set(hosts.values())}
+            if all(1 <= c <= launch.MAX_SLOTS_PER_HOST for c in counts.values()):
+                return dict(zip(hosts, map(counts.__getitem__, hosts.values())))
         hosts = {}
         for line in text.splitlines():
             line = line.strip()
