@@ -310,3 +310,14 @@ def test_tensor_parallel_equivalence_checkpoints_memory_and_errors():
 
 def test_tensor_parallel_with_data_parallel_optimizers():
     run_torch(DP_BODY, 4, timeout=150)
+
+
+def test_example_trains_tp2_dp2():
+    from harness import REPO, run_ranks
+    res = run_ranks(REPO / "examples" / "pytorch_tensor_parallel_gpt.py", 4,
+                    args=["--steps", "12"], timeout=150)
+    assert res.returncode == 0, res.describe()
+    out = "\n".join(res.rank_lines()[0])
+    losses = [float(l.split()[-1]) for l in res.rank_lines()[0] if l.startswith("step")]
+    assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], out
+    assert "tp=2 dp=2" in out and "unsharded model from the consolidated state" in out, out
