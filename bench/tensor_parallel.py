@@ -51,16 +51,18 @@ def _time_steps(model, args, rank_seed, on_timed=None):
     g = torch.Generator().manual_seed(rank_seed)
     x = torch.randn(args.batch, args.seq, args.d, generator=g)
     y = torch.randn(args.batch, args.seq, args.d, generator=g)
-    times = []
+    times, opt_times = [], []
     for step in range(args.warmup + args.steps):
         if step == args.warmup and on_timed:
             on_timed()
         t0 = time.perf_counter()
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
+        t1 = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - t0)
-    return times[args.warmup:]
+        opt_times.append(time.perf_counter() - t1)
+    return {"times": times[args.warmup:], "opt_times": opt_times[args.warmup:]}
 
 
 def _allreduce_share(path, wall_us):
@@ -105,12 +107,12 @@ def worker_hvd(args):
         hvd.start_timeline(tl)
         t_start.append(time.perf_counter())
 
-    times = _time_steps(model, args, 0, on_timed)
+    res = _time_steps(model, args, 0, on_timed)
     wall_us = (time.perf_counter() - t_start[0]) * 1e6
     hvd.stop_timeline()
     if hvd.rank() == 0:
         share = _allreduce_share(os.path.join(args.tmp, "tl.rank0.json"), wall_us)
-        print(json.dumps({"times": times, "allreduce_share": share}), flush=True)
+        print(json.dumps(dict(res, allreduce_share=share)), flush=True)
     hvd.shutdown()
 
 
@@ -133,16 +135,16 @@ def worker_torch(args):
                                      "attn.proj": RowwiseParallel(),
                                      "mlp.fc1": ColwiseParallel(),
                                      "mlp.fc2": RowwiseParallel()})
-    times = _time_steps(model, args, 0)
+    res = _time_steps(model, args, 0)
     if dist.get_rank() == 0:
-        print(json.dumps({"times": times}), flush=True)
+        print(json.dumps(res), flush=True)
     dist.destroy_process_group()
 
 
 def worker_single(args):
     import torch
     torch.set_num_threads(1)
-    print(json.dumps({"times": _time_steps(_block(args), args, 0)}), flush=True)
+    print(json.dumps(_time_steps(_block(args), args, 0)), flush=True)
 
 
 # ------------------------------------------------------------------ driver
@@ -213,20 +215,24 @@ def main():
         return
     modes = args.modes.split(",")
     per_round = {m: [] for m in modes}
+    opt_round = {m: [] for m in modes}
     shares = []
     for r in range(args.rounds):
         for m in (modes if r % 2 == 0 else modes[::-1]):
             res = run_mode(m, args)
             per_round[m].append(statistics.median(res["times"]) * 1e3)
+            opt_round[m].append(statistics.median(res["opt_times"]) * 1e3)
             if "allreduce_share" in res:
                 shares.append(res["allreduce_share"])
             print(f"round {r} {m}: {per_round[m][-1]:.2f} ms", file=sys.stderr, flush=True)
     print(f"GPT block d={args.d} heads={args.heads} b={args.batch} s={args.seq}, tp={args.np}, "
-          f"{args.rounds} rounds × {args.steps} steps, median (min..max) step ms:")
+          f"{args.rounds} rounds × {args.steps} steps, median (min..max) step ms, "
+          f"of which the optimizer step:")
     med = {m: statistics.median(v) for m, v in per_round.items()}
     for m in modes:
         v = per_round[m]
-        print(f"  {LABELS[m]:40s} {med[m]:8.2f}  ({min(v):.2f}..{max(v):.2f})")
+        print(f"  {LABELS[m]:40s} {med[m]:8.2f}  ({min(v):.2f}..{max(v):.2f})  "
+              f"optimizer {statistics.median(opt_round[m]):.2f}")
     if "hvd" in med and "torch" in med:
         print(f"  horovodlike / torch TP: {med['hvd'] / med['torch']:.2f}x")
     if shares:

@@ -262,6 +262,9 @@ check_raises(ValueError, lambda: P.tensor_parallel(nn.Sequential(nn.Embedding(8,
              padding_idx=0)), {"0": "vocab"}, ps), "0:", "padding_idx", what="padding_idx")
 check(isinstance(seq[0], nn.Linear) and isinstance(seq[2], nn.Linear),
       "a refused plan changes nothing")
+check_raises(ValueError, lambda: P.vocab_parallel_cross_entropy(
+    torch.randn(2, 4), torch.tensor([1, -100]), process_set=ps), "[0, 16)", "-100",
+    what="cross entropy target out of range")
 mha = P.ParallelMultiheadAttention(nn.MultiheadAttention(8, 4), ps)
 check_raises(NotImplementedError, lambda: mha(*(torch.randn(2, 1, 8),) * 3), "need_weights",
              what="need_weights")

@@ -336,6 +336,11 @@ def vocab_parallel_cross_entropy(logits, target, process_set=None, reduction="me
         raise ValueError(f"vocab_parallel_cross_entropy: target shape {tuple(target.shape)} "
                          f"must be the logits' shape without the vocabulary dimension "
                          f"{tuple(logits.shape[:-1])}")
+    vocab = logits.shape[-1] * _comm.set_size(process_set)
+    if target.numel() and (int(target.min()) < 0 or int(target.max()) >= vocab):
+        raise ValueError(f"vocab_parallel_cross_entropy: targets must lie in [0, {vocab}), "
+                         f"got {int(target.min())}..{int(target.max())} (ignore_index is "
+                         f"not supported)")
     loss = _VocabParallelCrossEntropy.apply(logits, target, process_set)
     if reduction == "mean":
         return loss.mean()
