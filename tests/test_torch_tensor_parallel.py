@@ -15,7 +15,10 @@ One launch of 4 ranks after a plain hvd.init() (no dynamic sets) checks, for tp 
   (the row-parallel biases, replicated as in Megatron, are counted apart);
 - the plan's errors, each naming the module and the reason.
 A second launch trains tp 2 × dp 2 with DistributedOptimizer and with
-ShardedDistributedOptimizer over the Topology's dp_set against the global batch.
+ShardedDistributedOptimizer over the Topology's dp_set against the global batch. The
+example trains at tp 2 × dp 2. Topology's pp 2 × dp 2 × tp 2 layout at 8 ranks (numpy
+only: the layout is framework-free) is checked with a collective over every set; the
+pipeline schedules that would train on it are not part of this module.
 """
 import importlib.util
 
@@ -324,3 +327,34 @@ def test_example_trains_tp2_dp2():
     losses = [float(l.split()[-1]) for l in res.rank_lines()[0] if l.startswith("step")]
     assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], out
     assert "tp=2 dp=2" in out and "unsharded model from the consolidated state" in out, out
+
+
+TOPOLOGY_8 = r'''
+from horovodlike.common.topology import Topology
+hvd.init()
+R = hvd.rank()
+topo = Topology(pp=2, tp=2)            # the docstring's table: pp 2 × dp 2 × tp 2
+expect = {"tp_set": [[0, 1], [2, 3], [4, 5], [6, 7]], "dp_set": [[0, 2], [1, 3], [4, 6], [5, 7]],
+          "pipe_set": [[0, 4], [1, 5], [2, 6], [3, 7]], "stage_set": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+for attr, groups in expect.items():
+    mine = next(g for g in groups if R in g)
+    ps = getattr(topo, attr)
+    check(ps.ranks == mine, attr, f"{ps} on rank {R}, expected {mine}")
+    # every set is usable at once after a plain init: the sum of its members' ranks
+    got = hvd.allreduce(np.array([R], np.int64), op=hvd.Sum, name=attr, process_set=ps)
+    check(int(got[0]) == sum(mine), f"allreduce over {attr}", f"{got} != {sum(mine)}")
+tied = topo.tied_set((0, 1))
+check(tied is not None and tied.ranks == topo.pipe_set.ranks, "tied_set", repr(tied))
+check((topo.stage(), topo.replica(), topo.tp_rank) == (R // 4, R // 2 % 2, R % 2), "coords",
+      repr(topo))
+check(topo.prev_rank == (R - 4 if R >= 4 else None) and
+      topo.next_rank == (R + 4 if R < 4 else None), "prev/next", repr(topo))
+again = Topology(pp=2, tp=2)           # the same sets are found, not added twice
+check(again.tp_set is topo.tp_set and again.dp_set is topo.dp_set, "sets reused")
+finish()
+'''
+
+
+def test_topology_pp2_tp2_dp2_at_8_ranks():
+    from harness import RANK_PRELUDE, run_ranks
+    run_ranks(RANK_PRELUDE + TOPOLOGY_8, 8, timeout=120).assert_ok()
