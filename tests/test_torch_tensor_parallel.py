@@ -6,6 +6,8 @@ One launch of 4 ranks after a plain hvd.init() (no dynamic sets) checks, for tp 
 - a GPT-style block and nn.TransformerEncoderLayer (batch_first and not, a padding
   mask) in float64: output, loss and every gradient equal the single-process model's
   within 1e-10, and the parameters after 3 AdamW steps;
+- the GPT block with sequence parallelism (input and output split along the sequence):
+  output slices, loss and every gradient;
 - a small LM with VocabParallelEmbedding, a column-parallel head and
   vocab_parallel_cross_entropy against nn.Embedding / nn.Linear / F.cross_entropy;
 - fresh layers: with the same seed, the full weight is the unsharded layer's;
@@ -219,6 +221,23 @@ for TP in (2, 4):
                                           reduction="none")
     close(none, F.cross_entropy(ref(ids).flatten(0, 1), y.flatten(),
                                 reduction="none").view(2, 5), f"tp={TP} loss per token")
+
+    # ------------------------------------------------------------ sequence parallelism
+    ref, sp = ref_and_tp(lambda: P.GPTBlock(32, 4), P.GPT_BLOCK_SEQUENCE_PARALLEL_PLAN, ps)
+    x = torch.randn(2, 2 * TP, 32, generator=g)
+    target = torch.randn(x.shape, generator=g)
+    me = ps.rank()
+    out_r = ref(x)
+    loss_r = F.mse_loss(out_r, target)
+    loss_r.backward()
+    out_s = sp(x.chunk(TP, 1)[me])                 # this rank's slice of the sequence
+    close(out_s, out_r.chunk(TP, 1)[me], f"tp={TP} sequence-parallel forward")
+    part = F.mse_loss(out_s, target.chunk(TP, 1)[me], reduction="sum") / target.numel()
+    part.backward()
+    close(thvd.allreduce(part.detach(), op=thvd.Sum, process_set=ps), loss_r,
+          f"tp={TP} sequence-parallel loss")
+    P.allreduce_sequence_parallel_grads(sp, ps)
+    compare_grads(ref, sp, f"tp={TP} sequence-parallel")
 
     # ------------------------------------------------------------ fresh layers
     for cls, args, base in [(P.ColumnParallelLinear, (8, 4 * TP), nn.Linear),

@@ -17,11 +17,13 @@ gpt:    a GPT-style block and the ready plans
 """
 from horovodlike.common.topology import Topology  # noqa: F401
 
-from ._comm import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp  # noqa: F401
-from .gpt import GPT_BLOCK_PLAN, TRANSFORMER_ENCODER_LAYER_PLAN, GPTBlock  # noqa: F401
+from ._comm import (copy_to_tp, gather_from_sequence, gather_from_tp,  # noqa: F401
+                    reduce_from_tp, reduce_scatter_to_sequence, scatter_to_tp)
+from .gpt import (GPT_BLOCK_PLAN, GPT_BLOCK_SEQUENCE_PARALLEL_PLAN,  # noqa: F401
+                  TRANSFORMER_ENCODER_LAYER_PLAN, GPTBlock)
 from .layers import (ColumnParallelLinear, ParallelMultiheadAttention,  # noqa: F401
                      RowParallelLinear, TensorParallelModule, VocabParallelEmbedding,
                      vocab_parallel_cross_entropy)
 from .plan import (Attention, Column, Heads, Row, Vocab,  # noqa: F401
-                   consolidated_grads, consolidated_state_dict,
+                   allreduce_sequence_parallel_grads, consolidated_grads, consolidated_state_dict,
                    tensor_parallel)

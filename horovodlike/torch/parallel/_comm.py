@@ -11,6 +11,16 @@ be the same on every rank too. Two autograd functions make that so (Megatron's f
     gather_from_tp       forward: allgather (a dim)  backward: this rank's slice
     scatter_to_tp        forward: this rank's slice  backward: allgather (a dim)
 
+and, for sequence parallelism (Megatron's ḡ and its conjugate), where the activations
+between the pairs are split along the sequence instead of replicated:
+
+    gather_from_sequence        forward: allgather (seq)       backward: reduce-scatter(Sum)
+    reduce_scatter_to_sequence  forward: reduce-scatter(Sum)   backward: allgather (seq)
+
+An allgather plus a reduce-scatter move what one allreduce moves, so sequence
+parallelism costs no more communication and keeps 1/t of the layer-norm and dropout
+activations per rank.
+
 Horovod's own differentiable allreduce (torch/_autograd.py) is data-parallel calculus:
 each rank's loss differs and the backward allreduces again. Here the loss is replicated,
 so g's backward is the identity; f and g are therefore functions of their own, built on
@@ -51,6 +61,18 @@ def allgather_dim(x, dim, process_set):
         return _now(C.allgather_async, x.contiguous(), process_set=process_set)
     moved = x.movedim(dim, 0).contiguous()
     out = _now(C.allgather_async, moved, process_set=process_set)
+    return out.movedim(0, dim).contiguous()
+
+
+def reducescatter_sum_dim(x, dim, process_set):
+    """The sum of x over the set, this rank's 1/t slice along `dim`; no graph."""
+    n = set_size(process_set)
+    dim = dim % x.dim()
+    if x.shape[dim] % n:
+        raise ValueError(f"sequence parallelism: dimension {dim} of size {x.shape[dim]} is "
+                         f"not divisible by the tensor-parallel size {n}")
+    out = _now(C.reducescatter_async, x.movedim(dim, 0).contiguous(), op=C.Sum,
+               process_set=process_set)
     return out.movedim(0, dim).contiguous()
 
 
@@ -103,6 +125,40 @@ class _ScatterToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return allgather_dim(grad, ctx.dim, ctx.process_set), None, None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, process_set):
+        ctx.dim, ctx.process_set = dim, process_set
+        return allgather_dim(x, dim, process_set)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reducescatter_sum_dim(grad, ctx.dim, ctx.process_set), None, None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, process_set):
+        ctx.dim, ctx.process_set = dim, process_set
+        return reducescatter_sum_dim(x, dim, process_set)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return allgather_dim(grad, ctx.dim, ctx.process_set), None, None
+
+
+def gather_from_sequence(x, process_set, dim=1):
+    """The whole sequence from every rank's slice; backward sums and re-splits."""
+    return x if set_size(process_set) == 1 else _GatherFromSequence.apply(x, dim, process_set)
+
+
+def reduce_scatter_to_sequence(x, process_set, dim=1):
+    """The sum over the set, this rank's slice of the sequence; backward gathers."""
+    if set_size(process_set) == 1:
+        return x
+    return _ReduceScatterToSequence.apply(x, dim, process_set)
 
 
 def copy_to_tp(x, process_set):

@@ -18,10 +18,19 @@ the same and names its modules alike.
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .plan import Column, Heads
+from .plan import Column, Heads, Row
 
 GPT_BLOCK_PLAN = {"*attn.qkv": Column(fused=3), "*attn.proj": "row", "*attn": Heads("n_head"),
                   "*mlp.fc1": "column", "*mlp.fc2": "row"}
+
+# The same split with the residual stream, the layer norms and their inputs split along
+# the sequence (dim 1) between the pairs: the block takes and returns this rank's slice
+# of the sequence; allreduce_sequence_parallel_grads completes the layer norms' and the
+# row biases' gradients.
+GPT_BLOCK_SEQUENCE_PARALLEL_PLAN = {
+    "*attn.qkv": Column(fused=3, sequence_parallel=True),
+    "*attn.proj": Row(sequence_parallel=True), "*attn": Heads("n_head"),
+    "*mlp.fc1": Column(sequence_parallel=True), "*mlp.fc2": Row(sequence_parallel=True)}
 
 TRANSFORMER_ENCODER_LAYER_PLAN = {"*self_attn": "attention", "*linear1": "column",
                                   "*linear2": "row"}

@@ -83,12 +83,15 @@ class ColumnParallelLinear(TensorParallelModule):
     """nn.Linear(in_features, out_features) with the outputs split across the set.
 
     The output is this rank's out/t features unless gather_output=True. fused=k treats
-    the outputs as k equal blocks (a fused q/k/v projection: k=3), each split alike."""
+    the outputs as k equal blocks (a fused q/k/v projection: k=3), each split alike.
+    sequence_parallel=True takes this rank's slice of the sequence (dim seq_dim) and
+    gathers the whole sequence first, in place of f."""
 
     tp_spec = {"weight": (0, 1), "bias": (0, 1)}
 
     def __init__(self, in_features, out_features, bias=True, gather_output=False,
-                 process_set=None, fused=1, device=None, dtype=None, _full=None):
+                 process_set=None, fused=1, device=None, dtype=None, _full=None,
+                 sequence_parallel=False, seq_dim=1):
         super().__init__()
         self._init_tp(process_set)
         _check_divisible(type(self).__name__, out_features, fused * self.tp_size,
@@ -96,6 +99,7 @@ class ColumnParallelLinear(TensorParallelModule):
                          f"size {self.tp_size}):")
         self.in_features, self.out_features = in_features, out_features
         self.gather_output, self.fused = gather_output, fused
+        self.sequence_parallel, self.seq_dim = sequence_parallel, seq_dim
         self.tp_spec = {"weight": (0, fused), "bias": (0, fused)}
         full = _full if _full is not None else nn.Linear(in_features, out_features, bias,
                                                          device=device, dtype=dtype)
@@ -104,12 +108,18 @@ class ColumnParallelLinear(TensorParallelModule):
                      _param(shard(full.bias, 0, fused, self.tp_size, self.tp_rank)))
 
     @classmethod
-    def from_linear(cls, linear, process_set=None, gather_output=False, fused=1):
+    def from_linear(cls, linear, process_set=None, gather_output=False, fused=1,
+                    sequence_parallel=False):
         return cls(linear.in_features, linear.out_features, linear.bias is not None,
-                   gather_output, process_set, fused, _full=linear)
+                   gather_output, process_set, fused, _full=linear,
+                   sequence_parallel=sequence_parallel)
 
     def forward(self, x):
-        y = F.linear(_comm.copy_to_tp(x, self.process_set), self.weight, self.bias)
+        if self.sequence_parallel:
+            x = _comm.gather_from_sequence(x, self.process_set, self.seq_dim)
+        else:
+            x = _comm.copy_to_tp(x, self.process_set)
+        y = F.linear(x, self.weight, self.bias)
         if not self.gather_output or self.tp_size == 1:
             return y
         y = _comm.gather_from_tp(y, self.process_set)
@@ -129,32 +139,41 @@ class RowParallelLinear(TensorParallelModule):
 
     input_is_parallel=True takes this rank's in/t features (a column layer's output);
     False takes the full input and keeps this rank's slice. The bias is replicated and
-    added once, after the sum."""
+    added once, after the sum. sequence_parallel=True reduce-scatters the sum along the
+    sequence (dim seq_dim) in place of g: the output is this rank's slice of it."""
 
     tp_spec = {"weight": (1, 1)}
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=True,
-                 process_set=None, device=None, dtype=None, _full=None):
+                 process_set=None, device=None, dtype=None, _full=None,
+                 sequence_parallel=False, seq_dim=1):
         super().__init__()
         self._init_tp(process_set)
         _check_divisible(type(self).__name__, in_features, self.tp_size,
                          "in_features")
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
+        self.sequence_parallel, self.seq_dim = sequence_parallel, seq_dim
         full = _full if _full is not None else nn.Linear(in_features, out_features, bias,
                                                          device=device, dtype=dtype)
         self.weight = _param(shard(full.weight, 1, 1, self.tp_size, self.tp_rank))
         self.bias = None if full.bias is None else _param(full.bias)
 
     @classmethod
-    def from_linear(cls, linear, process_set=None, input_is_parallel=True):
+    def from_linear(cls, linear, process_set=None, input_is_parallel=True,
+                    sequence_parallel=False):
         return cls(linear.in_features, linear.out_features, linear.bias is not None,
-                   input_is_parallel, process_set, _full=linear)
+                   input_is_parallel, process_set, _full=linear,
+                   sequence_parallel=sequence_parallel)
 
     def forward(self, x):
         if not self.input_is_parallel:
             x = _comm.scatter_to_tp(x, self.process_set)
-        y = _comm.reduce_from_tp(F.linear(x, self.weight), self.process_set)
+        y = F.linear(x, self.weight)
+        if self.sequence_parallel:
+            y = _comm.reduce_scatter_to_sequence(y, self.process_set, self.seq_dim)
+        else:
+            y = _comm.reduce_from_tp(y, self.process_set)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self):

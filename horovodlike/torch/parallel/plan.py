@@ -46,8 +46,9 @@ class _Spec:
 class Column(_Spec):
     takes = (nn.Linear,)
 
-    def __init__(self, gather_output=False, fused=1):
+    def __init__(self, gather_output=False, fused=1, sequence_parallel=False):
         self.gather_output, self.fused = gather_output, fused
+        self.sequence_parallel = sequence_parallel
 
     def check(self, module, name, size):
         super().check(module, name, size)
@@ -56,17 +57,20 @@ class Column(_Spec):
                              f"by {self.fused} fused block(s) × tensor-parallel size {size}")
 
     def apply(self, module, name, ps):
-        return ColumnParallelLinear.from_linear(module, ps, self.gather_output, self.fused)
+        return ColumnParallelLinear.from_linear(module, ps, self.gather_output, self.fused,
+                                                self.sequence_parallel)
 
     def __repr__(self):
-        return f"Column(gather_output={self.gather_output}, fused={self.fused})"
+        return (f"Column(gather_output={self.gather_output}, fused={self.fused}, "
+                f"sequence_parallel={self.sequence_parallel})")
 
 
 class Row(_Spec):
     takes = (nn.Linear,)
 
-    def __init__(self, input_is_parallel=True):
+    def __init__(self, input_is_parallel=True, sequence_parallel=False):
         self.input_is_parallel = input_is_parallel
+        self.sequence_parallel = sequence_parallel
 
     def check(self, module, name, size):
         super().check(module, name, size)
@@ -75,10 +79,12 @@ class Row(_Spec):
                              f"the tensor-parallel size {size}")
 
     def apply(self, module, name, ps):
-        return RowParallelLinear.from_linear(module, ps, self.input_is_parallel)
+        return RowParallelLinear.from_linear(module, ps, self.input_is_parallel,
+                                             self.sequence_parallel)
 
     def __repr__(self):
-        return f"Row(input_is_parallel={self.input_is_parallel})"
+        return (f"Row(input_is_parallel={self.input_is_parallel}, "
+                f"sequence_parallel={self.sequence_parallel})")
 
 
 class Vocab(_Spec):
@@ -185,6 +191,25 @@ def tensor_parallel(model, plan, process_set=None):
             parent, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, leaf, new)
     return model
+
+
+def allreduce_sequence_parallel_grads(module, process_set=None):
+    """Sum, over the tensor-parallel set, the gradients of `module`'s replicated
+    parameters (every one not sharded by a tensor-parallel layer: layer norms,
+    row-parallel biases). With sequence parallelism each rank computes them from its
+    slice of the sequence only, so each holds a part of the sum. Call it after backward
+    and before the optimizer applies them, on the modules that run sequence-split (with
+    hvd.DistributedOptimizer: opt.synchronize(), this, then `with opt.skip_synchronize():
+    opt.step()` — the two sums commute)."""
+    sharded = {id(getattr(m, n)) for m in module.modules()
+               if isinstance(m, TensorParallelModule) for n in m.tp_spec
+               if getattr(m, n, None) is not None}
+    grads = [p.grad for p in module.parameters()
+             if id(p) not in sharded and p.grad is not None]
+    if grads and _comm.set_size(process_set) > 1:
+        from .. import _collectives as C
+        from .._autograd import _now
+        _now(C.grouped_allreduce_async_, grads, op=C.Sum, process_set=process_set)
 
 
 def _gather_full(model, tensors):
