@@ -127,26 +127,21 @@ class _ScatterToTP(torch.autograd.Function):
         return allgather_dim(grad, ctx.dim, ctx.process_set), None, None
 
 
-class _GatherFromSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, process_set):
-        ctx.dim, ctx.process_set = dim, process_set
-        return allgather_dim(x, dim, process_set)
+class _GatherFromSequence(_GatherFromTP):
+    """_GatherFromTP's forward; the gradient is summed over the set, then split."""
 
     @staticmethod
     def backward(ctx, grad):
         return reducescatter_sum_dim(grad, ctx.dim, ctx.process_set), None, None
 
 
-class _ReduceScatterToSequence(torch.autograd.Function):
+class _ReduceScatterToSequence(_ScatterToTP):
+    """_ScatterToTP's backward (gather); forward sums over the set before splitting."""
+
     @staticmethod
     def forward(ctx, x, dim, process_set):
         ctx.dim, ctx.process_set = dim, process_set
         return reducescatter_sum_dim(x, dim, process_set)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return allgather_dim(grad, ctx.dim, ctx.process_set), None, None
 
 
 def gather_from_sequence(x, process_set, dim=1):
