@@ -329,3 +329,31 @@ def test_timeline_shows_send_and_recv_on_both_ranks(tmp_path):
                 seen[rank] = (e["name"], e["args"])
     assert seen[0] == ("SEND", {"name": "p2p.act", "peer": 1, "bytes": 4000}), seen
     assert seen[1] == ("RECV", {"name": "p2p.act", "peer": 0, "bytes": 4000}), seen
+
+
+SETS = RANK_PRELUDE + textwrap.dedent(r"""
+    hvd.init(process_sets="dynamic")
+    R = hvd.rank()
+    ends = hvd.add_process_set([0, 2])          # rank 1 (on node a with rank 0) is not in it
+    x = np.arange(100_000, dtype=np.float32)
+    if R == 0:
+        hvd.send(x, 2, name="cross-node", process_set=ends)
+        hvd.send(x + 1, 1, name="same-node")
+        check_raises(ValueError, lambda: hvd.send(x, 1, name="outside", process_set=ends),
+                     "destination rank 1 is not a member")
+    elif R == 1:
+        check_equal(hvd.recv(0, name="same-node"), x + 1, "same node")
+        check_raises(ValueError, lambda: hvd.recv(0, name="outside", process_set=ends),
+                     "is not a member")
+    else:
+        check_equal(hvd.recv(0, name="cross-node", process_set=ends), x, "across nodes, in a set")
+    finish()
+""")
+
+
+@pytest.mark.timeout(180)
+def test_process_set_membership_and_fake_nodes():
+    """Three ranks on two fake nodes (a: ranks 0, 1; b: rank 2): a message within a node,
+    one across nodes inside a process set, and a peer outside the set refused."""
+    res = _run(SETS, ["-H", "a:2,b:1", "--ssh-command", "sh -c {command}"], np_=3, timeout=160)
+    res.assert_ok()
