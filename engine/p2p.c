@@ -13,7 +13,9 @@
  * a collective never waits behind it.
  *
  * The protocol is eager: a send writes its header and payload at once, straight from
- * the caller's buffer; it completes when the kernel has taken the last byte. The
+ * the caller's buffer; it completes when the kernel has taken the last byte. The caller
+ * writes it itself when it is the only message queued for that peer (send_now); what
+ * the socket does not take at once, and later sends, the p2p thread writes in order. The
  * receiving thread always reads every connection. A message whose recv is posted lands
  * directly in that recv's buffer (recv_) or in a buffer allocated for it once its
  * header says how big it is (recv, handed to the caller without a copy). A message
@@ -29,17 +31,21 @@
  * breaks this is named by the loop thread as lost (hvdl__p2p_tend), which tells the job.
  *
  * Cost model, one message of n bytes between two ranks:
- *   sender     one wake-up of the p2p thread, one sendmsg (header, name and payload in
- *              one call; more only when the socket buffer is full), no copy;
+ *   sender     one sendmsg by the caller (header, name and payload in one call), no
+ *              copy and no wake-up; the p2p thread's wake-ups only when the socket
+ *              buffer is full or earlier sends to that peer are still queued;
  *   receiver   one wake-up; a posted recv_: header through a 64 KiB staging buffer,
  *              payload straight into the buffer (a small payload one extra memcpy from
  *              the staging buffer); recv(): one allocation; unmatched: one buffer of n
  *              bytes held until the recv, plus one memcpy for recv_;
- *   latency    ~2 thread wake-ups + the loopback/NIC time, so ~20-50 us on an idle
- *              machine for small messages; bandwidth is TCP's (the kernel overlaps the
+ *   latency    the receiver's two wake-ups (p2p thread, then the waiting caller) +
+ *              the loopback/NIC time: 114 us one-way at 4 KiB on a loaded 2-core
+ *              machine, 0.46x OpenMPI's there (docs/benchmarks.md); bandwidth is TCP's (the kernel overlaps the
  *              pieces: the sender fills the socket buffer while the receiver drains it).
  *   memory     unmatched messages are held in full: a sender far ahead of its receiver
  *              costs the receiver the bytes it has not asked for yet.
+ * Ranks on one node use this same path over loopback TCP; a shared-memory mailbox per
+ * pair (one copy fewer through the kernel, no socket wake-ups) is not implemented yet.
  *
  * Failure: a dead peer closes the connection; a stopped one is found by the engine's
  * heartbeats (liveness.c) within HOROVODLIKE_PEER_TIMEOUT_SECONDS. Either way the engine
