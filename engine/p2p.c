@@ -26,7 +26,7 @@
  *
  * Frame (p2p_hdr_t, 88 bytes, then the name, then nbytes of payload):
  *   magic, name_len (1..4096), dtype, ndim (0..8), shape[8], nbytes.
- * Every field is range-checked before anything is trusted (hvdl__p2p_header_problem),
+ * Every field is range-checked before anything is trusted (header_problem),
  * nbytes must equal the shape's size and is bounded by P2P_MAX_BYTES, and a peer that
  * breaks this is named by the loop thread as lost (hvdl__p2p_tend), which tells the job.
  *
@@ -144,8 +144,9 @@ static void unlink_msg(plist_t *l, pmsg_t *m) {
     if (l->tail == m) l->tail = prev;
 }
 
-/* Why this header cannot be a message, or NULL. Pure: the hostile-frame tests feed it. */
-const char *hvdl__p2p_header_problem(const void *hdr) {
+/* Why this header cannot be a message, or NULL (tests/test_engine_hostile.py sends each
+ * case over a real connection). */
+static const char *header_problem(const void *hdr) {
     const p2p_hdr_t *h = hdr;
     if (h->magic != P2P_MAGIC) return "bad magic";
     if (h->name_len < 1 || h->name_len > P2P_MAX_NAME) return "name length out of range";
@@ -237,16 +238,19 @@ static void fail_all(engine_t *e, int status, const char *msg) {
 static void report_lost(engine_t *e, int peer, const char *why) {
     struct p2p *p = e->p2p;
     int none = -1;
-    snprintf(p->lost_why, sizeof p->lost_why, "%s", why);
-    if (atomic_compare_exchange_strong(&p->lost_peer, &none, peer)) hvdl__wake(e);
     p->peers[peer].closed = 1;
+    /* The first report wins: claimed (-2), its reason written, then published. */
+    if (!atomic_compare_exchange_strong(&p->lost_peer, &none, -2)) return;
+    snprintf(p->lost_why, sizeof p->lost_why, "%s", why);
+    atomic_store(&p->lost_peer, peer);
+    hvdl__wake(e);
 }
 
 int hvdl__p2p_tend(engine_t *e) {
     struct p2p *p = e->p2p;
     if (!p) return 0;
     int peer = atomic_load(&p->lost_peer);
-    if (peer < 0) return 0;
+    if (peer < 0) return 0;                         /* none, or its reason not written yet */
     hvdl__peer_lost(e, peer, p->lost_why);
     return e->failed || e->stopped ? -1 : 0;
 }
@@ -415,7 +419,7 @@ static int parse(engine_t *e, int peer) {
             if (q->rx_got < want) return 0;
             q->rx_got = 0;
             if (q->rx_state == 0) {
-                const char *why = hvdl__p2p_header_problem(&q->rx_hdr);
+                const char *why = header_problem(&q->rx_hdr);
                 if (why) {
                     char msg[200];
                     snprintf(msg, sizeof msg, "sent a malformed point-to-point header (%s)", why);
