@@ -634,8 +634,9 @@ static void *p2p_main(void *arg) {
             pf[k] = (struct pollfd){q->fd, (short)(POLLIN | (sending ? POLLOUT : 0)), 0};
             who[k++] = i;
         }
-        /* Ops waiting: look often at the engine's failure flag; idle: sleep long. */
-        int rc = poll(pf, (nfds_t)k, atomic_load(&p->npending) ? 100 : 1000);
+        /* Ops waiting: look at the engine's failure flag ten times a second. Idle, sleep
+         * until a message, a new op or the stop arrives: an idle engine costs nothing. */
+        int rc = poll(pf, (nfds_t)k, atomic_load(&p->npending) ? 100 : -1);
         if (rc > 0 && (pf[0].revents & POLLIN)) hvdl_wakefd_drain(p->wake_fd);
         for (int j = 1; rc > 0 && j < k; j++) {
             int i = who[j];
