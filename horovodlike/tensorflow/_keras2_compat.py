@@ -5,9 +5,9 @@ dropped, so that such a script runs with only its import changed:
     a list that may also be called, giving itself.
   * ``model.compile(..., experimental_run_tf_function=False)``: the argument is
     accepted and ignored (Keras 3 always runs the optimizer inside its train step).
-  * ``var.ref()`` on a model's variables (they were tf.Variables in Keras 2): a Keras 3
-    variable gets ``ref()``, a hashable reference whose ``deref()`` gives it back, as
-    tf.Variable.ref() does.
+  * a model's variables used as tf.Variables (they were in Keras 2): a Keras 3 variable
+    gets ``ref()``, a hashable reference whose ``deref()`` gives it back, as
+    tf.Variable.ref() does, and a TF1 Session can fetch it (``sess.run(var)``).
   * ``keras.layers.BatchNormalization(..., fused=...)``: accepted and ignored (Keras 3
     has no fused kernel to choose), with a DeprecationWarning.
 
@@ -69,6 +69,13 @@ def install():
             return object_identity.Reference(self)
         ref._horovodlike = True
         variable.ref = ref
+    if not hasattr(variable, "_as_graph_element"):
+        def _as_graph_element(self):
+            # What Session.run fetches: the tf.Variable inside (TensorFlow backend).
+            inner = getattr(self, "value", None)
+            convert = getattr(inner, "_as_graph_element", None)
+            return convert() if convert else None
+        variable._as_graph_element = _as_graph_element
 
     owner = keras.layers.BatchNormalization
     init = owner.__dict__["__init__"]
