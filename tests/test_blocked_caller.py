@@ -6,7 +6,8 @@ At 2 ranks, rank 0's thread A waits for op `blocked.i`, which rank 1 submits onl
 after op `other.i` has completed; rank 0 submits `other.i` from its main thread while A
 waits. So `other.i` can only complete if rank 0 announces it while A is blocked; if it
 did not, both ranks would hang, and a watchdog ends the rank naming the case. Each case
-runs 30 times, with A and B each blocking (flagged to drive the engine's work
+runs 30 times (with no stall inspector and rare heartbeats, whose periodic wake-ups
+would hide a missed one), with A and B each blocking (flagged to drive the engine's work
 themselves on one node) or asynchronous then synchronize(), under:
 
 - one-node negotiation in shared memory, where a waiting caller runs the loop's work
@@ -89,4 +90,7 @@ finish()
     {"HOROVODLIKE_SHM_NEGOTIATE": "0"},
 ], ids=["shm-caller-driven", "shm-cycle-20ms", "tcp-loop-thread"])
 def test_blocked_caller_does_not_hold_back_other_threads(env):
+    # No stall inspector and rare heartbeats: their periodic wake-ups would rescue a
+    # loop that nothing else woke, and hide a missed wake-up as a slow run.
+    env = dict(env, HOROVOD_STALL_CHECK_DISABLE="1", HOROVODLIKE_PEER_TIMEOUT_SECONDS="600")
     run_ranks(RANK_PRELUDE + BODY, 2, "horovodlikerun", env=env, timeout=120).assert_ok()

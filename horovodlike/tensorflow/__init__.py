@@ -39,7 +39,11 @@ _keras2_compat.install()
 
 
 def broadcast_global_variables(root_rank):
-    """TensorFlow 1 only in Horovod; there are no global variables in TF2."""
-    raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
-                       "Please use `hvd.broadcast_variables(<model/optimizer variables>)` "
-                       "instead.")
+    """A TF1 graph's global variables from root_rank (an op to run in the Session), as
+    in Horovod; under eager execution there are none, and it raises as Horovod's does."""
+    if _executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager "
+                           "execution. Please use `hvd.broadcast_variables(<model/optimizer "
+                           "variables>)` instead.")
+    import tensorflow as tf
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

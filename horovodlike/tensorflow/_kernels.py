@@ -4,8 +4,8 @@ Each item carries a `request.Request` built (named and checked) when the op was 
 or traced; this module only maps arrays to engine buffers and allocates outputs. A
 batch enqueues every tensor first and only then waits for all of them, so the gradients
 of one backward pass reach the engine together and are fused there; in a graph the
-whole batch is one enqueue call and one wait call (see _graph). Outputs that this module allocates are
-64-byte aligned, which lets TensorFlow adopt them without a copy.
+whole batch is one enqueue call and one wait call (see _graph). Outputs that this
+module allocates are 64-byte aligned, which lets TensorFlow adopt them without a copy.
 """
 from dataclasses import dataclass
 

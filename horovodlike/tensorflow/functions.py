@@ -43,9 +43,12 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
 @_graph.entry_point
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """In-place broadcast of variables; returns their new values."""
-    broadcast_variables(variables, root_rank, process_set)
-    return [tf.convert_to_tensor(v) for v in variables]
+    """In-place broadcast of variables; returns their new values (inside a graph, read
+    after the assignments, so that running them runs the broadcast)."""
+    variables = list(variables)
+    assigned = broadcast_variables(variables, root_rank, process_set)
+    with tf.control_dependencies([] if assigned is None else [assigned]):
+        return [tf.identity(v) for v in variables]
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None,

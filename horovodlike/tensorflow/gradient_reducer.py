@@ -69,6 +69,9 @@ class GradientReducer:
     def register_local(self, var):
         self.local.add(var_key(var))
 
+    def is_local(self, var):
+        return var_key(var) in self.local
+
     def active(self):
         ps = self.process_set
         return ps.included() and ps.size() > 1

@@ -31,12 +31,23 @@ class _DistributedGradientTape:
         scale_local_gradients=False), as in Horovod."""
         self._hvd_reducer.register_local(source)
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """gradient(), split as Horovod's: ([(local source, gradient)], [(other source,
+        gradient)]), each in the order of `sources`."""
+        grads = self.gradient(target, sources, output_gradients=output_gradients)
+        local, other = [], []
+        for s, g in zip(sources, grads):
+            (local if self._hvd_reducer.is_local(s) else other).append((s, g))
+        return local, other
+
 
 def _distributed_class(base):
     cls = _classes.get(base)
     if cls is None:
         attrs = {k: v for k, v in _DistributedGradientTape.__dict__.items()
-                 if k in ("gradient", "register_local_source")}
+                 if k in ("gradient", "register_local_source",
+                          "get_local_and_global_gradients")}
         attrs.update(__module__=base.__module__, __qualname__=base.__qualname__,
                      __doc__=base.__doc__)
         cls = type(base.__name__, (base,), attrs)

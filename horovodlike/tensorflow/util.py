@@ -1,6 +1,7 @@
 """Horovod's `horovod.tensorflow.util` helpers, which training scripts import:
 `_executing_eagerly`, `_make_subgraph`, `_cache`, `vars_to_refs`, `refs_to_vars`."""
 import tensorflow as tf
+from tensorflow.python.util import object_identity
 
 
 def _executing_eagerly():
@@ -27,8 +28,9 @@ def _cache(f):
 
 
 def _ref(var):
-    # tf.Variable has .ref(); a Keras 3 variable is hashable itself.
-    return var.ref() if hasattr(var, "ref") else var
+    # tf.Variable has .ref(); so has a Keras 3 variable once horovodlike.tensorflow is
+    # imported (_keras2_compat), else it is keyed by identity here.
+    return var.ref() if hasattr(var, "ref") else object_identity.Reference(var)
 
 
 def _deref(ref):
