@@ -25,8 +25,8 @@ gradient travels in allreduce no. 1 with the P's, as one grouped op the engine f
 Q's are the second grouped op: two rounds of communication per step, whatever the model.
 
 Cost model, per matrix and step: n·m elements uncompressed; r·(n+m) with PowerSGD (P:
-n·r, Q: m·r), plus ~4·n·m·r flops for the two products and the reconstruction, and
-n·r² for the orthogonalisation. A ResNet-50 at r=4 sends ~1% of its gradient bytes. The
+n·r, Q: m·r), plus three products of 2·n·m·r flops (M Q, Mᵀ P, P Qᵀ) and ~2·n·r² for
+the orthogonalisations. A ResNet-50 at r=4 sends 1-2% of its gradient bytes. The
 price: the compressed reduction starts only when step() (or synchronize()) runs, after
 the whole backward pass, while the plain path overlaps allreduces with backward; on a
 link slow enough for PowerSGD to matter the bytes saved far outweigh the lost overlap.
