@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 
+from harness import RANK_PRELUDE, run_ranks
 from test_torch_support import run_torch
 
 if importlib.util.find_spec("pytest_timeout") is not None:
@@ -364,8 +365,29 @@ def test_powersgd_digits_accuracy_within_one_point():
     print([l for l in res.stdout.splitlines() if "accuracy" in l])
 
 
+TF_REFUSAL = RANK_PRELUDE + r'''
+import tensorflow as tf
+import horovodlike.tensorflow as tfhvd
+from horovodlike.tensorflow.compression import PowerSGD as TFPowerSGD
+from horovodlike.torch import PowerSGD
+tfhvd.init()
+for what, fn in [("torch PowerSGD in tf allreduce",
+                  lambda: tfhvd.allreduce(tf.ones(2), compression=PowerSGD())),
+                 ("tensorflow PowerSGD", lambda: TFPowerSGD(rank=2))]:
+    try:
+        fn()
+    except NotImplementedError as e:
+        check("horovodlike.tensorflow" in str(e), what, str(e))
+    else:
+        fail(what, "no NotImplementedError")
+finish()
+'''
+
+
 def test_tensorflow_bf16_compressor_and_powersgd_refusal():
     tf = pytest.importorskip("tensorflow")
+    from tf_support import TF_ENV
+    run_ranks(TF_REFUSAL, 1, "python", env=TF_ENV, timeout=120).assert_ok()
     from horovodlike.tensorflow.compression import Compression
     x = tf.constant([1.0, 1.0 + 2 ** -10, 3e38], dtype=tf.float32)
     c, ctx = Compression.bf16.compress(x)
