@@ -49,6 +49,11 @@ def parse_args():
     p.add_argument("--num-threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--fp16-allreduce", action="store_true", default=False,
                    help="use fp16 compression during allreduce")
+    p.add_argument("--powersgd-rank", type=int, default=0,
+                   help="compress gradients with PowerSGD at this rank (0: off; see "
+                        "docs/compression.md)")
+    p.add_argument("--powersgd-start-iter", type=int, default=50,
+                   help="steps reduced uncompressed before PowerSGD starts")
     p.add_argument("--checkpoint-dir", default="checkpoints",
                    help="where rank 0 saves a checkpoint after each epoch")
     p.add_argument("--resume", action="store_true",
@@ -104,6 +109,8 @@ def main():
 
     # Step 5: wrap the optimizer; gradients are averaged over the ranks.
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    if args.powersgd_rank:
+        compression = hvd.PowerSGD(rank=args.powersgd_rank, start_iter=args.powersgd_start_iter)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 

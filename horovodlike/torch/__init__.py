@@ -33,5 +33,6 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
 from .mpi_ops import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                       remove_process_set)
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .powersgd import PowerSGD  # noqa: F401
 from .sharded import ShardedDistributedOptimizer  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401

@@ -19,6 +19,7 @@ from . import _buckets
 from . import _collectives as C
 from ._process_sets import global_process_set, resolve
 from .compression import Compression
+from .powersgd import PowerSGD
 
 _IN_FLIGHT_MSG = ("optimizer.zero_grad() was called after loss.backward() but before "
                   "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -66,7 +67,10 @@ class _DistributedOptimizer:
                  op=C.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=global_process_set):
         super().__init__(params)
-        self._compression = compression
+        # PowerSGD is not a per-tensor compressor: it has a path of its own in
+        # synchronize(); its warm-up steps reduce as with Compression.none.
+        self._powersgd = compression if isinstance(compression, PowerSGD) else None
+        self._compression = Compression.none if self._powersgd else compression
         named_parameters = check_named_parameters(named_parameters, self.param_groups)
         self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
@@ -231,10 +235,12 @@ class _DistributedOptimizer:
             assert not p.grad.requires_grad
             handle, ctx = None, None
             self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0 and p in self._bucket_of:
+            compressing = self._powersgd is not None and self._powersgd.active()
+            if self._allreduce_delay[p] == 0 and not compressing and p in self._bucket_of:
                 self._bucket_put(p)
                 return
-            if self._allreduce_delay[p] == 0:
+            # With PowerSGD compressing, synchronize() reduces every gradient at once.
+            if self._allreduce_delay[p] == 0 and not compressing:
                 group = self._p_to_group.get(p)
                 if group is not None:
                     self._group_counts[id(group)] += 1
@@ -266,6 +272,46 @@ class _DistributedOptimizer:
         if not ps.included():
             self._synchronized = True
             return
+        psgd = self._powersgd
+        try:
+            if psgd is not None and psgd.active():
+                self._synchronize_powersgd()
+            else:
+                self._synchronize_plain()
+        finally:
+            if psgd is not None:
+                psgd.iter += 1
+
+    def _synchronize_powersgd(self):
+        """synchronize() once PowerSGD compresses: sparse gradients on their own,
+        every dense one through PowerSGD.reduce (two grouped allreduces)."""
+        sparse, dense = {}, []
+        for p in sorted(self._requires_update, key=lambda p: str(self._name(p))):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if p.grad.is_sparse and not self.sparse_as_dense:
+                sparse[p] = self._allreduce_grad_async(p)[0]
+                continue
+            if p.grad.is_sparse:
+                self._densify(p)
+            dense.append((self._name(p), p))
+        error = None
+        try:
+            pre, post = self._scales()
+            self._powersgd.reduce(dense, self.process_set, pre, post)
+        except Exception as e:  # noqa: BLE001 - wait for every handle, then raise
+            error = e
+        for p, handle in sparse.items():
+            try:
+                p.grad = C.synchronize(handle)
+            except Exception as e:  # noqa: BLE001
+                error = error or e
+        self._reset_step()
+        self._synchronized = True
+        if error is not None:
+            raise error
+
+    def _synchronize_plain(self):
         for bucket in self._buckets:     # fill what backward did not, then send
             for slot, p in enumerate(bucket.params):
                 if slot not in bucket.done:
@@ -379,11 +425,24 @@ class _DistributedOptimizer:
         for bucket in self._buckets:
             bucket.reset()
 
-    def load_state_dict(self, *args, **kwargs):
+    def state_dict(self):
+        """The wrapped optimizer's state_dict, plus PowerSGD's state under "powersgd"
+        when compression=hvd.PowerSGD(...)."""
+        state = super().state_dict()
+        if self._powersgd is not None:
+            state["powersgd"] = self._powersgd.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
         self._reset_step()
         self._synchronized = False
         self._should_synchronize = True
-        return super().load_state_dict(*args, **kwargs)
+        if isinstance(state_dict, dict) and "powersgd" in state_dict:
+            state_dict = dict(state_dict)
+            psgd = state_dict.pop("powersgd")
+            if self._powersgd is not None:
+                self._powersgd.load_state_dict(psgd)
+        return super().load_state_dict(state_dict)
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -399,7 +458,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     named_parameters: (name, parameter) pairs, usually model.named_parameters(); names
         key the allreduces, so every rank must use the same ones.
-    compression: Compression.none or Compression.fp16 for the gradients' transfer.
+    compression: Compression.none, Compression.fp16 or Compression.bf16 (each gradient
+        cast for the transfer), or hvd.PowerSGD(rank=...) (low-rank compression with
+        error feedback; see docs/compression.md).
     backward_passes_per_step: local backward passes to accumulate before reducing.
     op: hvd.Average (default) or hvd.Sum (Min/Max/Product also work).
     gradient_predivide_factor: with Average, divide by this before the sum and by
@@ -426,6 +487,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         if groups is None:
             groups = num_groups
     resolve(process_set)          # a clear error now for an unregistered set
+    if isinstance(compression, PowerSGD):
+        if op != C.Average:
+            raise ValueError("PowerSGD averages the gradients: use op=hvd.Average with "
+                             "compression=hvd.PowerSGD(...)")
+        compression.bind()
+    elif isinstance(compression, type) and issubclass(compression, PowerSGD):
+        raise TypeError("compression=hvd.PowerSGD needs an instance: "
+                        "compression=hvd.PowerSGD(rank=..., start_iter=...)")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__),
                {"__module__": optimizer.__class__.__module__})
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
