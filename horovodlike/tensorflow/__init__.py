@@ -19,7 +19,7 @@ from . import elastic  # noqa: F401
 from . import util  # noqa: F401  (hvd.util, as in Horovod)
 from ._errors import XLANotSupportedError
 from ._tensors import UnsupportedTensorError
-from .compression import Compression
+from .compression import Compression, PowerSGD  # noqa: F401  (PowerSGD raises: torch only)
 from .functions import (allgather_object, broadcast_, broadcast_object, broadcast_object_fn,
                         broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
