@@ -108,8 +108,26 @@ int hvdl__engine_prepare(engine_t *e, const char *hostname, const char *advertis
     return HVDL_OK;
 }
 
+/* A child forked while an engine runs has a copy of its state but not its threads: the
+ * engine is the parent's. The child drops its copies of the sockets (closing them there
+ * leaves the parent's open) and forgets the engine, so that a new one can be started in
+ * the child; the bindings refuse calls until then (basics.py). The rest of the copy is
+ * left alone: the child may hold a lock another thread of the parent held at the fork. */
+static void forget_engine_in_child(void) {
+    if (g_engine) {
+        hvdl__close_all(g_engine);
+        if (g_engine->wake_fd >= 0) close(g_engine->wake_fd);
+    }
+    g_engine = NULL;
+    pthread_mutex_init(&g_lifecycle, NULL);
+}
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_engine_in_child); }
+
 int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *bind_addr,
                  const unsigned char *key, int key_len, char *blob_out) {
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_once, register_fork_handler);
     pthread_mutex_lock(&g_lifecycle);
     int rc = HVDL_OK;
     if (g_engine && !g_engine->stopped && g_engine->thread_started && !g_engine->failed) {

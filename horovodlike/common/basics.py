@@ -4,6 +4,7 @@ Nothing here knows of process sets, collectives or elastic mode: those sit above
 (see horovodlike/common/__init__.py for the layers) and hook in through start()'s
 after_start and _on_shutdown."""
 import atexit
+import os
 import threading
 
 from . import affinity, bootstrap, engine, mpi_end
@@ -21,7 +22,12 @@ def start(comm=None, after_start=None):
     start-up lock once the engine is up (the layers above register their state there);
     if it raises, the engine is stopped again. The public init() is api.init().
     """
-    global _topo, _atexit_registered, _mpi_hooked
+    global _topo, _atexit_registered, _mpi_hooked, _forked
+    if _forked:
+        # the parent's engine state, copied at the fork: this process starts its own
+        _topo, _forked = None, False
+        for fn in _on_shutdown:
+            fn()
     with _lock:
         if _topo is not None and engine.is_running():
             return False
@@ -129,13 +135,31 @@ def stop_timeline():
 
 
 def is_initialized():
-    return _topo is not None
+    return _topo is not None and not _forked
 
 
 def _t():
+    if _forked:
+        raise RuntimeError("hvd.init() ran in the parent; call hvd.init() again in the "
+                           "child, or use the spawn start method")
     if _topo is None:
         raise ValueError("Horovod has not been initialized; use hvd.init().")
     return _topo
+
+
+# A process forked after init() has a copy of the parent's state but no engine thread
+# (the engine, in C, forgets the parent's engine in the child): its calls would wait
+# forever. So the child's calls raise until it calls init() itself.
+_forked = False
+
+
+def _after_fork_in_child():
+    global _forked, _lock
+    _lock = threading.Lock()        # another thread may have held it at the fork
+    _forked = _topo is not None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def rank():
