@@ -53,6 +53,7 @@ void hvdl__engine_free(engine_t *e) {
     buf_free(&e->ctx.scratch);
     if (e->wake_fd >= 0) close(e->wake_fd);
     hvdl__coordinator_free(e);
+    hvdl__deadlock_free(e);
     hvdl__cache_free(e);
     for (int i = 0; i < HVDL_MAX_SETS; i++) {
         if (!e->sets[i]) continue;

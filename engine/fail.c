@@ -172,8 +172,12 @@ void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
         peer = 0;
         why = silent;
     }
-    snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s. horovodlike cannot go on "
-             "without it; the job should be restarted", peer, e->peers[peer].host, why);
+    /* rank 0 names the ops the others wait on that the lost rank never submitted */
+    char missing[512] = "", never[600] = "";
+    if (e->rank == 0) hvdl__never_submitted(e, peer, missing, sizeof missing);
+    if (missing[0]) snprintf(never, sizeof never, " It never submitted %s.", missing);
+    snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s.%s horovodlike cannot go on "
+             "without it; the job should be restarted", peer, e->peers[peer].host, why, never);
     if (!hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg)) return;
     tell_everyone(e, msg, peer);
     release(e);
