@@ -34,3 +34,29 @@ finish()
 
 def test_bucketed_optimizer_names_the_parameters_that_differ():
     run_ranks(BUCKETS, 2, "horovodlikerun", timeout=90).assert_ok()
+
+
+LATE = RANK_PRELUDE + r'''
+if os.environ["HOROVOD_RANK"] == "1":
+    time.sleep(30)           # a rank far slower to start than --start-timeout allows
+try:
+    hvd.init()
+    fail("init with a late rank", "returned")
+except RuntimeError as e:
+    for needle in ("rank 1 is late: it did not reach hvd.init() within 3 s",
+                   "horovodlikerun --start-timeout"):
+        check(needle in str(e), "the start timeout message", f"{str(e)!r} lacks {needle!r}")
+    check("was lost" not in str(e), "a late rank is not called lost", str(e))
+    print(f"RuntimeError: {e}", file=sys.stderr, flush=True)   # as an uncaught one would
+    finish_alone()
+    sys.exit(1)              # the job failed: the launcher says why
+'''
+
+
+def test_start_timeout_names_the_flag_and_calls_a_late_rank_late():
+    res = run_ranks(LATE, 2, "horovodlikerun", launcher_args=["--start-timeout", "3"],
+                    timeout=60)
+    assert "[0]<stdout>:HVDTEST-OK" in res.stdout, res.describe()
+    assert res.returncode != 0, res.describe()
+    blamed = [line for line in res.stderr.splitlines() if line.startswith("horovodlikerun:")]
+    assert blamed and "was late, as rank 0 reported" in blamed[0], res.describe()
