@@ -60,3 +60,16 @@ def test_start_timeout_names_the_flag_and_calls_a_late_rank_late():
     assert res.returncode != 0, res.describe()
     blamed = [line for line in res.stderr.splitlines() if line.startswith("horovodlikerun:")]
     assert blamed and "was late, as rank 0 reported" in blamed[0], res.describe()
+
+
+def test_one_host_kubeflow_style_environment_is_not_called_several_hosts():
+    from horovodlike.common import launch_env
+    kubeflow = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}
+    le = launch_env.detect(dict(kubeflow, MASTER_ADDR="127.0.0.1"))
+    assert (le.local_rank, le.local_size) == (1, 2), le     # one host: the key file way
+    remote = launch_env.detect(dict(kubeflow, MASTER_ADDR="10.255.0.1"))
+    with pytest.raises(RuntimeError) as info:
+        launch_env.job_key(remote, dict(kubeflow, MASTER_ADDR="10.255.0.1"))
+    assert "may span hosts (world size 2; the environment does not say how many run on " \
+           "this host: LOCAL_WORLD_SIZE is unset)" in str(info.value)
+    assert "unknown on this host" not in str(info.value)
