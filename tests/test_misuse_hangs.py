@@ -170,7 +170,5 @@ finish_alone()
 def test_a_rank_that_leaves_is_named_with_the_ops_it_never_submitted(how, expect):
     script = LEAVES.replace("*EXPECT", "*" + repr(expect))
     res = run_ranks(script, 2, "horovodlikerun", args=(how,), timeout=60)
-    if how == "exit":
-        assert "It never submitted allreduce 'x'" in res.stdout + res.stderr, res.describe()
-    else:
-        res.assert_ok()
+    # rank 0 checked the message (rank 1 is gone, so the job's own status says little)
+    assert "[0]<stdout>:HVDTEST-OK" in res.stdout, res.describe()
