@@ -73,3 +73,24 @@ def test_one_host_kubeflow_style_environment_is_not_called_several_hosts():
     assert "may span hosts (world size 2; the environment does not say how many run on " \
            "this host: LOCAL_WORLD_SIZE is unset)" in str(info.value)
     assert "unknown on this host" not in str(info.value)
+
+
+IGNORED_ENV = RANK_PRELUDE + r'''
+hvd.init()
+hvd.shutdown()
+hvd.init()                   # a second init says nothing more
+finish_alone()
+'''
+
+
+def test_ineffective_horovod_variables_get_one_notice_at_init():
+    env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_GPU_OPERATIONS": "NCCL",
+           "HOROVOD_CYCLE_TIME": "2"}     # the last one has its effect: not named
+    res = run_ranks(IGNORED_ENV, 1, "python", env=env, timeout=60)
+    res.assert_ok()
+    lines = [line for line in res.stderr.splitlines() if "have no effect" in line]
+    assert len(lines) == 1, res.describe()
+    for needle in ("HOROVOD_AUTOTUNE (there is no autotuner", "HOROVOD_CONTROLLER (",
+                   "HOROVOD_GPU_OPERATIONS ("):
+        assert needle in lines[0], lines[0]
+    assert "HOROVOD_CYCLE_TIME (" not in lines[0], lines[0]

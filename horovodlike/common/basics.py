@@ -4,6 +4,7 @@ Nothing here knows of process sets, collectives or elastic mode: those sit above
 (see horovodlike/common/__init__.py for the layers) and hook in through start()'s
 after_start and _on_shutdown."""
 import atexit
+import logging
 import os
 import threading
 
@@ -68,7 +69,49 @@ def start(comm=None, after_start=None):
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+            if topo.rank == 0:
+                _notice_ineffective_env(os.environ)
         return True
+
+
+# Horovod variables that change nothing here, by prefix or name: why. horovodlikerun
+# says so of its flags (runner/args.py); a variable set directly gets this one notice.
+_AUTOTUNE = ("there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME "
+             "by hand")
+_GPU_OPS = "collectives run in horovodlike's own engine (no NCCL, Gloo, MPI or oneCCL paths)"
+INEFFECTIVE_ENV = {
+    "HOROVOD_AUTOTUNE": _AUTOTUNE,
+    "HOROVOD_CONTROLLER": "the engine has one controller of its own (TCP, shared memory)",
+    "HOROVOD_CPU_OPERATIONS": _GPU_OPS,
+    "HOROVOD_GPU_": _GPU_OPS,
+    "HOROVOD_NCCL_": _GPU_OPS,
+    "HOROVOD_CCL_": _GPU_OPS,
+    "HOROVOD_NUM_NCCL_STREAMS": _GPU_OPS,
+    "HOROVOD_TORUS_ALLREDUCE": _GPU_OPS,
+    "HOROVOD_MPI_THREADS_DISABLE": "the engine never calls MPI",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "Adasum is not provided",
+    "HOROVOD_BATCH_D2D_MEMCOPIES": _GPU_OPS,
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": _GPU_OPS,
+    "HOROVOD_DISABLE_GROUP_FUSION": "grouped ops are fused by the engine's own rule",
+    "HOROVOD_ENABLE_XLA_OPS": "there are no XLA ops",
+}
+
+
+def _notice_ineffective_env(environ):
+    """One notice (rank 0, once per process) naming the HOROVOD_* variables that are set
+    but have no effect here, and why; nothing when there are none."""
+    found = []
+    for var in sorted(environ):
+        why = next((w for key, w in INEFFECTIVE_ENV.items()
+                    if var == key or (key.endswith("_") and var.startswith(key))
+                    or (key == "HOROVOD_AUTOTUNE" and var.startswith("HOROVOD_AUTOTUNE"))),
+                   None)
+        if why is not None:
+            found.append(f"{var} ({why})")
+    if found:
+        logging.getLogger("horovodlike").warning(
+            "these Horovod variables are set but have no effect in horovodlike: %s",
+            "; ".join(found))
 
 
 _on_shutdown = []   # callbacks run once the engine has stopped (the layers above use it)
