@@ -94,3 +94,48 @@ def test_ineffective_horovod_variables_get_one_notice_at_init():
                    "HOROVOD_GPU_OPERATIONS ("):
         assert needle in lines[0], lines[0]
     assert "HOROVOD_CYCLE_TIME (" not in lines[0], lines[0]
+
+
+INTERRUPTED = r'''
+import time
+import horovodlike as hvd
+hvd.init()
+print("ready", flush=True)
+time.sleep(60)
+'''
+
+
+def test_ctrl_c_prints_one_line_per_rank():
+    import os
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+    from harness import _env, kill_tree
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(INTERRUPTED)
+    proc = subprocess.Popen([sys.executable, "-m", "horovodlike.runner", "-np", "2",
+                             sys.executable, f.name], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env("horovodlikerun", {}),
+                            start_new_session=True)
+    lines = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+    try:
+        ready = 0
+        while ready < 2:
+            ready += "<stdout>:ready" in lines.get(timeout=60)
+        proc.send_signal(signal.SIGINT)          # Ctrl-C at the launcher
+        assert proc.wait(timeout=30) == 130
+        err = proc.stderr.read()
+    finally:
+        kill_tree(proc)
+        os.unlink(f.name)
+    reader.join(timeout=10)              # the rank lines come through the launcher's stdout
+    while not lines.empty():
+        err += lines.get()
+    assert "Traceback" not in err, err
+    for r in (0, 1):
+        assert err.count(f"horovodlike rank {r}: interrupted (Ctrl-C); exiting") == 1, err

@@ -6,6 +6,7 @@ after_start and _on_shutdown."""
 import atexit
 import logging
 import os
+import sys
 import threading
 
 from . import affinity, bootstrap, engine, mpi_end
@@ -71,7 +72,23 @@ def start(comm=None, after_start=None):
             _atexit_registered = True
             if topo.rank == 0:
                 _notice_ineffective_env(os.environ)
+            if topo.size > 1:
+                _quiet_interrupt(topo.rank)
         return True
+
+
+def _quiet_interrupt(rank):
+    """Ctrl-C reaches every rank of a job at once: each says so in one line instead of
+    printing a traceback (the exit status stays Python's own for SIGINT, 130)."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, KeyboardInterrupt):
+            sys.stderr.write(f"horovodlike rank {rank}: interrupted (Ctrl-C); exiting\n")
+            sys.stderr.flush()
+        else:
+            previous(exc_type, exc, tb)
+    sys.excepthook = hook
 
 
 # Horovod variables that change nothing here, by prefix or name: why. horovodlikerun
