@@ -9,6 +9,7 @@
 #include "internal.h"
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,8 +240,20 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
         hvdl__log(HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
     hvdl__config_log(&e->cfg, rank);
-    if (pthread_create(&e->thread, NULL, hvdl__loop, e))
-        return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the background thread");
+    /* Signals sent to the process (Ctrl-C, kill) must reach a thread that does not block
+     * them; if the engine's thread took one, Python's handler would wait for the main
+     * thread to wake up by itself (a sleep of a minute: the launcher SIGKILLs first). So
+     * the engine's threads (the loop and what it starts) block them. */
+    sigset_t app_signals, mask;
+    sigemptyset(&app_signals);
+    sigaddset(&app_signals, SIGINT);
+    sigaddset(&app_signals, SIGTERM);
+    sigaddset(&app_signals, SIGHUP);
+    sigaddset(&app_signals, SIGQUIT);
+    pthread_sigmask(SIG_BLOCK, &app_signals, &mask);
+    int failed = pthread_create(&e->thread, NULL, hvdl__loop, e);
+    pthread_sigmask(SIG_SETMASK, &mask, NULL);
+    if (failed) return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the background thread");
     e->thread_started = 1;
     return HVDL_OK;
 }
