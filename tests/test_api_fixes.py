@@ -23,3 +23,20 @@ finish()
 
 def test_alltoall_float_splits_raise_value_error_and_process_set_keyword():
     run_ranks(ALLTOALL_SPLITS, 1, "python", timeout=60).assert_ok()
+
+
+SYNC_BN_KERAS = RANK_PRELUDE + r'''
+import tensorflow as tf
+import horovodlike.tensorflow as hvdtf
+hvdtf.init()
+layer = hvdtf.SyncBatchNormalization(fused=False)      # Horovod's own signature
+model = tf.keras.Sequential([tf.keras.Input((3,)), layer, tf.keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(np.ones((4, 3)), np.ones((4, 1)), epochs=1, verbose=0)
+check(layer.get_config().get("fused") is False, "fused=False is kept", str(layer.get_config()))
+finish()
+'''
+
+
+def test_sync_batch_normalization_fused_false_in_keras():
+    run_ranks(SYNC_BN_KERAS, 1, "python", timeout=90).assert_ok()

@@ -139,3 +139,24 @@ def test_ctrl_c_prints_one_line_per_rank():
     assert "Traceback" not in err, err
     for r in (0, 1):
         assert err.count(f"horovodlike rank {r}: interrupted (Ctrl-C); exiting") == 1, err
+
+
+TF_COMPOSITE = RANK_PRELUDE + r'''
+import tensorflow as tf
+import horovodlike.tensorflow as hvdtf
+hvdtf.init()
+ragged = tf.ragged.constant([[1.0], [2.0, 3.0]])
+sparse = tf.sparse.SparseTensor([[0, 0]], [1.0], [2, 2])
+for op, call in (("allreduce", lambda t: hvdtf.allreduce(t)),
+                 ("allgather", lambda t: hvdtf.allgather(t)),
+                 ("broadcast", lambda t: hvdtf.broadcast(t, 0))):
+    check_raises(TypeError, lambda: call(ragged),
+                 f"{op}: tf.RaggedTensor is not supported; use a dense tensor", what=f"{op} ragged")
+    check_raises(TypeError, lambda: call(sparse),
+                 f"{op}: tf.SparseTensor is not supported; use a dense tensor", what=f"{op} sparse")
+finish()
+'''
+
+
+def test_tf_ragged_and_sparse_tensors_get_a_clear_error():
+    run_ranks(TF_COMPOSITE, 1, "python", timeout=90).assert_ok()
