@@ -84,8 +84,8 @@ def _quiet_interrupt(rank):
 
     def hook(exc_type, exc, tb):
         if issubclass(exc_type, KeyboardInterrupt):
-            sys.stderr.write(f"horovodlike rank {rank}: interrupted (Ctrl-C); exiting\n")
-            sys.stderr.flush()
+            logging.getLogger("horovodlike").warning(
+                "horovodlike rank %d: interrupted (Ctrl-C); exiting", rank)
         else:
             previous(exc_type, exc, tb)
     sys.excepthook = hook
