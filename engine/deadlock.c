@@ -36,8 +36,12 @@
 #include <string.h>
 
 #define TICK_S 0.5          /* how often a rank looks at its callers */
-#define BLOCKED_S 1.0       /* a caller waiting this long, with nothing enqueued since */
-#define STABLE_S 1.0        /* the same deadlock seen this long is the verdict */
+/* A rank whose other thread computes for longer than BLOCKED_S + STABLE_S before it
+ * submits what another rank waits for, while its own caller waits on something else,
+ * looks blocked: these are sized well above a step's gap between ops, and the verdict
+ * still comes within seconds. */
+#define BLOCKED_S 2.0       /* a caller waiting this long, with nothing enqueued since */
+#define STABLE_S 1.5        /* the same deadlock seen this long is the verdict */
 #define MAX_ENTRIES 4096    /* ops one report carries (more: partial, proves nothing) */
 #define MAX_NAME 4096       /* longest name a report carries */
 
