@@ -9,6 +9,7 @@
 #include "internal.h"
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,7 @@ void hvdl__engine_free(engine_t *e) {
     buf_free(&e->ctx.scratch);
     if (e->wake_fd >= 0) close(e->wake_fd);
     hvdl__coordinator_free(e);
+    hvdl__deadlock_free(e);
     hvdl__cache_free(e);
     for (int i = 0; i < HVDL_MAX_SETS; i++) {
         if (!e->sets[i]) continue;
@@ -109,8 +111,27 @@ int hvdl__engine_prepare(engine_t *e, const char *hostname, const char *advertis
     return HVDL_OK;
 }
 
+/* A child forked while an engine runs has a copy of its state but not its threads: the
+ * engine is the parent's. The child drops its copies of the sockets (closing them there
+ * leaves the parent's open) and forgets the engine, so that a new one can be started in
+ * the child; the bindings refuse calls until then (basics.py). The rest of the copy is
+ * left alone: the child may hold a lock another thread of the parent held at the fork. */
+static void forget_engine_in_child(void) {
+    if (g_engine) {
+        hvdl__close_all(g_engine);
+        hvdl__p2p_close_in_child(g_engine);
+        if (g_engine->wake_fd >= 0) close(g_engine->wake_fd);
+    }
+    g_engine = NULL;
+    pthread_mutex_init(&g_lifecycle, NULL);
+}
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_engine_in_child); }
+
 int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *bind_addr,
                  const unsigned char *key, int key_len, char *blob_out) {
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_once, register_fork_handler);
     pthread_mutex_lock(&g_lifecycle);
     int rc = HVDL_OK;
     if (g_engine && !g_engine->stopped && g_engine->thread_started && !g_engine->failed) {
@@ -221,9 +242,23 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
         hvdl__log(HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
     hvdl__config_log(&e->cfg, rank);
-    if (hvdl__p2p_start(e)) return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the point-to-point thread");
-    if (pthread_create(&e->thread, NULL, hvdl__loop, e))
-        return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the background thread");
+    /* Signals sent to the process (Ctrl-C, kill) must reach a thread that does not block
+     * them; if the engine's thread took one, Python's handler would wait for the main
+     * thread to wake up by itself (a sleep of a minute: the launcher SIGKILLs first). So
+     * the engine's threads (the loop, the point-to-point thread and what they start)
+     * block them. */
+    sigset_t app_signals, mask;
+    sigemptyset(&app_signals);
+    sigaddset(&app_signals, SIGINT);
+    sigaddset(&app_signals, SIGTERM);
+    sigaddset(&app_signals, SIGHUP);
+    sigaddset(&app_signals, SIGQUIT);
+    pthread_sigmask(SIG_BLOCK, &app_signals, &mask);
+    int p2p_failed = hvdl__p2p_start(e);
+    int failed = p2p_failed || pthread_create(&e->thread, NULL, hvdl__loop, e);
+    pthread_sigmask(SIG_SETMASK, &mask, NULL);
+    if (p2p_failed) return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the point-to-point thread");
+    if (failed) return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the background thread");
     e->thread_started = 1;
     return HVDL_OK;
 }

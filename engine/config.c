@@ -39,6 +39,7 @@ void hvdl__config_read(config_t *c) {
     c->stall_warning = env_num("HOROVOD_STALL_CHECK_TIME_SECONDS", 60);
     c->stall_shutdown = env_num("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0);
     c->peer_timeout = env_num("HOROVODLIKE_PEER_TIMEOUT_SECONDS", 30);
+    c->elastic = getenv("HOROVODLIKE_ELASTIC_WORKER") != NULL;
     c->chunk_bytes = (int64_t)env_num("HOROVODLIKE_CHUNK_BYTES", 256 * 1024);
     c->socket_buffer = (int64_t)env_num("HOROVODLIKE_SOCKET_BUFFER_BYTES", 4 << 20);
     c->shm = env_num("HOROVODLIKE_SHM", 1) != 0;

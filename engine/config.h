@@ -32,6 +32,8 @@ typedef struct config {
     int64_t timeline_max_bytes;  /* HOROVOD_TIMELINE_MAX_MB, 0 = no cap */
     int64_t timeline_start_step; /* HOROVOD_TIMELINE_START_STEP */
     int64_t timeline_stop_step;  /* HOROVOD_TIMELINE_STOP_STEP, -1 = never */
+    int elastic;                 /* HOROVODLIKE_ELASTIC_WORKER is set: a member of an elastic
+                                    job, which recovers from a lost rank (fail.c) */
     double start_timeout;        /* HOROVODLIKE_START_TIMEOUT: every wait of start-up
                                     (connecting, shared-memory attach, clock sync) */
     int inject_site;             /* HOROVODLIKE_TEST_INJECT, for tests only (inject.c): */

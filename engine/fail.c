@@ -68,7 +68,11 @@ static int release(engine_t *e) {
     pthread_mutex_lock(&e->mu);
     hvdl__complete_all_locked(e, e->fail_status, e->fail_msg);
     pthread_mutex_unlock(&e->mu);
-    if (e->fail_status != HVDL_ERR_SHUT_DOWN) hvdl__log(HVDL_LOG_ERROR, "%s", e->fail_msg);
+    /* In an elastic job a lost rank is recovered from: the binding says so, at warning
+     * level, with the round it starts next (common/elastic.py). */
+    int recovered = e->cfg.elastic && e->fail_status == HVDL_ERR_PEER_LOST;
+    if (e->fail_status != HVDL_ERR_SHUT_DOWN)
+        hvdl__log(recovered ? HVDL_LOG_DEBUG : HVDL_LOG_ERROR, "%s", e->fail_msg);
     return -1;
 }
 
@@ -172,8 +176,13 @@ void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
         peer = 0;
         why = silent;
     }
-    snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s. horovodlike cannot go on "
-             "without it; the job should be restarted", peer, e->peers[peer].host, why);
+    /* rank 0 names the ops the others wait on that the lost rank never submitted */
+    char missing[512] = "", never[600] = "";
+    if (e->rank == 0) hvdl__never_submitted(e, peer, missing, sizeof missing);
+    if (missing[0]) snprintf(never, sizeof never, " It never submitted %s.", missing);
+    snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s.%s %s", peer, e->peers[peer].host, why,
+             never, e->cfg.elastic ? "The elastic job goes on in a new round without it"
+                                   : "horovodlike cannot go on without it; the job should be restarted");
     if (!hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg)) return;
     tell_everyone(e, msg, peer);
     release(e);

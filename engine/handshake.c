@@ -101,7 +101,7 @@ static int hello_as_connector(engine_t *e, int fd, int peer, int channel, double
         if (errno == ETIMEDOUT)
             hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: it accepted the start-up "
                        "connection (%s:%d) but was silent until the start-up deadline, %.0f s "
-                       "(HOROVODLIKE_START_TIMEOUT): it is stopped, hung or overloaded", peer,
+                       "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): it is stopped, hung or overloaded", peer,
                        p->host, p->ip, p->port, e->cfg.start_timeout);
         else
             hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: it closed the start-up "
@@ -155,7 +155,7 @@ static int connect_to(engine_t *e, int peer, int channel, double deadline) {
         close(fd);
         if (hvdl_now() > deadline) {
             hvdl__fail(e, HVDL_ERR_PEER_LOST, "could not connect to rank %d (host %s, %s:%d) within "
-                       "%.0f s (HOROVODLIKE_START_TIMEOUT): %s", peer, p->host, ip, p->port,
+                       "%.0f s (horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): %s", peer, p->host, ip, p->port,
                        e->cfg.start_timeout, strerror(err));
             return -1;
         }
@@ -296,13 +296,13 @@ static void name_missing(engine_t *e) {
     }
     if (culprit < 0 && partial < 0) {
         hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d: start-up did not finish within %.0f s "
-                   "(HOROVODLIKE_START_TIMEOUT)", e->rank, e->cfg.start_timeout);
+                   "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT)", e->rank, e->cfg.start_timeout);
         return;
     }
     int r = culprit >= 0 ? culprit : partial;
     if (culprit >= 0 && partial >= 0) others++;
     hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: %s within %.0f s of start-up "
-               "(HOROVODLIKE_START_TIMEOUT): it is stopped, hung or gone%s", r, e->peers[r].host,
+               "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): it is stopped, hung or gone%s", r, e->peers[r].host,
                culprit >= 0 ? "it never connected to this rank" : "it connected only part of the way",
                e->cfg.start_timeout,
                others ? " (connections of other ranks are missing too, maybe held up by it)" : "");

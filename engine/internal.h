@@ -40,6 +40,7 @@ typedef struct op {
     int cache_id;            /* this rank's cache entry for the name, or -1 */
     double enqueued_at;
     int caller_waits;        /* HVDL_CALLER_WAITS on one node: enqueue did not wake the loop */
+    double wait_since;       /* under mu: when a caller first slept waiting on it (deadlock.c) */
     atomic_int done;         /* written under engine.mu, read lock-free by spinners */
     int status;
     char *msg;               /* error text, malloc'd, or NULL */
@@ -144,6 +145,11 @@ typedef struct engine {
     int fail_status;
     char fail_msg[HVDL_MSG_BYTES];
     int shutdown_requested;
+    uint64_t enqueues;       /* ops enqueued so far, and when the last was (deadlock.c) */
+    double last_enqueue_at;
+    atomic_int waiters;      /* callers asleep in hvdl_wait */
+    struct deadlock *dl;     /* loop-owned (deadlock.c) */
+    char bye_why[HVDL_MSG_BYTES];   /* who shut down, without submitting what (shutdown.c) */
 
     /* Owned by the background thread alone. */
     op_queue_t unsent;       /* picked up, not yet told to the coordinator */
@@ -328,6 +334,13 @@ int hvdl__neg_deferred(engine_t *e);
 /* stall.c: rank 0 names the ranks that did not submit a name others did */
 void hvdl__stall_check(engine_t *e, double now);
 
+/* deadlock.c: ranks blocked on ops that no other rank will submit end the job */
+int hvdl__deadlock_tick(engine_t *e, double now);     /* every rank, from the loop */
+int hvdl__deadlock_ms(engine_t *e);                   /* the loop's longest sleep, or -1 */
+int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t n);   /* rank 0: MSG_WAITS */
+void hvdl__deadlock_free(engine_t *e);
+void hvdl__never_submitted(engine_t *e, int peer, char *out, size_t cap);   /* rank 0 */
+
 /* negotiate_nodes.c: on several nodes, a node's ranks agree in their segment first */
 int hvdl__nodes_open(engine_t *e);                  /* after hvdl__shm_open; off on one node */
 void hvdl__nodes_free(engine_t *e);
@@ -379,6 +392,7 @@ void hvdl__p2p_stop(engine_t *e);                   /* after the loop thread has
 void hvdl__p2p_free(engine_t *e);
 int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle);
 int hvdl__p2p_tend(engine_t *e);                    /* the loop: a peer p2p found broken; -1 failed */
+void hvdl__p2p_close_in_child(engine_t *e);        /* a forked child's copies of the fds */
 /* ops.c: a handle for o (mu held): 0, or an error status */
 int hvdl__handle_new(engine_t *e, op_t *o);
 
@@ -406,7 +420,8 @@ enum {
     MSG_NODE_DONE = 8,       /* worker -> rank 0: its node's ranks all posted these cache ids */
     MSG_NODE_POSTED = 9,     /* node leader -> rank 0: the bits it took out of a word */
     MSG_NODE_CLOSE = 10,     /* rank 0 -> node leader: take a word over for a round */
-    MSG_NODE_REOPEN = 11     /* rank 0 -> node leader: a join ended; each word's round */
+    MSG_NODE_REOPEN = 11,    /* rank 0 -> node leader: a join ended; each word's round */
+    MSG_WAITS = 12           /* worker -> rank 0: it is blocked, on these ops (deadlock.c) */
 };
 
 /* net.c: control frames over the control star, and waiting on control traffic */

@@ -79,6 +79,8 @@ static int sleep_ms(engine_t *e, double now) {
     /* rank 0 watches for stalls: pending names, and words partly set in the segment */
     int ms = (hvdl__coordinator_pending(e) || (e->neg && e->rank == 0) || hvdl__nodes_leads(e)) &&
              e->cfg.stall_check ? 1000 : -1;
+    int dl = hvdl__deadlock_ms(e);            /* callers blocked on ops in flight */
+    if (dl >= 0 && (ms < 0 || dl < ms)) ms = dl;
     int beat = hvdl__liveness_ms(e);          /* heartbeats and the check on peers */
     return ms < 0 || (beat >= 0 && beat < ms) ? beat : ms;
 }
@@ -177,6 +179,7 @@ static int on_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n
     case MSG_NODE_POSTED: return hvdl__nodes_take_posted(e, from, p, n);
     case MSG_NODE_CLOSE: return hvdl__nodes_take_close(e, p, n);
     case MSG_NODE_REOPEN: return hvdl__nodes_take_reopen(e, p, n);
+    case MSG_WAITS: return hvdl__deadlock_take(e, from, p, n);
     default:      /* net.c lets through only the types this rank may receive */
         return hvdl__malformed(e, from, "control frame", "a type this rank does not take");
     }
@@ -289,6 +292,7 @@ void *hvdl__loop(void *arg) {
         if (e->neg && hvdl__neg_run(e)) break;      /* the segment's log, in order */
         if (hvdl__nodes_scan(e, now)) break;        /* a node leader's stuck words */
         if (hvdl__p2p_tend(e)) break;              /* a p2p connection broke */
+        if (hvdl__deadlock_tick(e, now)) break;     /* callers blocked for good */
         if (hvdl__liveness_check(e, hvdl_now())) break;
         if (e->failed || e->stopped) break;
         if (pump(e, sleep_ms(e, hvdl_now()))) break;
@@ -299,9 +303,12 @@ void *hvdl__loop(void *arg) {
     pthread_mutex_lock(&e->mu);
     e->shutdown_requested = 1;
     int failed = e->failed;
-    if (!failed && e->stopped)
-        hvdl__complete_all_locked(e, HVDL_ERR_SHUT_DOWN,
-                                  "horovodlike was shut down (a rank called shutdown) before this op finished");
+    if (!failed && e->stopped) {
+        char why[HVDL_MSG_BYTES + 64];
+        snprintf(why, sizeof why, "horovodlike was shut down (%s) before this op finished",
+                 e->bye_why[0] ? e->bye_why : "a rank called shutdown");
+        hvdl__complete_all_locked(e, HVDL_ERR_SHUT_DOWN, why);
+    }
     pthread_mutex_unlock(&e->mu);
     if (!failed && !e->stopped)
         hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: the background loop stopped without recording why");

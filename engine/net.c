@@ -42,6 +42,7 @@ static const char *header_problem(engine_t *e, int peer, const frame_hdr_t *h) {
     case MSG_REQUESTS: return e->rank == 0 ? NULL : "sent a malformed control frame (requests to a worker)";
     case MSG_RESPONSES: return peer == 0 ? NULL : "sent a malformed control frame (responses, but it is not rank 0)";
     case MSG_BYE: case MSG_ABORT: case MSG_HEARTBEAT: return NULL;
+    case MSG_WAITS: return e->rank == 0 ? NULL : "sent a malformed control frame (a wait report to a worker)";
     case MSG_NODE_DONE: case MSG_NODE_POSTED:
         return e->rank == 0 ? NULL : "sent a malformed control frame (a node's report to a worker)";
     case MSG_NODE_CLOSE: case MSG_NODE_REOPEN:

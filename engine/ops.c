@@ -165,13 +165,18 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
 
     pthread_mutex_lock(&e->mu);
     if (e->failed) rc = hvdl__err(e->fail_status, "%s", e->fail_msg);
-    else if (e->shutdown_requested || e->stopped) rc = hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
+    else if (e->shutdown_requested || e->stopped)
+        rc = e->bye_why[0] ? hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down (%s); '%s' came "
+                                       "after that", e->bye_why, o->name)
+                           : hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
     else if (strmap_get(&e->inflight, o->name))
         rc = hvdl__err(HVDL_ERR_DUPLICATE_NAME, "a request named '%s' is already in flight; names must be "
                  "unique until their op completes", o->name);
     int slot = rc ? -1 : alloc_slot(e);
     if (!rc && (slot < 0 || strmap_put(&e->inflight, o->name, o))) rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     if (!rc) {
+        e->enqueues++;
+        e->last_enqueue_at = o->enqueued_at;
         o->handle = (int64_t)e->gens[slot] << 32 | slot;
         e->slots[slot] = o;
         hvdl__queue_push(&e->incoming, o);
@@ -246,7 +251,11 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
     int rc = 0;
     pthread_mutex_lock(&e->mu);
+    /* a caller asleep on its op: what deadlock.c looks for (off the fast path) */
+    if (!o->wait_since) o->wait_since = hvdl_now();
+    atomic_fetch_add(&e->waiters, 1);
     while (!atomic_load(&o->done) && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&e->done_cv, &e->mu, &ts);
+    atomic_fetch_sub(&e->waiters, 1);
     int done = atomic_load(&o->done);
     pthread_mutex_unlock(&e->mu);
     return done ? HVDL_OK : hvdl__err(HVDL_ERR_TIMEOUT, "op '%s' not finished after %.1f s", o->name, timeout_s);

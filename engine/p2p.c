@@ -704,6 +704,17 @@ void hvdl__p2p_free(engine_t *e) {
     e->p2p = NULL;
 }
 
+/* In a child forked while the engine runs (api.c): close the child's copies of the p2p
+ * sockets and wake-up fd, so that only the parent holds the connections; nothing else is
+ * touched (the parent's threads, and their locks, do not exist in the child). */
+void hvdl__p2p_close_in_child(engine_t *e) {
+    struct p2p *p = e->p2p;
+    if (!p) return;
+    for (int i = 0; p->peers && i < e->size; i++)
+        if (p->peers[i].fd >= 0) close(p->peers[i].fd);
+    if (p->wake_fd >= 0) close(p->wake_fd);
+}
+
 /* A send, on the caller's thread: queued behind the peer's earlier sends (in order, so
  * equal names stay first-in first-out), and written at once when it is the only one. A
  * message the socket takes whole completes here, with no wake-up; the rest is the p2p

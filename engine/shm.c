@@ -109,7 +109,7 @@ static const char *attach_wait(engine_t *e, double deadline) {
     static __thread char why[320];
     if (hvdl__startup_abort(e, 0)) return e->fail_msg;   /* a rank failed and said why */
     if (hvdl_now() > deadline) {
-        snprintf(why, sizeof why, "not every local rank attached within %.0f s (HOROVODLIKE_START_TIMEOUT)",
+        snprintf(why, sizeof why, "not every local rank attached within %.0f s (horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT)",
                  e->cfg.start_timeout);
         return why;
     }

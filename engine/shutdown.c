@@ -10,6 +10,9 @@
  * worker to do so, naming any that does not: a worker stopped while the job shuts down
  * would otherwise keep its launcher waiting forever.
  *
+ * Rank 0's goodbye names the rank that asked, and the ops that others had submitted and
+ * it never did: each rank's unfinished ops fail with that (bye_why), not a bare "shut down".
+ *
  * On one node, rank 0's goodbye also says how far it executed the segment's log
  * (negotiate_shm.c): a worker first executes what it has not of that (a barrier that
  * finished on rank 0 finishes everywhere), as it would have executed the responses
@@ -21,19 +24,33 @@
 #include <string.h>
 #include <sys/socket.h>
 
+/* Why this rank's unfinished ops end: "rank 1 called shutdown() without submitting
+ * allreduce 'x'". Nothing when this rank asked itself. */
+static void record_why(engine_t *e, int from, const char *missing, size_t n) {
+    if (from == e->rank) return;
+    pthread_mutex_lock(&e->mu);
+    snprintf(e->bye_why, sizeof e->bye_why, "rank %d called shutdown()%s%.*s", from,
+             n ? " without submitting " : "", (int)n, missing);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static int begin_shutdown(engine_t *e, int from) {
     coordinator_t *c = e->coord;
     if (c->shutdown_from >= 0) return 0;
     c->shutdown_from = from;
     e->stopped = 1;          /* first: a peer that already left is no loss now */
-    /* who asked, and (one node) how far rank 0 executed the segment's log */
-    uint8_t msg[12];
+    /* who asked, (one node) how far rank 0 executed the segment's log, and the ops that
+     * others wait on and `from` never submitted */
+    uint8_t msg[12 + 512];
     int32_t who = from;
     uint64_t pos = hvdl__neg_position(e);
     memcpy(msg, &who, 4);
     memcpy(msg + 4, &pos, 8);
+    hvdl__never_submitted(e, from, (char *)msg + 12, sizeof msg - 12);
+    size_t n = strlen((char *)msg + 12);
+    record_why(e, from, (char *)msg + 12, n);
     for (int w = 1; w < e->size; w++)
-        if (!e->peers[w].ctrl.eof) hvdl__send_frame(e, w, MSG_BYE, msg, sizeof msg);
+        if (!e->peers[w].ctrl.eof) hvdl__send_frame(e, w, MSG_BYE, msg, 12 + (int64_t)n);
     return 0;
 }
 
@@ -46,7 +63,13 @@ int hvdl__say_bye(engine_t *e) {
 int hvdl__bye_received(engine_t *e, int from, const uint8_t *p, int64_t n) {
     if (e->rank == 0) return begin_shutdown(e, from);
     uint64_t pos = 0;
-    if (n == 12) memcpy(&pos, p + 4, 8);
+    int32_t who = -1;
+    if (n >= 12) {
+        memcpy(&who, p, 4);
+        memcpy(&pos, p + 4, 8);
+    }
+    /* the ops' names, as text: at most 512 bytes, and any byte is harmless in %.*s */
+    if (who >= 0 && who < e->size) record_why(e, who, (const char *)p + 12, n > 524 ? 512 : n > 12 ? (size_t)(n - 12) : 0);
     int rc = hvdl__neg_finish_to(e, pos);   /* what rank 0 finished before it stopped */
     e->stopped = 1;          /* rank 0 says everyone stops */
     return rc;

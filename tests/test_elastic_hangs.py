@@ -62,6 +62,11 @@ def test_stopped_member_is_dropped_and_a_spare_host_takes_its_place(tmp_path):
     assert ("worker 1 (rank 1, host b) was lost, as worker 0 reported; killing it and "
             "blacklisting host b") in res.stderr, text
     assert "round 1: 2 ranks: 0=worker 0@a, 1=worker 2@c" in res.stderr, text
+    # the survivor's loss is recovered from: a warning naming the round it starts next,
+    # not an error telling the user to restart the job
+    assert "The elastic job goes on in a new round without it; restored the last commit, " \
+           "now in round 1" in res.stderr, text
+    assert "cannot go on without it" not in text, text
     finals = [r for _, r in records(res, "final")]
     assert sorted((f["host"], f["size"], f["step"]) for f in finals) == \
         [("a", "2", "40"), ("c", "2", "40")], text

@@ -477,10 +477,10 @@ parts = [thvd.ProcessSet([0, 1]), thvd.ProcessSet([2, 3])]
 thvd.init(process_sets=parts)                 # partition groups only, no replica groups
 R, P = thvd.rank(), thvd.size()
 model = nn.Linear(3, 2)
-check_raises(ValueError, lambda: thvd.ShardedDistributedOptimizer(
-    torch.optim.Adam(model.parameters()), shard_size=2), "ranks [0, 2]",
-    "process_sets='dynamic'", what="a missing replica group")
-for S in (4, 1):                              # one group, or no partition: no sets needed
+# the replica groups are missing: the optimizer registers them itself (every rank
+# builds it), without dynamic process sets
+for S in (2, 4, 1):                           # groups; one group; no partition
+    model = nn.Linear(3, 2)                   # each optimizer hooks a model of its own
     opt = thvd.ShardedDistributedOptimizer(torch.optim.Adam(model.parameters()), shard_size=S)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
@@ -491,8 +491,28 @@ finish()
 '''
 
 
-def test_static_process_sets_must_hold_the_groups():
+def test_static_process_sets_are_completed_by_the_optimizer():
     run_torch(STATIC_SETS, 4, timeout=200)
+
+
+PLAIN_INIT = r'''
+import torch.nn as nn
+thvd.init()                                   # no process sets asked for
+torch.manual_seed(0)
+model = nn.Linear(3, 2)
+opt = thvd.ShardedDistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), shard_size=2)
+model(torch.ones(1, 3) * (thvd.rank() + 1)).sum().backward()
+opt.step()
+w = model.weight.detach().numpy().copy()
+every = thvd.allgather_object(w, name="weights")
+check(all(np.array_equal(every[0], x) for x in every), "every rank's parameters after a step",
+      str(every))
+finish()
+'''
+
+
+def test_sharded_optimizer_works_after_a_plain_init():
+    run_torch(PLAIN_INIT, 4, timeout=200)
 
 
 KILLED = TORCH_PRELUDE + r'''

@@ -4,6 +4,9 @@ Nothing here knows of process sets, collectives or elastic mode: those sit above
 (see horovodlike/common/__init__.py for the layers) and hook in through start()'s
 after_start and _on_shutdown."""
 import atexit
+import logging
+import os
+import sys
 import threading
 
 from . import affinity, bootstrap, engine, mpi_end
@@ -21,7 +24,12 @@ def start(comm=None, after_start=None):
     start-up lock once the engine is up (the layers above register their state there);
     if it raises, the engine is stopped again. The public init() is api.init().
     """
-    global _topo, _atexit_registered, _mpi_hooked
+    global _topo, _atexit_registered, _mpi_hooked, _forked
+    if _forked:
+        # the parent's engine state, copied at the fork: this process starts its own
+        _topo, _forked = None, False
+        for fn in _on_shutdown:
+            fn()
     with _lock:
         if _topo is not None and engine.is_running():
             return False
@@ -62,7 +70,65 @@ def start(comm=None, after_start=None):
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+            if topo.rank == 0:
+                _notice_ineffective_env(os.environ)
+            if topo.size > 1:
+                _quiet_interrupt(topo.rank)
         return True
+
+
+def _quiet_interrupt(rank):
+    """Ctrl-C reaches every rank of a job at once: each says so in one line instead of
+    printing a traceback (the exit status stays Python's own for SIGINT, 130)."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, KeyboardInterrupt):
+            logging.getLogger("horovodlike").warning(
+                "horovodlike rank %d: interrupted (Ctrl-C); exiting", rank)
+        else:
+            previous(exc_type, exc, tb)
+    sys.excepthook = hook
+
+
+# Horovod variables that change nothing here, by prefix or name: why. horovodlikerun
+# says so of its flags (runner/args.py); a variable set directly gets this one notice.
+_AUTOTUNE = ("there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME "
+             "by hand")
+_GPU_OPS = "collectives run in horovodlike's own engine (no NCCL, Gloo, MPI or oneCCL paths)"
+INEFFECTIVE_ENV = {
+    "HOROVOD_AUTOTUNE": _AUTOTUNE,
+    "HOROVOD_CONTROLLER": "the engine has one controller of its own (TCP, shared memory)",
+    "HOROVOD_CPU_OPERATIONS": _GPU_OPS,
+    "HOROVOD_GPU_": _GPU_OPS,
+    "HOROVOD_NCCL_": _GPU_OPS,
+    "HOROVOD_CCL_": _GPU_OPS,
+    "HOROVOD_NUM_NCCL_STREAMS": _GPU_OPS,
+    "HOROVOD_TORUS_ALLREDUCE": _GPU_OPS,
+    "HOROVOD_MPI_THREADS_DISABLE": "the engine never calls MPI",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "Adasum is not provided",
+    "HOROVOD_BATCH_D2D_MEMCOPIES": _GPU_OPS,
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": _GPU_OPS,
+    "HOROVOD_DISABLE_GROUP_FUSION": "grouped ops are fused by the engine's own rule",
+    "HOROVOD_ENABLE_XLA_OPS": "there are no XLA ops",
+}
+
+
+def _notice_ineffective_env(environ):
+    """One notice (rank 0, once per process) naming the HOROVOD_* variables that are set
+    but have no effect here, and why; nothing when there are none."""
+    found = []
+    for var in sorted(environ):
+        why = next((w for key, w in INEFFECTIVE_ENV.items()
+                    if var == key or (key.endswith("_") and var.startswith(key))
+                    or (key == "HOROVOD_AUTOTUNE" and var.startswith("HOROVOD_AUTOTUNE"))),
+                   None)
+        if why is not None:
+            found.append(f"{var} ({why})")
+    if found:
+        logging.getLogger("horovodlike").warning(
+            "these Horovod variables are set but have no effect in horovodlike: %s",
+            "; ".join(found))
 
 
 _on_shutdown = []   # callbacks run once the engine has stopped (the layers above use it)
@@ -129,13 +195,31 @@ def stop_timeline():
 
 
 def is_initialized():
-    return _topo is not None
+    return _topo is not None and not _forked
 
 
 def _t():
+    if _forked:
+        raise RuntimeError("hvd.init() ran in the parent; call hvd.init() again in the "
+                           "child, or use the spawn start method")
     if _topo is None:
         raise ValueError("Horovod has not been initialized; use hvd.init().")
     return _topo
+
+
+# A process forked after init() has a copy of the parent's state but no engine thread
+# (the engine, in C, forgets the parent's engine in the child): its calls would wait
+# forever. So the child's calls raise until it calls init() itself.
+_forked = False
+
+
+def _after_fork_in_child():
+    global _forked, _lock
+    _lock = threading.Lock()        # another thread may have held it at the fork
+    _forked = _topo is not None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def rank():

@@ -180,6 +180,11 @@ def listen_addresses(launcher, size, comm=None):
     return addr, addr
 
 
+# How a user changes the start-up limit, named wherever it runs out.
+START_TIMEOUT_KNOB = ("horovodlikerun --start-timeout SECONDS (HOROVOD_START_TIMEOUT, or "
+                      "HOROVODLIKE_START_TIMEOUT under another launcher)")
+
+
 def _exchange_store(rank, size, payload):
     from .store import StoreClient
     timeout = float(os.environ.get("HOROVODLIKE_START_TIMEOUT", "60"))
@@ -191,7 +196,7 @@ def _exchange_store(rank, size, payload):
     try:
         client = StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=timeout, key=_key)
     except TimeoutError as e:
-        raise RuntimeError(f"horovodlike init: {e} (HOROVODLIKE_START_TIMEOUT)") from None
+        raise RuntimeError(f"horovodlike init: {e} ({START_TIMEOUT_KNOB})") from None
     deadline = time.monotonic() + timeout
     try:
         client.set(prefix + str(rank), payload)
@@ -201,11 +206,12 @@ def _exchange_store(rank, size, payload):
                 out.append(client.get(prefix + str(r),
                                       timeout=max(0.0, deadline - time.monotonic())))
             except TimeoutError:
-                # Said the way the engine names a lost rank, so the launcher can tell
-                # which rank the job waited for.
+                # "rank <r> is late": the launcher reads it to say which rank the job
+                # waited for (runner/launch.py). Late, not lost: it may still be starting.
                 raise RuntimeError(
-                    f"horovodlike init: rank {r} (host unknown) was lost: it did not "
-                    f"reach init within {timeout:.0f} s (HOROVODLIKE_START_TIMEOUT)") from None
+                    f"horovodlike init: rank {r} is late: it did not reach hvd.init() "
+                    f"within {timeout:.0f} s of this rank. If it is only slow to start, "
+                    f"allow it longer: {START_TIMEOUT_KNOB}") from None
         # Every rank has proved the key to the store: a key file left for this host's
         # ranks has done its job.
         launch_env.key_delivered()

@@ -30,6 +30,13 @@ def _need_dynamic(what):
 def add_process_set(process_set):
     """Register a set on every rank (a collective: all ranks call it, same order)."""
     _need_dynamic("add_process_set")
+    return add_for_library(process_set)
+
+
+def add_for_library(process_set):
+    """add_process_set for a feature of this library that needs sets of its own (the
+    sharded optimizer's groups): allowed without dynamic sets, as torch's ZeRO and FSDP
+    need nothing special at init. Still a collective over every rank."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered")

@@ -413,6 +413,7 @@ def run_fn(func, reset):
                 except HorovodInternalError as e:
                     state.restore()
                     skip_sync, reason, lost = False, "failure", lost_rank(e)
+                    failure = str(e)
                 except HostsUpdatedInterrupt as e:
                     # Every rank stopped at the same step: what they have now is what
                     # the next round starts from (also plain attributes changed since
@@ -423,6 +424,10 @@ def run_fn(func, reset):
                     _the_worker().reason, _the_worker().lost = reason, lost
                 reset()
                 a = current_assignment()
+                if reason == "failure":
+                    # recovered from: a warning, not the engine's error
+                    log.warning("%s; restored the last commit, now in round %s", failure,
+                                a.round if a is not None else "?")
                 if a is not None:
                     # The driver decides for the whole round (anyone new, anyone restored),
                     # so survivors never skip a sync that new members wait in.

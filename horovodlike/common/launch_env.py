@@ -123,9 +123,14 @@ def detect(environ=None):
         host, port = env["MASTER_ADDR"], _store_port(env)
         run_id = env.get("TORCHELASTIC_RUN_ID") or "none"
         restart = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+        local_rank, local_size = _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE")
+        if local_size is None and _is_loopback(host):
+            # A Kubeflow-style environment (RANK, WORLD_SIZE, MASTER_*) says nothing of
+            # hosts; a master on loopback can only be reached from this one.
+            local_rank, local_size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
         return _checked(LaunchEnv(
             "torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
-            _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE"),
+            local_rank, local_size,
             _int(env, "GROUP_RANK") if env.get("GROUP_RANK") is not None
             else _int(env, "NODE_RANK"),
             _int(env, "GROUP_WORLD_SIZE"),
@@ -477,9 +482,13 @@ def job_key(le, environ=None):
         return _read_key_file(path, float(env.get("HOROVODLIKE_START_TIMEOUT", "60")))
     if env.get(INSECURE_ENV) != "1":
         raise RuntimeError(
-            f"horovodlike ({le.launcher}): this job's ranks span hosts (world size "
-            f"{le.size}, {le.local_size or 'unknown'} on this host) and no job key was "
-            f"given, so anyone who can reach {le.rendezvous} could join it. Give every rank "
+            f"horovodlike ({le.launcher}): "
+            + (f"this job's ranks span hosts (world size {le.size}, {le.local_size} on "
+               f"this host)" if le.local_size is not None else
+               f"this job's ranks may span hosts (world size {le.size}; the environment "
+               f"does not say how many run on this host: LOCAL_WORLD_SIZE is unset)")
+            + f" and no job key was given, so anyone who can reach {le.rendezvous} could "
+            f"join it. Give every rank "
             f"the same secret: {jobkey.ENV}=<64 hex digits> from a secret store (a "
             f"Kubernetes Secret, Ray's or Spark's own channel; make one with python -c "
             f"'import secrets; print(secrets.token_hex(32))'), or {KEY_FILE_ENV}=<path> to a "

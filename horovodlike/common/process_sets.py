@@ -13,8 +13,9 @@ from . import basics, engine
 class ProcessSet:
     """A set of global ranks. Pass it as `process_set=` to any collective."""
 
-    def __init__(self, ranks):
+    def __init__(self, ranks_or_comm):
         # Horovod's ProcessSet(ranks_or_comm): the communicator stays reachable.
+        ranks = ranks_or_comm
         self.mpi_comm = ranks if hasattr(ranks, "Get_group") else None
         if self.mpi_comm is not None:              # an mpi4py communicator
             from mpi4py import MPI

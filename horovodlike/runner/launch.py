@@ -257,7 +257,8 @@ class _Output:
 # How the engine names a rank it lost (engine/loop.c, hvdl__peer_lost). The rank that
 # stopped may never exit itself (SIGSTOP, a hang), so the launcher learns the culprit
 # from the survivors' words rather than from who exited first.
-_LOST = re.compile(rb"rank (\d+) \(host [^)]*\) was lost")
+# A rank that never reached init is "late" (common/bootstrap.py).
+_LOST = re.compile(rb"rank (\d+) (?:\(host [^)]*\) was lost|(is late))")
 
 
 def group_activity(pgid):
@@ -339,7 +340,7 @@ class Job:
         self.events = queue.SimpleQueue()  # safe to put() from a signal handler
         self.threads = []
         self.pumps = {}                    # rank -> its output threads
-        self.lost = None                   # (culprit, reporting rank), the first one named
+        self.lost = None                   # (culprit, reporting rank, "was lost"/"was late"), the first one named
         self.last_output = {}              # rank -> when it last printed a line
         self.finishing = _Finishing(self, shutdown_grace)
 
@@ -372,7 +373,7 @@ class Job:
         self.last_output[rank] = time.monotonic()
         m = _LOST.search(line) if self.lost is None else None
         if m and int(m.group(1)) in self.procs:
-            self.lost = (int(m.group(1)), rank)
+            self.lost = (int(m.group(1)), rank, "was late" if m.group(2) else "was lost")
 
     def _blame(self, rank, code):
         """The launcher's one line about a failed job: the lost rank when a survivor
@@ -381,8 +382,8 @@ class Job:
             t.join(timeout=1.0)   # its last lines may name the culprit
         message, exit_code = describe_exit(self.plan[rank], code)
         if self.lost is not None and self.lost[0] != rank:
-            culprit, reporter = self.lost
-            message = (f"rank {culprit} (host {host_name(self.plan[culprit])}) was lost, "
+            culprit, reporter, what = self.lost
+            message = (f"rank {culprit} (host {host_name(self.plan[culprit])}) {what}, "
                        f"as rank {reporter} reported; {message}")
         return message, exit_code
 
@@ -437,7 +438,7 @@ class Job:
                         # exited (it hangs or is stopped): end the job and say so.
                         culprit = self.plan[self.lost[0]]
                         self.out.say(f"rank {culprit.rank} (host {host_name(culprit)}) "
-                                     f"was lost, as rank {self.lost[1]} reported; "
+                                     f"{self.lost[2]}, as rank {self.lost[1]} reported; "
                                      f"ending the job")
                         exit_code = 1
                         self.signal_all(signal.SIGTERM)

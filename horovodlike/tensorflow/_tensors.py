@@ -47,6 +47,17 @@ def supported_names(movement=False):
 def as_tensor(value, what):
     """A tf.Tensor for a tensor-like argument (tf.Tensor, tf.Variable, Keras variable,
     numpy array). Python lists and scalars are refused: say tf.constant(...)."""
+    # Composite tensors pass tf.is_tensor but have no single dense buffer: refused by
+    # name, as torch's sparse layouts are (torch/_tensors.py).
+    if isinstance(value, tf.RaggedTensor):
+        raise UnsupportedTensorError(
+            f"{what}: tf.RaggedTensor is not supported; use a dense tensor "
+            f"(value.to_tensor(), padded) or reduce value.flat_values and keep the row "
+            f"splits")
+    if isinstance(value, tf.SparseTensor):
+        raise UnsupportedTensorError(
+            f"{what}: tf.SparseTensor is not supported; use a dense tensor "
+            f"(tf.sparse.to_dense(value)), or allgather its indices and values")
     if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray, np.generic)) or \
             (tf.is_tensor(value) and not isinstance(value, tf.IndexedSlices)):
         return tf.convert_to_tensor(value)

@@ -303,7 +303,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     rows = int(tensor.shape[0]) if tensor.dim() else None
     if isinstance(splits, torch.Tensor):
         if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
-            raise TypeError(f"alltoall: splits must hold integers, got {splits.dtype}")
+            # ValueError, as Horovod raises it (its own tests expect that type)
+            raise ValueError(f"alltoall: splits must hold integers, got {splits.dtype}")
         splits = splits.detach().cpu()
     req = request.alltoall(splits, rows, name, process_set, tensor.dim())
     buf = _tensors.contiguous(tensor)

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 
 import torch
 
-from horovodlike.common.objects import broadcast_object
+from horovodlike.common.exceptions import TensorMismatchError
+from horovodlike.common.objects import allgather_object, broadcast_object
 from horovodlike.common.request import split_list
 
 from . import _buckets
@@ -58,6 +59,14 @@ def check_named_parameters(named_parameters, param_groups):
                          "the optimizer updates, e.g. model.named_parameters()."
                          % ", ".join(str(tuple(p.shape)) for p in unnamed))
     return named_parameters
+
+
+class _BucketMismatch(Exception):
+    """A bucket's mismatch error, to be explained once every handle has finished."""
+
+    def __init__(self, cause):
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _DistributedOptimizer:
@@ -346,11 +355,42 @@ class _DistributedOptimizer:
                 else:
                     self._set_grad(key, C.synchronize(handle), ctx)
             except Exception as e:  # noqa: BLE001 - wait for every handle, then raise
+                if error is None and isinstance(e, TensorMismatchError) and \
+                        isinstance(key, _buckets.Bucket):
+                    e = _BucketMismatch(e)
                 error = error or e
         self._reset_step()
         self._synchronized = True
+        if isinstance(error, _BucketMismatch):
+            raise self._explain_mismatch(error.cause, ps) from error.cause
         if error is not None:
             raise error
+
+    def _explain_mismatch(self, cause, ps):
+        """A bucket's allreduce failed because the ranks' buckets differ: every rank got
+        the same error at once, so together they compare their parameters (names and
+        shapes) and name those that differ, instead of the bucket."""
+        mine = [(str(self._name(p)), tuple(p.shape)) for b in self._buckets for p in b.params]
+        layouts = allgather_object(mine, "DistributedOptimizer.parameters", ps)
+        ranks = ps.ranks or list(range(len(layouts)))
+        shapes = {}                      # name -> {rank: shape}
+        for r, layout in zip(ranks, layouts):
+            for name, shape in layout:
+                shapes.setdefault(name, {})[r] = shape
+        diffs = []
+        for name, per_rank in shapes.items():
+            if len(set(per_rank.values())) > 1 or len(per_rank) < len(ranks):
+                seen = ", ".join(f"rank {r} has {list(s)}" for r, s in sorted(per_rank.items()))
+                absent = [r for r in ranks if r not in per_rank]
+                diffs.append(f"'{name}': {seen}" + (f", ranks {absent} have no such parameter"
+                                                    if absent else ""))
+        if not diffs:
+            return cause
+        shown = "; ".join(diffs[:8]) + ("; ..." if len(diffs) > 8 else "")
+        return TensorMismatchError(
+            f"DistributedOptimizer: the model's parameters differ across ranks: {shown}. "
+            f"Every rank must build the same model (the gradients are reduced in buckets "
+            f"that pack the parameters in order)")
 
     # ------------------------------------------------------------- optimizer API
 

@@ -97,7 +97,7 @@ def partition_ranks(ranks, shard_size):
 
 def _set_of(ranks, base, base_ranks):
     """The registered process set with exactly these ranks (registering it when sets are
-    dynamic and the optimizer spans every rank); None for a single rank, which needs no
+    the optimizer spans every rank: it may, with or without dynamic sets); None for one rank, which needs no
     collective. Every rank calls this for the same groups in the same order."""
     if len(ranks) == 1:
         return None
@@ -108,13 +108,14 @@ def _set_of(ranks, base, base_ranks):
     found = _sets.find(ranks)
     if found is not None:
         return found
-    if _sets.dynamic() and base_ranks == list(range(basics.size())):
-        return dynamic_sets.add_process_set(list(ranks))
+    if base_ranks == list(range(basics.size())):
+        # every rank builds the optimizer: it registers its groups itself
+        return dynamic_sets.add_for_library(list(ranks))
     raise ValueError(
-        f"ShardedDistributedOptimizer needs a process set with ranks {list(ranks)}: "
-        f"start with hvd.init(process_sets='dynamic') (or HOROVOD_DYNAMIC_PROCESS_SETS=1) "
-        f"so it can add its partition and replica groups, or register the sets from "
-        f"horovodlike.torch.sharded.partition_ranks() yourself on every rank")
+        f"ShardedDistributedOptimizer over a process set needs a process set with ranks "
+        f"{list(ranks)}: register the sets from horovodlike.torch.sharded.partition_ranks() "
+        f"on every rank (hvd.init(process_sets=...)), or start with "
+        f"hvd.init(process_sets='dynamic')")
 
 
 def _reducescatter_into(tensor, out, name, op, process_set):

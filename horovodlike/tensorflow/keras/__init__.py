@@ -18,7 +18,8 @@ from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchEr
 from .. import mpi_ops as _ops
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object, broadcast_variables
-from ..mpi_ops import (Average, ProcessSet, Sum, add_process_set, global_process_set,
+# Adasum is exported as in Horovod's keras modules; using it raises NotImplementedError
+from ..mpi_ops import (Adasum, Average, ProcessSet, Sum, add_process_set, global_process_set,
                        remove_process_set)
 from . import callbacks
 from . import elastic  # noqa: F401
