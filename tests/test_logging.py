@@ -18,8 +18,6 @@ COMMANDS = {
     "timeline_viewer/cli.py",
     # Keras's verbose=1 convention: the warmup callback prints as Horovod's does.
     "tensorflow/keras/callbacks.py",
-    # Not converted yet: its one warning still goes to stderr.
-    "common/launch_env.py",
 }
 
 

@@ -43,10 +43,10 @@ The store and the engine authenticate every connection with the job's key
 """
 import atexit
 import hashlib
+import logging
 import os
 import socket
 import stat
-import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -495,7 +495,8 @@ def job_key(le, environ=None):
             f"key file on shared storage readable only by you (mode 0600). To run "
             f"unauthenticated anyway, set {INSECURE_ENV}=1")
     if le.rank == 0:
-        print(f"horovodlike: WARNING: {INSECURE_ENV}=1: the rendezvous at {le.rendezvous} "
-              f"is NOT authenticated; anyone who can reach it can join this job as a rank "
-              f"and read or change its data", file=sys.stderr, flush=True)
+        logging.getLogger(__name__).warning(
+            "horovodlike: WARNING: %s=1: the rendezvous at %s is NOT authenticated; anyone "
+            "who can reach it can join this job as a rank and read or change its data",
+            INSECURE_ENV, le.rendezvous)
     return hashlib.sha256(f"horovodlike-unauthenticated/{le.job_id}".encode()).digest()

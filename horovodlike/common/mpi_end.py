@@ -23,10 +23,13 @@ its time is up it says why on stderr and SIGKILLs this rank, which mpirun (and s
 with MPI) turn into the end of the job.
 """
 import atexit
+import logging
 import os
 import subprocess
 import sys
 import threading
+
+_log = logging.getLogger(__name__)
 
 START_MARGIN = 5.0     # seconds beyond HOROVODLIKE_START_TIMEOUT
 ABORT_GRACE = 5.0      # seconds a rank that saw the job fail has to exit by itself
@@ -118,7 +121,6 @@ def at_exit():
         return
     rank, why = _failed
     sys.stdout.flush()
-    sys.stderr.write(f"[horovodlike rank {rank}] ERROR: ending the MPI job (MPI_Abort): "
-                     f"{why}\n")
+    _log.error("[horovodlike rank %s] ERROR: ending the MPI job (MPI_Abort): %s", rank, why)
     sys.stderr.flush()
     mpi.COMM_WORLD.Abort(1)
