@@ -52,7 +52,9 @@
  * fails with the peer's name, and this thread fails its waiting ops with that message.
  * Stall inspector: a send or recv waiting longer than HOROVOD_STALL_CHECK_TIME_SECONDS
  * is reported on its own rank with its name, its rank and the peer it waits for (and,
- * for a recv, the names that peer did send, which shows a name mismatch).
+ * for a recv, the names that peer did send, which shows a name mismatch). One waiting
+ * longer than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (if set) fails the job with that
+ * report on every rank, as a stalled collective does.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -125,6 +127,10 @@ struct p2p {
     /* A failure the loop thread must tell the job about (hvdl__p2p_tend). */
     atomic_int lost_peer;    /* -1: none */
     char lost_why[256];
+    /* An op past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: the loop thread fails the job with
+     * this message (hvdl__p2p_tend). 0 none, 1 being written, 2 published, 3 told. */
+    atomic_int stall_state;
+    char stall_msg[HVDL_MSG_BYTES];
 };
 
 static const char *DTYPE_NAMES[HVDL_NUM_DTYPES] = {"uint8", "int8", "int16", "int32", "int64",
@@ -249,6 +255,12 @@ static void report_lost(engine_t *e, int peer, const char *why) {
 int hvdl__p2p_tend(engine_t *e) {
     struct p2p *p = e->p2p;
     if (!p) return 0;
+    int published = 2;
+    if (atomic_compare_exchange_strong(&p->stall_state, &published, 3)) {
+        /* every rank ends with this reason, as a collective's stall shutdown does */
+        hvdl__fail_job(e, HVDL_ERR_STALLED, "%s", p->stall_msg);
+        return -1;
+    }
     int peer = atomic_load(&p->lost_peer);
     if (peer < 0) return 0;                         /* none, or its reason not written yet */
     hvdl__peer_lost(e, peer, p->lost_why);
@@ -529,6 +541,23 @@ static void write_peer(engine_t *e, int peer) {
 
 /* ---- the stall inspector ---- */
 
+/* An op has waited past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: 1 once the job is being
+ * failed with msg (the first such op wins; the loop thread tells every rank). */
+static int past_shutdown(engine_t *e, pmsg_t *m, double now) {
+    return e->cfg.stall_shutdown > 0 && now - m->started > e->cfg.stall_shutdown;
+}
+static int stall_shutdown(engine_t *e, pmsg_t *m, double now, const char *msg) {
+    struct p2p *p = e->p2p;
+    if (!past_shutdown(e, m, now)) return 0;
+    int none = 0;
+    if (atomic_compare_exchange_strong(&p->stall_state, &none, 1)) {
+        snprintf(p->stall_msg, sizeof p->stall_msg, "stalled: %s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)", msg);
+        atomic_store(&p->stall_state, 2);
+        hvdl__wake(e);
+    }
+    return 1;
+}
+
 static void stall_check(engine_t *e, double now) {
     struct p2p *p = e->p2p;
     if (!e->cfg.stall_check || now - p->last_stall_check < 1.0) return;
@@ -536,26 +565,34 @@ static void stall_check(engine_t *e, double now) {
     for (int i = 0; i < e->size; i++) {
         ppeer_t *q = &p->peers[i];
         for (pmsg_t *m = q->recvs.head; m; m = m->next) {
-            if (now - m->started < e->cfg.stall_warning || now - m->warned < e->cfg.stall_warning) continue;
+            if (now - m->started < e->cfg.stall_warning) continue;
+            if (now - m->warned < e->cfg.stall_warning && !past_shutdown(e, m, now)) continue;
             m->warned = now;
-            char sent[512] = "";
+            char sent[512] = "", what[HVDL_MSG_BYTES - 64];
             int k = 0;
             for (pmsg_t *u = q->unexpected.head; u && k < (int)sizeof sent - 80; u = u->next)
                 k += snprintf(sent + k, sizeof sent - (size_t)k, "%s'%.64s'", k ? ", " : "", u->name);
-            hvdl__log(HVDL_LOG_WARNING, "stall: recv '%s' on rank %d from rank %d has waited %.0f s; "
-                      "rank %d has not sent it%s%s%s", m->op->name, e->rank, i, now - m->started, i,
-                      k ? " (it sent, unmatched: " : "", sent, k ? "; do the names match?)" : "");
+            snprintf(what, sizeof what, "recv '%.200s' on rank %d from rank %d has waited %.0f s; rank %d "
+                     "has not sent it%s%s%s", m->op->name, e->rank, i, now - m->started, i,
+                     k ? " (it sent, unmatched: " : "", sent, k ? "; do the names match?)" : "");
+            if (stall_shutdown(e, m, now, what)) return;
+            hvdl__log(HVDL_LOG_WARNING, "stall: %s", what);
         }
         pthread_mutex_lock(&q->smu);
         pmsg_t *m = q->sends.head;
-        if (m && now - m->started >= e->cfg.stall_warning && now - m->warned >= e->cfg.stall_warning) {
+        char what[HVDL_MSG_BYTES - 64];
+        int warn = m && now - m->started >= e->cfg.stall_warning &&
+                   (now - m->warned >= e->cfg.stall_warning || past_shutdown(e, m, now));
+        if (warn) {
             m->warned = now;
-            hvdl__log(HVDL_LOG_WARNING, "stall: send '%s' on rank %d to rank %d has waited %.0f s; "
-                      "rank %d is not reading (%lld of %lld bytes sent)", m->op->name, e->rank, i,
-                      now - m->started, i, (long long)m->off,
-                      (long long)(m->hdr.nbytes + (int64_t)sizeof m->hdr + m->hdr.name_len));
+            snprintf(what, sizeof what, "send '%.200s' on rank %d to rank %d has waited %.0f s; rank %d is "
+                     "not reading (%lld of %lld bytes sent)", m->op->name, e->rank, i, now - m->started, i,
+                     (long long)m->off, (long long)(m->hdr.nbytes + (int64_t)sizeof m->hdr + m->hdr.name_len));
+            warn = stall_shutdown(e, m, now, what) ? 2 : 1;
         }
         pthread_mutex_unlock(&q->smu);
+        if (warn == 2) return;
+        if (warn) hvdl__log(HVDL_LOG_WARNING, "stall: %s", what);
     }
 }
 

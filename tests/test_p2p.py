@@ -10,7 +10,9 @@ with a timeout. What each causes:
     outstanding messages, both ranks sending 8 MiB to each other before either receives;
   * a recv that waits while a collective runs (its own channel);
   * a recv_ into a buffer of the wrong dtype or size, argument errors;
-  * the stall inspector naming a recv whose name the peer never sent;
+  * the stall inspector naming a recv whose name the peer never sent, and a send the
+    stopped peer does not read; HOROVOD_STALL_SHUTDOWN_TIME_SECONDS failing every rank
+    on a stalled recv, and the sender on a stalled send;
   * SIGKILL and SIGSTOP of the peer, named within HOROVODLIKE_PEER_TIMEOUT_SECONDS;
   * the timeline's SEND/RECV spans on both ranks' lanes.
 """
@@ -302,6 +304,61 @@ def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, wa
         # heartbeats within the peer timeout (plus one heartbeat interval)
         assert took < (5 if how == "SIGKILL" else 2 * timeout + 3), out
     finally:
+        _cleanup(store, procs)
+
+
+
+P2P_STALL_SHUTDOWN = RANK_PRELUDE + textwrap.dedent(r"""
+    hvd.init()
+    R = hvd.rank()
+    t = time.monotonic()
+    # Neither rank ever sends "never": the first recv past the shutdown time fails the
+    # job, and both ranks end with that one report.
+    check_raises(hvd.HorovodInternalError, lambda: hvd.recv(1 - R, name="never"),
+                 "stalled: recv 'p2p.never' on rank", "has not sent it",
+                 "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", what="stalled recv")
+    check(time.monotonic() - t < 20, "p2p stall shutdown came in time")
+    finish_alone()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_stall_shutdown_fails_every_rank_on_a_stalled_recv():
+    res = run_ranks(P2P_STALL_SHUTDOWN, np=2, timeout=90,
+                    env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    assert res.returncode == 0, res.describe()
+    assert res.stdout.count("HVDTEST-OK") == 2, res.describe()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shutdown", [False, True])
+def test_stall_inspector_names_a_send_the_peer_does_not_read(tmp_path, shutdown):
+    """The peer is stopped while a send larger than the socket buffers is being written:
+    the stall inspector warns about the send (and, with a shutdown time shorter than the
+    peer timeout, fails it as stalled) before the heartbeats would name the peer."""
+    env = {"T_WAITS_IN": "send", "HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+           "HOROVODLIKE_PEER_TIMEOUT_SECONDS": "4" if not shutdown else "60"}
+    if shutdown:
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = "2"
+    store, procs = _spawn_job(VICTIM, 2, tmp_path, env)
+    try:
+        deadline = time.monotonic() + 60
+        for p in procs:
+            _read_until(p, "ready", deadline)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        out, _ = procs[0].communicate(timeout=60)
+        assert "stall: send 'p2p.never' on rank 0 to rank 1 has waited" in out, out
+        assert "rank 1 is not reading" in out, out
+        assert "failed after" in out, out
+        if shutdown:
+            assert "stalled: send 'p2p.never' on rank 0 to rank 1" in out.split("failed after")[1], out
+            assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in out, out
+            assert float(out.split("failed after ")[1].split("s:")[0]) < 15, out
+        else:
+            assert "rank 1 (host" in out and "was lost" in out, out
+    finally:
+        os.kill(procs[1].pid, signal.SIGCONT) if procs[1].poll() is None else None
         _cleanup(store, procs)
 
 
