@@ -401,7 +401,7 @@ int hvdl__execute(engine_t *e, response_t *r);
 
 /* The wire's magic number and version: the blob, the hello and every control frame. */
 #define WIRE_MAGIC 0x4876444cu   /* "HvDL" */
-#define WIRE_VERSION 2u
+#define WIRE_VERSION 3u
 #define HVDL_MAX_FRAME (256ll << 20)   /* a longer control frame is malformed */
 typedef struct frame_hdr {
     uint32_t magic, type;
