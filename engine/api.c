@@ -43,6 +43,7 @@ int hvdl_dtype_size(int dtype) {
 
 void hvdl__engine_free(engine_t *e) {
     if (!e) return;
+    hvdl__p2p_free(e);
     hvdl__close_all(e);
     hvdl__neg_free(e);
     hvdl__nodes_free(e);
@@ -175,7 +176,7 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     e->peers = calloc((size_t)size, sizeof *e->peers);
     if (!e->peers) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     for (int i = 0; i < size; i++) {
-        e->peers[i].data_fd = e->peers[i].ctrl.fd = -1;
+        e->peers[i].data_fd = e->peers[i].ctrl.fd = e->peers[i].p2p_fd = -1;
         if (hvdl__blob_read(all_blobs + (size_t)i * HVDL_BLOB_BYTES, &e->peers[i]))
             return hvdl__err(HVDL_ERR_INVALID, "the address blob of rank %d is not a horovodlike blob "
                              "(mixed versions, or a bootstrap bug)", i);
@@ -220,6 +221,7 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
         hvdl__log(HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
     hvdl__config_log(&e->cfg, rank);
+    if (hvdl__p2p_start(e)) return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the point-to-point thread");
     if (pthread_create(&e->thread, NULL, hvdl__loop, e))
         return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the background thread");
     e->thread_started = 1;
@@ -247,6 +249,7 @@ int hvdl__engine_shutdown(engine_t *e) {
     pthread_mutex_unlock(&e->mu);
     hvdl__wake(e);
     pthread_join(e->thread, NULL);
+    hvdl__p2p_stop(e);
     hvdl__timeline_close(e);
     e->thread_started = 0;
     e->stopped = 1;

@@ -2,11 +2,12 @@
  * Start-up connections: who connects to whom, and the hello that proves a connection
  * comes from this job's rank `from_rank`, meant for this rank, on the expected channel.
  *
- * Topology: a full mesh of data sockets (rank j connects to every i < j) and a star of
- * control sockets (every worker connects to rank 0, before its data sockets). A hello is
- * accepted only in that direction: a data hello from a higher rank, a control hello only
- * by rank 0. A start-up that fails names the rank that stopped it: silent (a connector
- * read nothing until the deadline), closed, or never arrived (name_missing).
+ * Topology: a full mesh of data sockets (rank j connects to every i < j), a second full
+ * mesh for point-to-point messages (p2p.c), and a star of control sockets (every worker
+ * connects to rank 0, before its data sockets). A hello is accepted only in that
+ * direction: a data or p2p hello from a higher rank, a control hello only by rank 0. A
+ * start-up that fails names the rank that stopped it: silent (a connector read nothing
+ * until the deadline), closed, or never arrived (name_missing).
  *
  * The hello with a job key (HMAC-SHA256 challenge-response, mutual):
  *
@@ -39,7 +40,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum { CH_DATA = 0, CH_CONTROL = 1 };
+enum { CH_DATA = 0, CH_CONTROL = 1, CH_P2P = 2 };   /* p2p: point-to-point messages (p2p.c) */
 #define HELLO_SECONDS 10.0     /* one connection's hello must complete within this */
 #define CHALLENGE 32
 
@@ -197,17 +198,18 @@ static const char *hello_problem(engine_t *e, const hello_t *h) {
     if (h->to_rank != (uint32_t)e->rank) return "it was meant for another rank";
     if (h->nonce != e->nonce) return "its nonce is not this rank's (not meant for this job)";
     if (h->from_rank >= (uint32_t)e->size || h->from_rank == (uint32_t)e->rank) return "bad rank";
-    if (h->channel == CH_DATA && h->from_rank < (uint32_t)e->rank)
+    if ((h->channel == CH_DATA || h->channel == CH_P2P) && h->from_rank < (uint32_t)e->rank)
         return "a data connection from a lower rank (they only connect upwards)";
     if (h->channel == CH_CONTROL && e->rank != 0) return "a control connection to a worker";
-    if (h->channel > CH_CONTROL) return "unknown channel";
+    if (h->channel > CH_P2P) return "unknown channel";
     return NULL;
 }
 
 /* The connection passed: file it under its rank and channel. */
 static int admit(engine_t *e, acceptor_t *a, int i, int *expected) {
     hello_t *h = &a->v[i].h;
-    int *slot = h->channel == CH_DATA ? &e->peers[h->from_rank].data_fd : &e->peers[h->from_rank].ctrl.fd;
+    peer_t *p = &e->peers[h->from_rank];
+    int *slot = h->channel == CH_DATA ? &p->data_fd : h->channel == CH_P2P ? &p->p2p_fd : &p->ctrl.fd;
     if (*slot >= 0) { drop(a, i, "a second connection for the same rank and channel"); return 0; }
     *slot = a->v[i].fd;
     a->v[i] = a->v[--a->n];
@@ -282,7 +284,10 @@ static void name_missing(engine_t *e) {
     for (int r = 0; r < e->size; r++) {
         if (r == e->rank) continue;
         int owed = 0, came = 0;
-        if (r > e->rank) { owed++; came += e->peers[r].data_fd >= 0; }
+        if (r > e->rank) {
+            owed += 2;
+            came += (e->peers[r].data_fd >= 0) + (e->peers[r].p2p_fd >= 0);
+        }
         if (e->rank == 0) { owed++; came += e->peers[r].ctrl.fd >= 0; }
         if (came == owed) continue;
         if (came == 0 && culprit < 0) culprit = r;
@@ -348,8 +353,9 @@ int hvdl__connect_all(engine_t *e) {
         return -1;
     for (int i = 0; i < e->rank; i++) {
         if ((e->peers[i].data_fd = connect_to(e, i, CH_DATA, deadline)) < 0) return -1;
+        if ((e->peers[i].p2p_fd = connect_to(e, i, CH_P2P, deadline)) < 0) return -1;
     }
-    int expected = e->size - 1 - e->rank + (e->rank == 0 ? e->size - 1 : 0);
+    int expected = 2 * (e->size - 1 - e->rank) + (e->rank == 0 ? e->size - 1 : 0);
     if (accept_expected(e, expected, deadline)) return -1;
     /* Every peer is in: nobody else may connect (nor have the kernel queue data for us). */
     close(e->listen_fd);
@@ -357,6 +363,7 @@ int hvdl__connect_all(engine_t *e) {
     for (int i = 0; i < e->size; i++) {
         if (e->peers[i].data_fd >= 0) hvdl__set_nonblocking(e->peers[i].data_fd);
         if (e->peers[i].ctrl.fd >= 0) hvdl__set_nonblocking(e->peers[i].ctrl.fd);
+        if (e->peers[i].p2p_fd >= 0) hvdl__set_nonblocking(e->peers[i].p2p_fd);
     }
     return 0;
 }

@@ -60,7 +60,13 @@ enum hvdl_reduce_op {
 
 enum hvdl_op_type {
     HVDL_OP_ALLREDUCE = 0, HVDL_OP_ALLGATHER = 1, HVDL_OP_BROADCAST = 2,
-    HVDL_OP_BARRIER = 3, HVDL_OP_ALLTOALL = 4, HVDL_OP_REDUCESCATTER = 5, HVDL_OP_JOIN = 6
+    HVDL_OP_BARRIER = 3, HVDL_OP_ALLTOALL = 4, HVDL_OP_REDUCESCATTER = 5, HVDL_OP_JOIN = 6,
+    /* Point-to-point (p2p.c): root_rank is the peer (a global rank): the destination of
+     * a send, the source of a recv. Matched by (source, destination, name) alone; no
+     * other rank takes part. A send reads input (dtype, ndim, shape); a recv allocates
+     * its result (dtype and shape come with the message), or with HVDL_RECV_INTO writes
+     * output, whose dtype, ndim and shape must then match the message's size. */
+    HVDL_OP_SEND = 7, HVDL_OP_RECV = 8
 };
 
 /* One collective request. The engine copies the struct and the name; the buffers are
@@ -94,7 +100,9 @@ enum hvdl_request_flags {
     /* The caller calls hvdl_wait() on this op at once: on one node, the waiting caller
      * then starts it itself rather than the engine's thread (an op flagged so and never
      * waited for may not start until another op is enqueued or waited for). */
-    HVDL_CALLER_WAITS = 1
+    HVDL_CALLER_WAITS = 1,
+    /* A recv into the caller's output buffer (recv_), described by dtype/ndim/shape. */
+    HVDL_RECV_INTO = 2
 };
 
 /* What a finished op produced (filled by hvdl_release). */
@@ -106,6 +114,10 @@ typedef struct hvdl_result {
     int64_t *recv_splits;    /* alltoall: rows received from each member; hvdl_free it */
     int nsplits;
     int64_t value;           /* join: the last rank to join */
+    int dtype;               /* recv: the message's dtype, ndim and shape, and its sender */
+    int ndim;
+    int64_t shape[8];
+    int peer;
 } hvdl_result;
 
 /* Start-up in two steps so that the caller can exchange the address blobs however it

@@ -91,6 +91,7 @@ typedef struct peer {
     agreed_t agreed;         /* its settings that must equal everyone's (config.h) */
     int data_fd;             /* full mesh, -1 for self */
     conn_t ctrl;             /* control plane is a star: workers <-> rank 0 */
+    int p2p_fd;              /* full mesh for point-to-point messages (p2p.c owns it) */
 } peer_t;
 
 typedef struct cache_entry {
@@ -178,6 +179,7 @@ typedef struct engine {
      * freed or moved while the engine lives, so the loop may read them without mu. */
     group_t *sets[HVDL_MAX_SETS];
     atomic_int sets_changed;
+    struct p2p *p2p;         /* point-to-point messages: their own thread (p2p.c) */
 } engine_t;
 
 /* api.c: one engine's life, and the error funnel of every public call. The public API
@@ -370,6 +372,16 @@ int hvdl__cache_assign(engine_t *e, response_t *r);  /* rank 0: ids for a planne
  * sent nonsense) or without (this rank failed, recorded) */
 int hvdl__cache_apply(engine_t *e, response_t *r, const char **why);
 void hvdl__cache_free(engine_t *e);
+
+/* p2p.c: point-to-point messages on their own connections and thread */
+int hvdl__p2p_start(engine_t *e);                   /* after the connections, before the loop */
+void hvdl__p2p_stop(engine_t *e);                   /* after the loop thread has ended */
+void hvdl__p2p_free(engine_t *e);
+int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle);
+int hvdl__p2p_tend(engine_t *e);                    /* the loop: a peer p2p found broken; -1 failed */
+const char *hvdl__p2p_header_problem(const void *hdr);
+/* ops.c: a handle for o (mu held): 0, or an error status */
+int hvdl__handle_new(engine_t *e, op_t *o);
 
 /* exec.c: choose the algorithm, move the data, complete the handles */
 int hvdl__execute(engine_t *e, response_t *r);

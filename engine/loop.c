@@ -288,6 +288,7 @@ void *hvdl__loop(void *arg) {
         }
         if (e->neg && hvdl__neg_run(e)) break;      /* the segment's log, in order */
         if (hvdl__nodes_scan(e, now)) break;        /* a node leader's stuck words */
+        if (hvdl__p2p_tend(e)) break;              /* a p2p connection broke */
         if (hvdl__liveness_check(e, hvdl_now())) break;
         if (e->failed || e->stopped) break;
         if (pump(e, sleep_ms(e, hvdl_now()))) break;

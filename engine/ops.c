@@ -121,8 +121,19 @@ static int alloc_slot(engine_t *e) {
     return slot;
 }
 
+/* With mu held: file o in the handle table. */
+int hvdl__handle_new(engine_t *e, op_t *o) {
+    int slot = alloc_slot(e);
+    if (slot < 0) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+    o->handle = (int64_t)e->gens[slot] << 32 | slot;
+    e->slots[slot] = o;
+    return HVDL_OK;
+}
+
 int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     if (!q || !handle) return hvdl__err(HVDL_ERR_INVALID, "NULL request or handle pointer");
+    /* Point-to-point ops are agreed by their two ranks alone, on their own thread. */
+    if (q->op == HVDL_OP_SEND || q->op == HVDL_OP_RECV) return hvdl__p2p_enqueue(e, q, handle);
     if (!e || !e->thread_started) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
     int64_t nbytes = 0;
     pthread_mutex_lock(&e->mu);

@@ -74,7 +74,8 @@ void hvdl__close_all(engine_t *e) {
     for (int i = 0; e->peers && i < e->size; i++) {
         if (e->peers[i].data_fd >= 0) close(e->peers[i].data_fd);
         if (e->peers[i].ctrl.fd >= 0) close(e->peers[i].ctrl.fd);
-        e->peers[i].data_fd = e->peers[i].ctrl.fd = -1;
+        if (e->peers[i].p2p_fd >= 0) close(e->peers[i].p2p_fd);
+        e->peers[i].data_fd = e->peers[i].ctrl.fd = e->peers[i].p2p_fd = -1;
         buf_free(&e->peers[i].ctrl.rx);
     }
     if (e->listen_fd >= 0) close(e->listen_fd);

@@ -12,8 +12,8 @@ from .common.api import (ccl_built, cross_rank, cross_size, cuda_built, ddl_buil
 from .common.exceptions import HorovodInternalError, TensorMismatchError
 from .common.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
                          allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
-                         broadcast_async, join, poll, reducescatter, reducescatter_async,
-                         synchronize)
+                         broadcast_async, join, poll, recv, recv_, recv_async, recv_async_,
+                         reducescatter, reducescatter_async, send, send_async, synchronize)
 from .common.dynamic_sets import add_process_set, remove_process_set
 from .common.process_sets import ProcessSet, global_process_set
 from .runner.run_fn import run

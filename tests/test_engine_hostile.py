@@ -43,7 +43,9 @@ FRAME = struct.Struct("<IIq")               # magic type len
 META = struct.Struct("<6i8q2d")             # op dtype reduce root set ndim shape[8] pre post
 MSG_REQUESTS, MSG_RESPONSES, MSG_BYE, MSG_ABORT, MSG_PING, MSG_PONG, MSG_HEARTBEAT = range(1, 8)
 MSG_NODE_DONE, MSG_NODE_POSTED, MSG_NODE_CLOSE, MSG_NODE_REOPEN = range(8, 12)   # several nodes
-CH_DATA, CH_CONTROL = 0, 1
+CH_DATA, CH_CONTROL, CH_P2P = 0, 1, 2
+P2P_MAGIC = 0x50327648
+P2P_HDR = struct.Struct("<IIii8qq")     # magic name_len dtype ndim shape[8] nbytes (engine/p2p.c)
 FULL_TAG = 0xFFFFFFFF
 
 
@@ -255,6 +257,7 @@ class FakeRank:
         self.blob = bytes(b)
         self.ctrl = {}       # rank -> control socket
         self.data = {}
+        self.p2p = {}        # rank -> point-to-point socket
 
     def _proof(self, label, hello, challenge):
         return hmac.new(self.key, label + hello + challenge, hashlib.sha256).digest()
@@ -269,7 +272,7 @@ class FakeRank:
         assert hmac.compare_digest(proof, self._proof(b"hvdl accept ", hello, challenge)), \
             "the real rank's proof is wrong"
         s.sendall(self._proof(b"hvdl connect", hello, challenge))
-        (self.ctrl if channel == CH_CONTROL else self.data)[peer] = s
+        {CH_CONTROL: self.ctrl, CH_DATA: self.data, CH_P2P: self.p2p}[channel][peer] = s
         return s
 
     def accept(self, expected):
@@ -283,7 +286,7 @@ class FakeRank:
             challenge = os.urandom(32)
             s.sendall(REPLY.pack(MAGIC, 0, challenge, self._proof(b"hvdl accept ", hello, challenge)))
             assert hmac.compare_digest(_recv(s, 32), self._proof(b"hvdl connect", hello, challenge))
-            (self.ctrl if channel == CH_CONTROL else self.data)[frm] = s
+            {CH_CONTROL: self.ctrl, CH_DATA: self.data, CH_P2P: self.p2p}[channel][frm] = s
 
     def clock_sync_as_worker(self):
         s = self.ctrl[0]
@@ -311,7 +314,7 @@ class FakeRank:
         self.ctrl[peer].sendall(raw)
 
     def close(self):
-        for s in list(self.ctrl.values()) + list(self.data.values()) + [self.listener]:
+        for s in [*self.ctrl.values(), *self.data.values(), *self.p2p.values(), self.listener]:
             s.close()
 
 
@@ -471,6 +474,7 @@ def _fake_worker_job(job_factory, **env):
     fake = FakeRank(1, 2, KEY, blob0)
     job.publish(1, fake.blob)
     fake.connect(0, blob0, CH_DATA)
+    fake.connect(0, blob0, CH_P2P)
     fake.connect(0, blob0, CH_CONTROL)
     fake.clock_sync_as_worker()
     return job, fake
@@ -523,6 +527,52 @@ def test_malformed_frame_to_rank0_fails_the_job_naming_the_sender(job_factory, c
     assert f"rank 1 (host {HOST}) was lost: sent a malformed" in out, out
 
 
+def p2p_message(name=b"act", dtype=7, shape=(4,), nbytes=None, ndim=None, magic=P2P_MAGIC,
+                name_len=None, dims=None, payload=None):
+    """A point-to-point message as engine/p2p.c frames it: header, name, payload."""
+    size = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 2, 7: 4, 8: 8, 9: 1}.get(dtype, 1)
+    for d in shape:
+        size *= d
+    dims = list(shape) + [0] * (8 - len(shape)) if dims is None else dims
+    hdr = P2P_HDR.pack(magic, len(name) if name_len is None else name_len, dtype,
+                       len(shape) if ndim is None else ndim, *dims,
+                       size if nbytes is None else nbytes)
+    return hdr + name + (bytes(max(size, 0)) if payload is None else payload)
+
+
+MALFORMED_P2P = {
+    "bad-magic": p2p_message(magic=0xDEADBEEF),
+    "empty-name": p2p_message(name=b""),
+    "name-too-long": p2p_message(name_len=1 << 31, payload=b""),
+    "nul-in-name": p2p_message(name=b"a\x00b"),
+    "bad-dtype": p2p_message(dtype=77),
+    "negative-dtype": p2p_message(dtype=-1),
+    "bad-ndim": p2p_message(ndim=9, payload=b""),
+    "negative-ndim": p2p_message(ndim=-1, payload=b""),
+    "negative-dim": p2p_message(shape=(-4,), nbytes=16, payload=b""),
+    "overflowing-size": p2p_message(shape=(1 << 40, 1 << 40), nbytes=0, payload=b""),
+    "too-big": p2p_message(shape=(1 << 50,), payload=b""),
+    "bytes-not-the-shape": p2p_message(nbytes=1 << 30, payload=b""),
+    "dim-beyond-ndim": p2p_message(dims=[4, 7, 0, 0, 0, 0, 0, 0]),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(MALFORMED_P2P))
+def test_malformed_p2p_message_fails_the_job_naming_the_sender(job_factory, case):
+    """A peer that frames a point-to-point message wrongly (on its own p2p connection) is
+    named as lost by the rank it sent to, like any malformed control frame."""
+    job, fake = _fake_worker_job(job_factory)
+    try:
+        fake.p2p[0].sendall(MALFORMED_P2P[case])
+        rc, out, err = job.wait(0, timeout=60)
+    finally:
+        fake.close()
+    assert rc == 0, f"rank 0 crashed or hung (rc={rc})\n{out}\n{err}"
+    assert "op-failed" in out, out + err
+    assert f"rank 1 (host {HOST}) was lost: sent a malformed point-to-point" in out, out
+
+
 def response(kind=0, m=None, tensors=(), tail=b""):
     body = struct.pack("<I", kind) + (m or meta()) + struct.pack("<I", len(tensors))
     for t in tensors:
@@ -566,7 +616,7 @@ def _fake_root_job(job_factory, **env):
     blob1 = job.blob(1)
     fake = FakeRank(0, 2, KEY, blob1)
     job.publish(0, fake.blob)
-    fake.accept(2)                 # rank 1's data and control connections
+    fake.accept(3)                 # rank 1's data, p2p and control connections
     fake.clock_sync_as_root(1)
     return job, fake
 
@@ -736,6 +786,7 @@ def test_shm_segment_is_not_left_behind_when_local_rank0_dies_during_attach(job_
     job.publish(2, bytes(b))
     try:
         fake.connect(0, blob0, CH_DATA)
+        fake.connect(0, blob0, CH_P2P)
         fake.connect(0, blob0, CH_CONTROL)
         nonce0 = blob_fields(blob0)[0]
         deadline = time.monotonic() + 20
@@ -745,6 +796,7 @@ def test_shm_segment_is_not_left_behind_when_local_rank0_dies_during_attach(job_
         os.killpg(job.procs[0].pid, signal.SIGKILL)
         job.procs[0].wait()
         fake.connect(1, blob1, CH_DATA)                   # rank 1 goes on to attach
+        fake.connect(1, blob1, CH_P2P)
         rc, out, err = job.wait(1, timeout=60)
     finally:
         fake.close()

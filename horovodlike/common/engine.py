@@ -17,6 +17,7 @@ BLOB_BYTES = lib.HVDL_BLOB_BYTES
 ALLREDUCE, ALLGATHER, BROADCAST, BARRIER = (lib.HVDL_OP_ALLREDUCE, lib.HVDL_OP_ALLGATHER,
                                             lib.HVDL_OP_BROADCAST, lib.HVDL_OP_BARRIER)
 ALLTOALL, REDUCESCATTER, JOIN = lib.HVDL_OP_ALLTOALL, lib.HVDL_OP_REDUCESCATTER, lib.HVDL_OP_JOIN
+SEND, RECV = lib.HVDL_OP_SEND, lib.HVDL_OP_RECV
 SUM, AVERAGE, MIN, MAX, PRODUCT, ADASUM = (lib.HVDL_SUM, lib.HVDL_AVERAGE, lib.HVDL_MIN,
                                            lib.HVDL_MAX, lib.HVDL_PRODUCT, lib.HVDL_ADASUM)
 DTYPES = {
@@ -25,6 +26,7 @@ DTYPES = {
     "bfloat16": lib.HVDL_BFLOAT16, "float32": lib.HVDL_FLOAT32, "float64": lib.HVDL_FLOAT64,
     "bool": lib.HVDL_BOOL,
 }
+DTYPE_NAMES = {code: name for name, code in DTYPES.items()}
 
 _NOT_INIT = "Horovod has not been initialized; use hvd.init()."
 
@@ -107,10 +109,11 @@ _scratch = _Scratch()
 
 def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SUM,
             root_rank=0, prescale=1.0, postscale=1.0, process_set=0, splits=None,
-            caller_waits=False) -> int:
+            caller_waits=False, recv_into=False) -> int:
     """Queue one request; pointers are integer addresses of contiguous buffers that the
     caller keeps alive until the handle is released. caller_waits: this thread waits for
-    it at once (the engine then lets the waiting thread start it)."""
+    it at once (the engine then lets the waiting thread start it). recv_into: a recv
+    writes output_ptr, described by dtype and shape (recv_)."""
     if "\0" in name:
         raise ValueError(f"tensor name {name!r} contains a NUL character")
     if len(shape) > MAX_DIMS:
@@ -121,7 +124,8 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
     for i, d in enumerate(shape):
         req.shape[i] = d
     req.prescale, req.postscale = prescale, postscale
-    req.flags = lib.HVDL_CALLER_WAITS if caller_waits else 0
+    req.flags = (lib.HVDL_CALLER_WAITS if caller_waits else 0) | \
+        (lib.HVDL_RECV_INTO if recv_into else 0)
     req.input = ffi.cast("void *", input_ptr)
     req.output = ffi.cast("void *", output_ptr)
     encoded = name.encode()
@@ -153,11 +157,17 @@ def wait(handle: int, timeout: float) -> bool:
 class Result:
     """What a finished op produced. data: engine-allocated output (allgather, alltoall)
     or None; buffer() views it without a copy and keeps it alive."""
-    __slots__ = ("data", "nbytes", "first_dim", "recv_splits", "value")
+    __slots__ = ("data", "nbytes", "first_dim", "recv_splits", "value", "_res")
 
-    def __init__(self, data, nbytes, first_dim, recv_splits, value):
+    def __init__(self, data, nbytes, first_dim, recv_splits, value, res=None):
         self.data, self.nbytes, self.first_dim = data, nbytes, first_dim
         self.recv_splits, self.value = recv_splits, value
+        self._res = res
+
+    def message(self):
+        """A recv's message: (dtype name, shape, source rank)."""
+        dtype, ndim, shape, peer = self._res
+        return DTYPE_NAMES[dtype], tuple(shape[:ndim]), peer
 
     def buffer(self):
         return ffi.buffer(self.data, self.nbytes) if self.data is not None else b""
@@ -176,7 +186,10 @@ def release(handle: int) -> Result:
     if res.recv_splits != ffi.NULL:
         splits = [res.recv_splits[i] for i in range(res.nsplits)]
         lib.hvdl_free(res.recv_splits)
-    return Result(data, res.nbytes, res.first_dim, splits, res.value)
+    # A recv's message metadata (cheap: read only when the engine filled it in).
+    meta = (res.dtype, res.ndim, list(res.shape), res.peer) if res.ndim > 0 or res.peer else \
+        (res.dtype, 0, [], res.peer)
+    return Result(data, res.nbytes, res.first_dim, splits, res.value, meta)
 
 
 def process_set_add(set_id: int, ranks) -> None:

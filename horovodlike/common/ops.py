@@ -229,3 +229,76 @@ def join(device=-1):
     with waiting:
         h = submit((), lambda res: int(res.value), **request.join().fields())
     return synchronize(h)
+
+
+# ---- point-to-point ----
+# A send and a recv are matched by (source, destination, name) by the two ranks alone
+# (engine/p2p.c). The bindings share these helpers: they hand over a contiguous buffer
+# and say how to wrap what arrives.
+
+def submit_send(req, code, shape, address, keep):
+    """Queue a send of a contiguous buffer; `keep` stays alive until it completes."""
+    return submit(keep, lambda _: None, **req.fields(code, shape, address))
+
+
+def submit_recv(req, wrap):
+    """Queue a recv into a new buffer; wrap(result) builds the output from the message
+    (result.message() gives its dtype name, shape and source)."""
+    return submit((), wrap, **req.fields())
+
+
+def submit_recv_into(req, code, shape, address, keep, finish):
+    """Queue a recv into the caller's contiguous buffer: the message's dtype and size
+    must match it, or the recv fails naming both ranks, the name and the field."""
+    return submit(keep, finish, **req.fields(code, shape, 0, address, recv_into=True))
+
+
+def _np_dtype(name):
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise TypeError(f"recv: the message is {name}, which numpy cannot hold here; "
+                        f"receive it with horovodlike.torch or horovodlike.tensorflow") from None
+
+
+def _np_message(res):
+    dtype, shape, _ = res.message()
+    dt = _np_dtype(dtype)
+    if not res.nbytes:
+        return np.empty(shape, dt)
+    return np.frombuffer(res.buffer(), dtype=dt).reshape(shape)
+
+
+def send_async(tensor, dst, name=None, process_set=None):
+    """Send `tensor` to global rank `dst`. The handle completes once the data has left
+    this rank (possibly before `dst` posts its recv)."""
+    x = _as_array(tensor, "send")
+    code = dtype_code(x.dtype, "send")
+    req = request.p2p("send", dst, name, process_set)
+    return submit_send(req, code, x.shape, engine.address(x), (x,))
+
+
+def send(tensor, dst, name=None, process_set=None):
+    synchronize(send_async(tensor, dst, name, process_set))
+
+
+def recv_async(src, name=None, process_set=None):
+    """Receive the message `name` from global rank `src` into a new array whose dtype and
+    shape are the message's."""
+    return submit_recv(request.p2p("recv", src, name, process_set), _np_message)
+
+
+def recv(src, name=None, process_set=None):
+    return synchronize(recv_async(src, name, process_set))
+
+
+def recv_async_(tensor, src, name=None, process_set=None):
+    """Receive into `tensor` (C-contiguous); returns it at synchronize()."""
+    x = _as_array(tensor, "recv_")
+    code = dtype_code(x.dtype, "recv_")
+    req = request.p2p("recv", src, name, process_set, what="recv_")
+    return submit_recv_into(req, code, x.shape, engine.address(x), (x,), lambda _: x)
+
+
+def recv_(tensor, src, name=None, process_set=None):
+    return synchronize(recv_async_(tensor, src, name, process_set))

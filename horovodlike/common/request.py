@@ -43,7 +43,7 @@ OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Pr
 KINDS = {"allreduce": engine.ALLREDUCE, "allgather": engine.ALLGATHER,
          "broadcast": engine.BROADCAST, "alltoall": engine.ALLTOALL,
          "reducescatter": engine.REDUCESCATTER, "barrier": engine.BARRIER,
-         "join": engine.JOIN}
+         "join": engine.JOIN, "send": engine.SEND, "recv": engine.RECV}
 
 
 # ------------------------------------------------------------------ names
@@ -272,12 +272,16 @@ class Request:
             splits = self.splits
         return splits_list(splits, rows, self.set_size, self.kind)
 
-    def fields(self, dtype=0, shape=(), input_ptr=0, output_ptr=0, splits=None):
+    def fields(self, dtype=0, shape=(), input_ptr=0, output_ptr=0, splits=None,
+               recv_into=False):
         """Keyword arguments for engine.enqueue (ops.submit)."""
-        return dict(op=KINDS[self.kind], name=self.name, dtype=dtype, shape=tuple(shape),
-                    input_ptr=input_ptr, output_ptr=output_ptr, reduce_op=self.reduce_op,
-                    root_rank=self.root_rank, prescale=self.prescale,
-                    postscale=self.postscale, process_set=self.set_id, splits=splits)
+        f = dict(op=KINDS[self.kind], name=self.name, dtype=dtype, shape=tuple(shape),
+                 input_ptr=input_ptr, output_ptr=output_ptr, reduce_op=self.reduce_op,
+                 root_rank=self.root_rank, prescale=self.prescale,
+                 postscale=self.postscale, process_set=self.set_id, splits=splits)
+        if recv_into:
+            f["recv_into"] = True
+        return f
 
     def renamed(self, name):
         return dataclasses.replace(self, name=name)
@@ -341,6 +345,36 @@ def reducescatter(name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
     post = scale(postscale_factor, what, "postscale_factor")
     return _request("reducescatter", what, name, process_set, namer, members, reduce_op=op,
                     prescale=pre, postscale=post)
+
+
+def p2p(kind, peer, name=None, process_set=None, what=None):
+    """A send (peer = the destination) or recv (peer = the source): peer is a GLOBAL
+    rank, as every rank argument is; with a process set, this rank and the peer must both
+    be members. Only the two ranks take part, and they match by (source, destination,
+    name): a named message is "p2p.<name>"; unnamed ones are numbered per pair and
+    direction ("p2p.noname.<k>" is the k-th unnamed send from src to dst, and the k-th
+    unnamed recv from src on dst), so they match when both sides post them in the same
+    order."""
+    what = what or kind
+    ps, sid = resolve_set(process_set)
+    member_index(ps, what)
+    peer = _as_int(peer, what, "dst" if kind == "send" else "src")
+    me, size = basics.rank(), basics.size()
+    role = "destination" if kind == "send" else "source"
+    if not 0 <= peer < size:
+        raise ValueError(f"{what}: {role} rank {peer} is not a rank of the job (size {size})")
+    if peer == me:
+        raise ValueError(f"{what}: rank {me} cannot {'send to' if kind == 'send' else 'receive from'} "
+                         f"itself")
+    if sid and peer not in ps.ranks:
+        raise ValueError(f"{what}: {role} rank {peer} is not a member of {ps!r}; ranks are "
+                         f"global, also with a process set")
+    if name is None:
+        pair = (me, peer) if kind == "send" else (peer, me)
+        base = f"p2p.noname.{counters.next('p2p', pair)}"
+    else:
+        base = f"p2p.{name}"
+    return Request(kind, base, ps, sid, ps.size(), ps.rank(), root_rank=peer)
 
 
 def barrier(process_set=None, namer=None):

@@ -30,6 +30,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_p
                       process_set_included_op, rank_op, reducescatter, remove_process_set,
                       size_op)
 from .optimizer import DistributedOptimizer
+from .p2p import recv, recv_, send  # noqa: F401
 from .sync_batch_norm import SyncBatchNormalization
 from .util import _cache, _executing_eagerly, _make_subgraph, refs_to_vars, vars_to_refs  # noqa: F401
 

@@ -26,7 +26,8 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
                       grouped_reducescatter, grouped_reducescatter_async, init,
                       is_homogeneous, is_initialized, join, local_rank, local_size,
                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
-                      reducescatter, reducescatter_async, rocm_built, shutdown, size,
+                      recv, recv_, recv_async, recv_async_, reducescatter, reducescatter_async,
+                      rocm_built, send, send_async, shutdown, size,
                       sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .mpi_ops import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                       remove_process_set)

@@ -370,3 +370,50 @@ def join(device=-1):
     that joined last. `device` is accepted for Horovod compatibility (CPU only)."""
     return int(synchronize(_ops.submit((), lambda res: int(res.value),
                                        **request.join().fields())))
+
+
+# ------------------------------------------------------------------ point-to-point
+
+def send_async(tensor, dst, name=None, process_set=global_process_set):
+    """Send `tensor` to global rank `dst`, matched by (this rank, dst, name). The handle
+    completes once the data has left this rank, possibly before dst posts its recv."""
+    code = _tensors.check_tensor(tensor, "send")
+    req = request.p2p("send", dst, name, process_set)
+    buf = _tensors.contiguous(tensor)
+    return _ops.submit_send(req, code, buf.shape, _tensors.address(buf), (tensor, buf))
+
+
+def send(tensor, dst, name=None, process_set=global_process_set):
+    synchronize(send_async(tensor, dst, name, process_set))
+
+
+def _message(res):
+    dtype, shape, _ = res.message()
+    dt = next(t for t, c in _tensors.TORCH_DTYPES.items() if c == request.engine.DTYPES[dtype])
+    if not res.nbytes:
+        return torch.empty(shape, dtype=dt)
+    return torch.frombuffer(res.buffer(), dtype=dt).view(shape)
+
+
+def recv_async(src, name=None, process_set=global_process_set):
+    """Receive the message `name` from global rank `src` as a new tensor whose dtype and
+    shape are the message's."""
+    return _ops.submit_recv(request.p2p("recv", src, name, process_set), _message)
+
+
+def recv(src, name=None, process_set=global_process_set):
+    return synchronize(recv_async(src, name, process_set))
+
+
+def recv_async_(tensor, src, name=None, process_set=global_process_set):
+    """Receive into `tensor` (any strides: a non-contiguous one is filled at synchronize).
+    A message of another dtype or size fails, naming both ranks, the name and the field."""
+    code = _tensors.check_tensor(tensor, "recv_")
+    req = request.p2p("recv", src, name, process_set, what="recv_")
+    buf = _tensors.contiguous(tensor)
+    return _ops.submit_recv_into(req, code, buf.shape, _tensors.address(buf), (tensor, buf),
+                                 lambda _: _tensors.write_back(tensor, buf))
+
+
+def recv_(tensor, src, name=None, process_set=global_process_set):
+    return synchronize(recv_async_(tensor, src, name, process_set))

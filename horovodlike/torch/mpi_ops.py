@@ -16,7 +16,8 @@ from ._collectives import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F40
                            alltoall_async, barrier, broadcast_, broadcast_async,
                            broadcast_async_, grouped_allgather_async, grouped_allreduce_,
                            grouped_allreduce_async, grouped_allreduce_async_,
-                           grouped_reducescatter_async, join, poll, reducescatter_async,
+                           grouped_reducescatter_async, join, poll, recv, recv_, recv_async,
+                           recv_async_, reducescatter_async, send, send_async,
                            sparse_allreduce_async, synchronize)
 from ._process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                             remove_process_set)

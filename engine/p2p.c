@@ -1,0 +1,761 @@
+/*
+ * Point-to-point messages: hvd.send / hvd.recv between two ranks, agreed by those two
+ * ranks alone.
+ *
+ * A send and a recv are matched by (src, dst, name), in posting order among equal
+ * names, never by the order of different names. Nothing goes through rank 0 and no
+ * other rank takes part: the message itself is the agreement.
+ *
+ * The channel. Every pair of ranks has a connection of its own for p2p (handshake.c,
+ * channel CH_P2P, authenticated with the job key like the data and control
+ * connections), served by a thread of its own (this file). So a large send never waits
+ * behind a collective on the data sockets or behind negotiation on the loop thread, and
+ * a collective never waits behind it.
+ *
+ * The protocol is eager: a send writes its header and payload at once, straight from
+ * the caller's buffer; it completes when the kernel has taken the last byte. The
+ * receiving thread always reads every connection. A message whose recv is posted lands
+ * directly in that recv's buffer (recv_) or in a buffer allocated for it once its
+ * header says how big it is (recv, handed to the caller without a copy). A message
+ * whose recv is not posted yet is buffered whole ("unexpected"), and a later recv takes
+ * it: recv() takes the buffer itself, recv_() copies it once. Since every message is
+ * always read, no posting order between two ranks can deadlock: a send never waits for
+ * the matching recv, only for the kernel.
+ *
+ * Frame (p2p_hdr_t, 88 bytes, then the name, then nbytes of payload):
+ *   magic, name_len (1..4096), dtype, ndim (0..8), shape[8], nbytes.
+ * Every field is range-checked before anything is trusted (hvdl__p2p_header_problem),
+ * nbytes must equal the shape's size and is bounded by P2P_MAX_BYTES, and a peer that
+ * breaks this is named by the loop thread as lost (hvdl__p2p_tend), which tells the job.
+ *
+ * Cost model, one message of n bytes between two ranks:
+ *   sender     one wake-up of the p2p thread, one sendmsg (header, name and payload in
+ *              one call; more only when the socket buffer is full), no copy;
+ *   receiver   one wake-up; a posted recv_: header through a 64 KiB staging buffer,
+ *              payload straight into the buffer (a small payload one extra memcpy from
+ *              the staging buffer); recv(): one allocation; unmatched: one buffer of n
+ *              bytes held until the recv, plus one memcpy for recv_;
+ *   latency    ~2 thread wake-ups + the loopback/NIC time, so ~20-50 us on an idle
+ *              machine for small messages; bandwidth is TCP's (the kernel overlaps the
+ *              pieces: the sender fills the socket buffer while the receiver drains it).
+ *   memory     unmatched messages are held in full: a sender far ahead of its receiver
+ *              costs the receiver the bytes it has not asked for yet.
+ *
+ * Failure: a dead peer closes the connection; a stopped one is found by the engine's
+ * heartbeats (liveness.c) within HOROVODLIKE_PEER_TIMEOUT_SECONDS. Either way the engine
+ * fails with the peer's name, and this thread fails its waiting ops with that message.
+ * Stall inspector: a send or recv waiting longer than HOROVOD_STALL_CHECK_TIME_SECONDS
+ * is reported on its own rank with its name, its rank and the peer it waits for (and,
+ * for a recv, the names that peer did send, which shows a name mismatch).
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define P2P_MAGIC 0x50327648u            /* "Hv2P" */
+#define P2P_MAX_NAME 4096
+#define P2P_MAX_BYTES ((int64_t)1 << 40)  /* a longer message is malformed */
+#define STAGE_BYTES (64 * 1024)
+
+typedef struct p2p_hdr {
+    uint32_t magic, name_len;
+    int32_t dtype, ndim;
+    int64_t shape[HVDL_MAX_DIMS];
+    int64_t nbytes;
+} p2p_hdr_t;
+_Static_assert(sizeof(p2p_hdr_t) == 88, "the p2p header is 88 bytes on the wire");
+
+/* A message in flight: a send being written, a recv waiting, or an unexpected message. */
+typedef struct pmsg {
+    op_t *op;                /* NULL for an unexpected message */
+    int peer;
+    p2p_hdr_t hdr;           /* sends: what goes out; unexpected: what came in */
+    char *name;              /* unexpected messages own their name (ops use op->name) */
+    uint8_t *data;           /* unexpected: the buffered payload */
+    int64_t off;             /* sends: bytes written of header + name + payload */
+    double started, warned;
+    struct pmsg *next;
+} pmsg_t;
+
+typedef struct plist { pmsg_t *head, *tail; } plist_t;
+
+typedef struct ppeer {
+    int fd;
+    int closed;
+    plist_t sends;           /* FIFO: the head is being written */
+    plist_t recvs;           /* posted, not matched yet */
+    plist_t unexpected;      /* arrived whole, no recv yet */
+    /* The incoming message being read */
+    uint8_t stage[STAGE_BYTES];
+    int64_t stage_pos, stage_len;
+    int rx_state;            /* 0 header, 1 name, 2 payload */
+    int64_t rx_got;
+    p2p_hdr_t rx_hdr;
+    char rx_name[P2P_MAX_NAME + 1];
+    pmsg_t *rx_into;         /* the recv or unexpected message the payload goes to */
+    uint8_t *rx_dst;         /* where the payload goes (NULL: discarded) */
+} ppeer_t;
+
+struct p2p {
+    pthread_t thread;
+    int started;
+    int wake_fd;
+    pthread_mutex_t mu;      /* guards incoming and stop */
+    op_t *incoming_head, *incoming_tail;
+    int stop;
+    ppeer_t *peers;
+    int npending;            /* ops this thread holds */
+    double last_stall_check;
+    /* A failure the loop thread must tell the job about (hvdl__p2p_tend). */
+    atomic_int lost_peer;    /* -1: none */
+    char lost_why[256];
+};
+
+static const char *DTYPE_NAMES[HVDL_NUM_DTYPES] = {"uint8", "int8", "int16", "int32", "int64",
+                                                   "float16", "bfloat16", "float32", "float64", "bool"};
+static const char *dtype_name(int d) { return d >= 0 && d < HVDL_NUM_DTYPES ? DTYPE_NAMES[d] : "?"; }
+
+static void push(plist_t *l, pmsg_t *m) {
+    m->next = NULL;
+    if (l->tail) l->tail->next = m; else l->head = m;
+    l->tail = m;
+}
+static void unlink_msg(plist_t *l, pmsg_t *m) {
+    pmsg_t **pp = &l->head, *prev = NULL;
+    for (; *pp && *pp != m; prev = *pp, pp = &(*pp)->next) {}
+    if (!*pp) return;
+    *pp = m->next;
+    if (l->tail == m) l->tail = prev;
+}
+
+/* Why this header cannot be a message, or NULL. Pure: the hostile-frame tests feed it. */
+const char *hvdl__p2p_header_problem(const void *hdr) {
+    const p2p_hdr_t *h = hdr;
+    if (h->magic != P2P_MAGIC) return "bad magic";
+    if (h->name_len < 1 || h->name_len > P2P_MAX_NAME) return "name length out of range";
+    if (!hvdl_dtype_size(h->dtype)) return "unknown dtype";
+    if (h->ndim < 0 || h->ndim > HVDL_MAX_DIMS) return "dimensions out of range";
+    int64_t n = hvdl_dtype_size(h->dtype);
+    for (int d = 0; d < h->ndim; d++) {
+        if (h->shape[d] < 0) return "negative dimension";
+        if (h->shape[d] && n > P2P_MAX_BYTES / h->shape[d]) return "size out of range";
+        n *= h->shape[d];
+    }
+    for (int d = h->ndim; d < HVDL_MAX_DIMS; d++)
+        if (h->shape[d]) return "a dimension beyond ndim";
+    if (h->nbytes != n) return "byte count does not match dtype and shape";
+    return NULL;
+}
+
+static void shape_str(const p2p_hdr_t *h, char *out, size_t cap) {
+    size_t k = (size_t)snprintf(out, cap, "[");
+    for (int d = 0; d < h->ndim && k < cap; d++)
+        k += (size_t)snprintf(out + k, cap - k, d ? ", %lld" : "%lld", (long long)h->shape[d]);
+    if (k < cap) snprintf(out + k, cap - k, "]");
+}
+
+/* ---- completion ---- */
+
+static void finish(engine_t *e, pmsg_t *m, int status, const char *msg) {
+    op_t *o = m->op;
+    struct p2p *p = e->p2p;
+    double now = hvdl_now();
+    if (TL_ON(e) && status == HVDL_OK) {
+        char args[160];
+        snprintf(args, sizeof args, "\"peer\": %d, \"bytes\": %lld", m->peer,
+                 (long long)(o->meta.op == HVDL_OP_SEND ? o->nbytes : o->result.nbytes));
+        buf_t b = {0};
+        hvdl__json_str(&b, o->name);
+        if (b.data) {
+            char *full = malloc((size_t)b.len + sizeof args + 16);
+            if (full) {
+                snprintf(full, (size_t)b.len + sizeof args + 16, "\"name\": %.*s, %s", (int)b.len,
+                         (const char *)b.data, args);
+                hvdl__tl_span(e, TL_P2P, o->meta.op == HVDL_OP_SEND ? "SEND" : "RECV", m->started, now, full);
+                free(full);
+            }
+        }
+        buf_free(&b);
+    }
+    pthread_mutex_lock(&e->mu);
+    if (!atomic_load(&o->done)) {
+        o->status = status;
+        o->msg = msg ? strdup(msg) : NULL;
+        atomic_store(&o->done, 1);
+    }
+    pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->mu);
+    free(m);
+    p->npending--;
+}
+
+static void fail_list(engine_t *e, plist_t *l, int status, const char *msg) {
+    while (l->head) {
+        pmsg_t *m = l->head;
+        l->head = m->next;
+        if (m->op) finish(e, m, status, msg);
+        else { free(m->name); free(m->data); free(m); }
+    }
+    l->tail = NULL;
+}
+
+/* Everything this thread holds fails with one message (the engine failed or stopped). */
+static void fail_all(engine_t *e, int status, const char *msg) {
+    struct p2p *p = e->p2p;
+    for (int i = 0; i < e->size; i++) {
+        ppeer_t *q = &p->peers[i];
+        if (q->rx_into && q->rx_into->op) {     /* a recv half read */
+            pmsg_t *m = q->rx_into;
+            q->rx_into = NULL;
+            q->rx_dst = NULL;
+            finish(e, m, status, msg);
+        }
+        fail_list(e, &q->sends, status, msg);
+        fail_list(e, &q->recvs, status, msg);
+    }
+}
+
+/* Tell the loop thread (which owns the control connections) that a peer broke. */
+static void report_lost(engine_t *e, int peer, const char *why) {
+    struct p2p *p = e->p2p;
+    int none = -1;
+    snprintf(p->lost_why, sizeof p->lost_why, "%s", why);
+    if (atomic_compare_exchange_strong(&p->lost_peer, &none, peer)) hvdl__wake(e);
+    p->peers[peer].closed = 1;
+}
+
+int hvdl__p2p_tend(engine_t *e) {
+    struct p2p *p = e->p2p;
+    if (!p) return 0;
+    int peer = atomic_load(&p->lost_peer);
+    if (peer < 0) return 0;
+    hvdl__peer_lost(e, peer, p->lost_why);
+    return e->failed || e->stopped ? -1 : 0;
+}
+
+/* ---- matching ---- */
+
+/* The posted recv from q for this name, or NULL. */
+static pmsg_t *posted_for(ppeer_t *q, const char *name) {
+    for (pmsg_t *m = q->recvs.head; m; m = m->next)
+        if (!strcmp(m->op->name, name)) return m;
+    return NULL;
+}
+
+/* A recv meets a message described by h: prepare its output. 0, or -1 after completing
+ * the recv with the mismatch (its payload is then discarded). */
+static int accept_into(engine_t *e, pmsg_t *r, const p2p_hdr_t *h, uint8_t **dst) {
+    op_t *o = r->op;
+    char why[HVDL_MSG_BYTES];
+    if (o->meta.ndim >= 0) {                        /* recv_: the caller's buffer */
+        const char *field = NULL;
+        char mine[200], theirs[200];
+        if (h->dtype != o->meta.dtype) {
+            field = "dtype";
+            snprintf(theirs, sizeof theirs, "%s", dtype_name(h->dtype));
+            snprintf(mine, sizeof mine, "%s", dtype_name(o->meta.dtype));
+        } else if (h->nbytes != o->nbytes) {
+            p2p_hdr_t b = {.ndim = o->meta.ndim};
+            memcpy(b.shape, o->meta.shape, sizeof b.shape);
+            char s1[160], s2[160];
+            shape_str(h, s1, sizeof s1);
+            shape_str(&b, s2, sizeof s2);
+            field = "size";
+            snprintf(theirs, sizeof theirs, "%lld bytes (shape %s)", (long long)h->nbytes, s1);
+            snprintf(mine, sizeof mine, "%lld bytes (shape %s)", (long long)o->nbytes, s2);
+        }
+        if (field) {
+            snprintf(why, sizeof why, "recv_ '%s' on rank %d from rank %d: the message and the buffer "
+                     "differ in %s: rank %d sent %s, rank %d's buffer has %s", o->name, e->rank, r->peer,
+                     field, r->peer, theirs, e->rank, mine);
+            *dst = NULL;
+            finish(e, r, HVDL_ERR_MISMATCH, why);
+            return -1;
+        }
+        *dst = o->output;
+    } else {                                        /* recv: a new buffer, given away */
+        if (h->nbytes && !(o->result.data = malloc((size_t)h->nbytes))) {
+            snprintf(why, sizeof why, "recv '%s' on rank %d from rank %d: out of memory for %lld bytes",
+                     o->name, e->rank, r->peer, (long long)h->nbytes);
+            *dst = NULL;
+            finish(e, r, HVDL_ERR_SYSTEM, why);
+            return -1;
+        }
+        *dst = o->result.data;
+    }
+    o->result.nbytes = h->nbytes;
+    o->result.dtype = h->dtype;
+    o->result.ndim = h->ndim;
+    o->result.peer = r->peer;
+    memcpy(o->result.shape, h->shape, sizeof o->result.shape);
+    o->result.first_dim = h->ndim ? h->shape[0] : 0;
+    return 0;
+}
+
+/* An unexpected message m meets recv r: deliver it and free m. */
+static void deliver(engine_t *e, pmsg_t *r, pmsg_t *m) {
+    op_t *o = r->op;
+    uint8_t *dst;
+    int into = o->meta.ndim >= 0;
+    if (!into) {                                    /* hand the buffer over, no copy */
+        o->result.data = m->data;
+        m->data = NULL;
+        p2p_hdr_t h = m->hdr;
+        h.nbytes = 0;                               /* nothing to allocate */
+        accept_into(e, r, &h, &dst);
+        o->result.nbytes = m->hdr.nbytes;
+        finish(e, r, HVDL_OK, NULL);
+    } else if (accept_into(e, r, &m->hdr, &dst) == 0) {
+        if (m->hdr.nbytes) memcpy(dst, m->data, (size_t)m->hdr.nbytes);
+        finish(e, r, HVDL_OK, NULL);
+    }
+    free(m->name);
+    free(m->data);
+    free(m);
+}
+
+/* A new recv: take an unexpected message of its name, or wait among the posted. */
+static void post_recv(engine_t *e, pmsg_t *r) {
+    ppeer_t *q = &e->p2p->peers[r->peer];
+    for (pmsg_t *m = q->unexpected.head; m; m = m->next)
+        if (!strcmp(m->name, r->op->name)) {
+            unlink_msg(&q->unexpected, m);
+            deliver(e, r, m);
+            return;
+        }
+    push(&q->recvs, r);
+}
+
+/* ---- reading ---- */
+
+/* The whole header and name of an incoming message are here: find where it goes. */
+static int begin_payload(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    q->rx_name[q->rx_hdr.name_len] = 0;
+    if (strlen(q->rx_name) != q->rx_hdr.name_len) {
+        report_lost(e, peer, "sent a malformed point-to-point message (a NUL byte in its name)");
+        return -1;
+    }
+    pmsg_t *r = posted_for(q, q->rx_name);
+    if (r) {
+        unlink_msg(&q->recvs, r);
+        if (accept_into(e, r, &q->rx_hdr, &q->rx_dst) == 0) q->rx_into = r;
+        else q->rx_into = NULL;                     /* failed (mismatch): discard */
+    } else {                                        /* unexpected: buffer it whole */
+        pmsg_t *m = calloc(1, sizeof *m);
+        char *name = strdup(q->rx_name);
+        uint8_t *data = q->rx_hdr.nbytes ? malloc((size_t)q->rx_hdr.nbytes) : NULL;
+        if (!m || !name || (q->rx_hdr.nbytes && !data)) {
+            free(m); free(name); free(data);
+            char why[200];
+            snprintf(why, sizeof why, "out of memory for a %lld-byte point-to-point message '%.64s' from rank %d",
+                     (long long)q->rx_hdr.nbytes, q->rx_name, peer);
+            hvdl__fail(e, HVDL_ERR_SYSTEM, "rank %d (host %s) failed: %s", e->rank, e->host, why);
+            return -1;
+        }
+        m->peer = peer;
+        m->hdr = q->rx_hdr;
+        m->name = name;
+        m->data = data;
+        m->started = hvdl_now();
+        q->rx_into = m;
+        q->rx_dst = data;
+    }
+    q->rx_state = 2;
+    q->rx_got = 0;
+    return 0;
+}
+
+/* The payload is complete. */
+static void end_payload(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pmsg_t *m = q->rx_into;
+    q->rx_into = NULL;
+    q->rx_dst = NULL;
+    q->rx_state = 0;
+    q->rx_got = 0;
+    if (!m) return;                                 /* discarded */
+    if (m->op) { finish(e, m, HVDL_OK, NULL); return; }
+    /* Unexpected: a recv may have been posted while it arrived. */
+    pmsg_t *r = posted_for(q, m->name);
+    if (r) { unlink_msg(&q->recvs, r); deliver(e, r, m); }
+    else push(&q->unexpected, m);
+}
+
+/* Consume staged bytes; may read large payloads straight into their destination. */
+static int parse(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    for (;;) {
+        int64_t have = q->stage_len - q->stage_pos;
+        if (q->rx_state == 0 || q->rx_state == 1) {
+            uint8_t *dst = q->rx_state == 0 ? (uint8_t *)&q->rx_hdr : (uint8_t *)q->rx_name;
+            int64_t want = q->rx_state == 0 ? (int64_t)sizeof q->rx_hdr : (int64_t)q->rx_hdr.name_len;
+            int64_t k = want - q->rx_got < have ? want - q->rx_got : have;
+            memcpy(dst + q->rx_got, q->stage + q->stage_pos, (size_t)k);
+            q->stage_pos += k;
+            q->rx_got += k;
+            if (q->rx_got < want) return 0;
+            q->rx_got = 0;
+            if (q->rx_state == 0) {
+                const char *why = hvdl__p2p_header_problem(&q->rx_hdr);
+                if (why) {
+                    char msg[200];
+                    snprintf(msg, sizeof msg, "sent a malformed point-to-point header (%s)", why);
+                    report_lost(e, peer, msg);
+                    return -1;
+                }
+                q->rx_state = 1;
+            } else if (begin_payload(e, peer)) {
+                return -1;
+            }
+        }
+        if (q->rx_state == 2) {
+            int64_t left = q->rx_hdr.nbytes - q->rx_got;
+            have = q->stage_len - q->stage_pos;       /* the header may have used some */
+            int64_t k = left < have ? left : have;
+            if (k > 0) {
+                if (q->rx_dst) memcpy(q->rx_dst + q->rx_got, q->stage + q->stage_pos, (size_t)k);
+                q->stage_pos += k;
+                q->rx_got += k;
+            }
+            if (q->rx_got == q->rx_hdr.nbytes) { end_payload(e, peer); continue; }
+            /* The staging buffer is empty. A large rest goes straight to its buffer. */
+            left = q->rx_hdr.nbytes - q->rx_got;
+            if (q->rx_dst && left >= STAGE_BYTES / 4) {
+                ssize_t n = recv(q->fd, q->rx_dst + q->rx_got, (size_t)left, MSG_DONTWAIT);
+                if (n > 0) { q->rx_got += n; continue; }
+                if (n == 0) return 1;
+                return errno == EAGAIN || errno == EINTR ? 0 : 1;
+            }
+        }
+        if (q->stage_pos < q->stage_len) continue;
+        return 0;
+    }
+}
+
+/* Read what peer has sent: 0, or -1 once its connection closed or broke (handled). */
+static void read_peer(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    for (;;) {
+        q->stage_pos = q->stage_len = 0;
+        int rc = parse(e, peer);
+        if (rc < 0) return;
+        ssize_t n = rc ? 0 : recv(q->fd, q->stage, STAGE_BYTES, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (n <= 0) {                               /* closed or broken */
+            q->closed = 1;
+            int waiting = q->recvs.head || q->sends.head || q->rx_into;
+            if (waiting) {
+                char why[200];
+                snprintf(why, sizeof why, "its point-to-point connection closed%s%s",
+                         n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+                report_lost(e, peer, why);
+            }
+            return;
+        }
+        q->stage_len = n;
+        q->stage_pos = 0;
+        if (parse(e, peer) < 0) return;
+        if (n < STAGE_BYTES) return;                /* drained */
+    }
+}
+
+/* ---- writing ---- */
+
+static void write_peer(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    while (q->sends.head) {
+        pmsg_t *m = q->sends.head;
+        op_t *o = m->op;
+        int64_t hl = (int64_t)sizeof m->hdr, nl = m->hdr.name_len, total = hl + nl + m->hdr.nbytes;
+        struct iovec iov[3];
+        int k = 0;
+        int64_t off = m->off;
+        if (off < hl) iov[k++] = (struct iovec){(uint8_t *)&m->hdr + off, (size_t)(hl - off)};
+        if (off < hl + nl) {
+            int64_t o2 = off > hl ? off - hl : 0;
+            iov[k++] = (struct iovec){o->name + o2, (size_t)(nl - o2)};
+        }
+        if (m->hdr.nbytes) {
+            int64_t o3 = off > hl + nl ? off - hl - nl : 0;
+            iov[k++] = (struct iovec){(uint8_t *)o->input + o3, (size_t)(m->hdr.nbytes - o3)};
+        }
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+        ssize_t n = sendmsg(q->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) return;
+            char why[200];
+            snprintf(why, sizeof why, "its point-to-point connection broke: %s", strerror(errno));
+            report_lost(e, peer, why);
+            return;
+        }
+        m->off += n;
+        if (m->off < total) continue;
+        q->sends.head = m->next;
+        if (!q->sends.head) q->sends.tail = NULL;
+        finish(e, m, HVDL_OK, NULL);
+    }
+}
+
+/* ---- the stall inspector ---- */
+
+static void stall_check(engine_t *e, double now) {
+    struct p2p *p = e->p2p;
+    if (!e->cfg.stall_check || now - p->last_stall_check < 1.0) return;
+    p->last_stall_check = now;
+    for (int i = 0; i < e->size; i++) {
+        ppeer_t *q = &p->peers[i];
+        for (pmsg_t *m = q->recvs.head; m; m = m->next) {
+            if (now - m->started < e->cfg.stall_warning || now - m->warned < e->cfg.stall_warning) continue;
+            m->warned = now;
+            char sent[512] = "";
+            int k = 0;
+            for (pmsg_t *u = q->unexpected.head; u && k < (int)sizeof sent - 80; u = u->next)
+                k += snprintf(sent + k, sizeof sent - (size_t)k, "%s'%.64s'", k ? ", " : "", u->name);
+            hvdl__log(HVDL_LOG_WARNING, "stall: recv '%s' on rank %d from rank %d has waited %.0f s; "
+                      "rank %d has not sent it%s%s%s", m->op->name, e->rank, i, now - m->started, i,
+                      k ? " (it sent, unmatched: " : "", sent, k ? "; do the names match?)" : "");
+        }
+        pmsg_t *m = q->sends.head;
+        if (m && now - m->started >= e->cfg.stall_warning && now - m->warned >= e->cfg.stall_warning) {
+            m->warned = now;
+            hvdl__log(HVDL_LOG_WARNING, "stall: send '%s' on rank %d to rank %d has waited %.0f s; "
+                      "rank %d is not reading (%lld of %lld bytes sent)", m->op->name, e->rank, i,
+                      now - m->started, i, (long long)m->off,
+                      (long long)(m->hdr.nbytes + (int64_t)sizeof m->hdr + m->hdr.name_len));
+        }
+    }
+}
+
+/* ---- the thread ---- */
+
+static void take_incoming(engine_t *e) {
+    struct p2p *p = e->p2p;
+    pthread_mutex_lock(&p->mu);
+    op_t *o = p->incoming_head;
+    p->incoming_head = p->incoming_tail = NULL;
+    pthread_mutex_unlock(&p->mu);
+    while (o) {
+        op_t *next = o->next;
+        pmsg_t *m = calloc(1, sizeof *m);
+        if (!m) {                                   /* complete it without a pmsg */
+            pthread_mutex_lock(&e->mu);
+            o->status = HVDL_ERR_SYSTEM;
+            o->msg = strdup("out of memory for a point-to-point message");
+            atomic_store(&o->done, 1);
+            pthread_cond_broadcast(&e->done_cv);
+            pthread_mutex_unlock(&e->mu);
+            o = next;
+            continue;
+        }
+        m->op = o;
+        m->peer = o->meta.root_rank;
+        m->started = o->enqueued_at;
+        p->npending++;
+        ppeer_t *q = &p->peers[m->peer];
+        if (q->closed) {
+            char why[200];
+            snprintf(why, sizeof why, "rank %d (host %s) was lost: its point-to-point connection closed",
+                     m->peer, e->peers[m->peer].host);
+            finish(e, m, HVDL_ERR_PEER_LOST, why);
+        } else if (o->meta.op == HVDL_OP_SEND) {
+            m->hdr = (p2p_hdr_t){P2P_MAGIC, (uint32_t)strlen(o->name), o->meta.dtype, o->meta.ndim, {0}, o->nbytes};
+            memcpy(m->hdr.shape, o->meta.shape, sizeof(int64_t) * (size_t)o->meta.ndim);
+            push(&q->sends, m);
+            if (q->sends.head == m) write_peer(e, m->peer);   /* most sends end here */
+        } else {
+            post_recv(e, m);
+        }
+        o = next;
+    }
+}
+
+static void *p2p_main(void *arg) {
+    engine_t *e = arg;
+    struct p2p *p = e->p2p;
+    int n = e->size;
+    struct pollfd *pf = calloc((size_t)n + 1, sizeof *pf);
+    int *who = calloc((size_t)n + 1, sizeof *who);
+    int gave_up = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        int stop = p->stop;
+        pthread_mutex_unlock(&p->mu);
+        take_incoming(e);
+        pthread_mutex_lock(&e->mu);
+        int failed = e->failed, status = e->fail_status;
+        char msg[HVDL_MSG_BYTES];
+        if (failed) snprintf(msg, sizeof msg, "%s", e->fail_msg);
+        pthread_mutex_unlock(&e->mu);
+        if (failed || stop || !pf || !who) {
+            gave_up = 1;
+            if (failed) fail_all(e, status, msg);
+            else if (stop) fail_all(e, HVDL_ERR_SHUT_DOWN, "horovodlike was shut down before this "
+                                    "point-to-point op finished");
+            else fail_all(e, HVDL_ERR_SYSTEM, "out of memory for the point-to-point thread");
+            if (stop) break;
+        }
+        int k = 0;
+        pf[k] = (struct pollfd){p->wake_fd, POLLIN, 0};
+        who[k++] = -1;
+        for (int i = 0; !gave_up && i < n; i++) {
+            ppeer_t *q = &p->peers[i];
+            if (q->fd < 0 || q->closed) continue;
+            pf[k] = (struct pollfd){q->fd, (short)(POLLIN | (q->sends.head ? POLLOUT : 0)), 0};
+            who[k++] = i;
+        }
+        /* Ops waiting: look often at the engine's failure flag; idle: sleep long. */
+        int rc = poll(pf, (nfds_t)k, p->npending ? 100 : 1000);
+        if (rc > 0 && (pf[0].revents & POLLIN)) hvdl_wakefd_drain(p->wake_fd);
+        for (int j = 1; rc > 0 && j < k; j++) {
+            int i = who[j];
+            if (pf[j].revents & (POLLIN | POLLHUP | POLLERR)) read_peer(e, i);
+            if ((pf[j].revents & POLLOUT) && !p->peers[i].closed) write_peer(e, i);
+        }
+        if (!gave_up) stall_check(e, hvdl_now());
+    }
+    free(pf);
+    free(who);
+    return NULL;
+}
+
+/* ---- the engine's side: start, stop, enqueue ---- */
+
+int hvdl__p2p_start(engine_t *e) {
+    struct p2p *p = calloc(1, sizeof *p);
+    if (!p || !(p->peers = calloc((size_t)e->size, sizeof *p->peers))) { free(p); return -1; }
+    pthread_mutex_init(&p->mu, NULL);
+    atomic_store(&p->lost_peer, -1);
+    p->wake_fd = hvdl_wakefd_open();
+    for (int i = 0; i < e->size; i++) {
+        p->peers[i].fd = e->peers[i].p2p_fd;
+        e->peers[i].p2p_fd = -1;                    /* this file owns it now */
+    }
+    e->p2p = p;
+    if (p->wake_fd < 0 || pthread_create(&p->thread, NULL, p2p_main, e)) return -1;
+    p->started = 1;
+    return 0;
+}
+
+/* After the loop thread has ended: every op still held fails as shut down. */
+void hvdl__p2p_stop(engine_t *e) {
+    struct p2p *p = e->p2p;
+    if (!p || !p->started) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_mutex_unlock(&p->mu);
+    hvdl_wakefd_signal(p->wake_fd);
+    pthread_join(p->thread, NULL);
+    p->started = 0;
+}
+
+void hvdl__p2p_free(engine_t *e) {
+    struct p2p *p = e->p2p;
+    if (!p) return;
+    hvdl__p2p_stop(e);
+    for (int i = 0; i < e->size; i++) {
+        ppeer_t *q = &p->peers[i];
+        if (q->fd >= 0) close(q->fd);
+        for (pmsg_t *m = q->unexpected.head, *nx; m; m = nx) {
+            nx = m->next;
+            free(m->name);
+            free(m->data);
+            free(m);
+        }
+        if (q->rx_into && !q->rx_into->op) { free(q->rx_into->name); free(q->rx_into->data); free(q->rx_into); }
+    }
+    if (p->wake_fd >= 0) close(p->wake_fd);
+    pthread_mutex_destroy(&p->mu);
+    free(p->peers);
+    free(p);
+    e->p2p = NULL;
+}
+
+/* Local checks of a send or recv; called with e->mu held. */
+static int check_p2p(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
+    const char *what = q->op == HVDL_OP_SEND ? "send" : "recv";
+    if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every %s needs a name", what);
+    if (strlen(q->name) > P2P_MAX_NAME)
+        return hvdl__err(HVDL_ERR_INVALID, "%s: name longer than %d bytes: '%.64s...'", what, P2P_MAX_NAME, q->name);
+    if (q->name_len && (int64_t)strlen(q->name) != q->name_len)
+        return hvdl__err(HVDL_ERR_INVALID, "%s: the name '%s...' contains a NUL byte", what, q->name);
+    int peer = q->root_rank;
+    const char *role = q->op == HVDL_OP_SEND ? "destination" : "source";
+    if (peer < 0 || peer >= e->size)
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %s rank %d is not a rank of the job (size %d)",
+                         what, q->name, role, peer, e->size);
+    if (peer == e->rank)
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': rank %d cannot %s itself", what, q->name, e->rank,
+                         q->op == HVDL_OP_SEND ? "send to" : "receive from");
+    group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set] : NULL;
+    if (!g || g->removed)
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': process set %d does not exist", what, q->name, q->process_set);
+    int member = 0;
+    for (int i = 0; i < g->n; i++) member |= g->ranks[i] == peer;
+    if (g->me < 0)
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': rank %d is not a member of process set %d", what,
+                         q->name, e->rank, q->process_set);
+    if (!member)
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %s rank %d is not a member of process set %d", what,
+                         q->name, role, peer, q->process_set);
+    *nbytes = 0;
+    int into = q->op == HVDL_OP_RECV && (q->flags & HVDL_RECV_INTO);
+    if (q->op == HVDL_OP_RECV && !into) return HVDL_OK;
+    if (!hvdl_dtype_size(q->dtype)) return hvdl__err(HVDL_ERR_INVALID, "%s '%s': unknown dtype %d", what, q->name, q->dtype);
+    if (q->ndim < 0 || q->ndim > HVDL_MAX_DIMS)
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %d dimensions; at most %d are supported", what, q->name,
+                         q->ndim, HVDL_MAX_DIMS);
+    int64_t n = hvdl_dtype_size(q->dtype);
+    for (int d = 0; d < q->ndim; d++) {
+        if (q->shape[d] < 0) return hvdl__err(HVDL_ERR_INVALID, "%s '%s': negative dimension", what, q->name);
+        if (q->shape[d] && n > P2P_MAX_BYTES / q->shape[d])
+            return hvdl__err(HVDL_ERR_INVALID, "%s '%s': more than %lld bytes", what, q->name, (long long)P2P_MAX_BYTES);
+        n *= q->shape[d];
+    }
+    if (n && !(into ? q->output : q->input))
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': buffer is NULL", what, q->name);
+    *nbytes = n;
+    return HVDL_OK;
+}
+
+int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
+    if (!e || !e->thread_started || !e->p2p)
+        return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    int64_t nbytes = 0;
+    pthread_mutex_lock(&e->mu);
+    int rc = check_p2p(e, q, &nbytes);
+    pthread_mutex_unlock(&e->mu);
+    if (rc) return rc;
+    op_t *o = calloc(1, sizeof *o);
+    if (!o || !(o->name = strdup(q->name))) { free(o); return hvdl__err(HVDL_ERR_SYSTEM, "out of memory"); }
+    int into = q->op == HVDL_OP_RECV && (q->flags & HVDL_RECV_INTO);
+    int shaped = q->op == HVDL_OP_SEND || into;
+    o->meta = (meta_t){q->op, shaped ? q->dtype : 0, 0, q->root_rank, q->process_set, shaped ? q->ndim : -1,
+                       {0}, 1.0, 1.0};
+    if (shaped) memcpy(o->meta.shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
+    o->input = q->op == HVDL_OP_SEND ? q->input : NULL;
+    o->output = into ? q->output : NULL;
+    o->nbytes = nbytes;
+    o->enqueued_at = hvdl_now();
+    pthread_mutex_lock(&e->mu);
+    if (e->failed) rc = hvdl__err(e->fail_status, "%s", e->fail_msg);
+    else if (e->shutdown_requested || e->stopped) rc = hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
+    else rc = hvdl__handle_new(e, o);
+    pthread_mutex_unlock(&e->mu);
+    if (rc) { free(o->name); free(o); return rc; }
+    struct p2p *p = e->p2p;
+    pthread_mutex_lock(&p->mu);
+    if (p->incoming_tail) p->incoming_tail->next = o; else p->incoming_head = o;
+    p->incoming_tail = o;
+    pthread_mutex_unlock(&p->mu);
+    hvdl_wakefd_signal(p->wake_fd);
+    *handle = o->handle;
+    return HVDL_OK;
+}
