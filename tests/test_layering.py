@@ -29,7 +29,7 @@ COMMON_LAYERS = [
     ["request"],
     ["ops"],
     ["objects", "dynamic_sets", "elastic"],
-    ["api"],
+    ["api", "topology"],
 ]
 
 # Packages whose modules must not form a cycle.

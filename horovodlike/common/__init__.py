@@ -13,6 +13,7 @@ checks this, function-level imports included):
     ops                              collectives on numpy arrays, handles
     objects, dynamic_sets, elastic   object collectives, add/remove sets, elastic rounds
     api                              init(): elastic or plain, the public entry point
+    topology                         the data × pipeline × tensor layout and its sets
 
 A layer that needs to act when a lower one does (ops forgets its buffers on shutdown)
 registers a callback there (basics._on_shutdown, basics.start's after_start) instead of

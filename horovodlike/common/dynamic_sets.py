@@ -37,6 +37,37 @@ def add_process_set(process_set):
     return process_sets._register(ps)
 
 
+def ensure_process_sets(rank_lists, what):
+    """The registered sets with exactly these members, registering the missing ones: a
+    collective that every rank calls with the same lists in the same order, as
+    hvd.init(process_sets=...) is. Unlike add_process_set it needs no dynamic mode: the
+    engine accepts a set at any time (a request for a set rank 0 does not know yet
+    waits for it), so a caller that builds its sets as one agreed collective — the
+    parallelism Topology — works after a plain hvd.init(). One allgather agrees on all
+    of them first, so ranks that disagree get an error naming `what`, not a hang.
+    The list of every rank is the global set itself; it is returned, not re-added."""
+    everyone = list(range(basics.size()))
+    lists = [sorted(int(r) for r in ranks) for ranks in rank_lists]
+    flat = [len(lists)] + [x for ranks in lists for x in [len(ranks)] + ranks]
+    mine = np.full(1 + len(lists) * (basics.size() + 1), -1, np.int64)
+    mine[:len(flat)] = flat
+    sizes = ops.allgather(np.array([mine.size], np.int64), name=f"process_set.{what}.n")
+    if not (sizes == sizes[0]).all():
+        raise ValueError(f"{what}: ranks proposed different numbers of process sets "
+                         f"({sizes.tolist()})")
+    every = ops.allgather(mine[None, :], name=f"process_set.{what}")
+    if not (every == every[0]).all():
+        raise ValueError(f"{what}: ranks proposed different process sets")
+    out = []
+    for ranks in lists:
+        if ranks == everyone:
+            out.append(process_sets.global_process_set)
+            continue
+        found = process_sets.find(ranks)
+        out.append(found if found is not None else process_sets._register(ProcessSet(ranks)))
+    return out
+
+
 def remove_process_set(process_set):
     """Unregister a set on every rank (a collective). Returns True if it existed."""
     _need_dynamic("remove_process_set")
