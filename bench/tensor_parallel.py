@@ -232,7 +232,10 @@ def main():
         print(f"  {LABELS[m]:40s} {med[m]:8.2f}  ({min(v):.2f}..{max(v):.2f})  "
               f"optimizer {statistics.median(opt_round[m]):.2f}")
     if "hvd" in med and "torch" in med:
-        print(f"  horovodlike / torch TP: {med['hvd'] / med['torch']:.2f}x")
+        paired = [h / t for h, t in zip(per_round["hvd"], per_round["torch"])]
+        print(f"  horovodlike / torch TP: {med['hvd'] / med['torch']:.2f}x of the medians; "
+              f"per round {statistics.median(paired):.2f}x "
+              f"({min(paired):.2f}..{max(paired):.2f})")
     if shares:
         print(f"  timeline share of the hvd step in the tp allreduces (rank 0): "
               f"{100 * statistics.median(shares):.1f}% "

@@ -89,6 +89,9 @@ typedef struct plist { pmsg_t *head, *tail; } plist_t;
 typedef struct ppeer {
     int fd;
     int closed;
+    /* Sends are written by the caller when its message is the only one queued (no
+     * wake-up at all), else by the p2p thread; smu orders them and guards the queue. */
+    pthread_mutex_t smu;
     plist_t sends;           /* FIFO: the head is being written */
     plist_t recvs;           /* posted, not matched yet */
     plist_t unexpected;      /* arrived whole, no recv yet */
@@ -111,7 +114,7 @@ struct p2p {
     op_t *incoming_head, *incoming_tail;
     int stop;
     ppeer_t *peers;
-    int npending;            /* ops this thread holds */
+    atomic_int npending;     /* ops not finished */
     double last_stall_check;
     /* A failure the loop thread must tell the job about (hvdl__p2p_tend). */
     atomic_int lost_peer;    /* -1: none */
@@ -193,7 +196,7 @@ static void finish(engine_t *e, pmsg_t *m, int status, const char *msg) {
     pthread_cond_broadcast(&e->done_cv);
     pthread_mutex_unlock(&e->mu);
     free(m);
-    p->npending--;
+    atomic_fetch_sub(&p->npending, 1);
 }
 
 static void fail_list(engine_t *e, plist_t *l, int status, const char *msg) {
@@ -217,7 +220,9 @@ static void fail_all(engine_t *e, int status, const char *msg) {
             q->rx_dst = NULL;
             finish(e, m, status, msg);
         }
+        pthread_mutex_lock(&q->smu);
         fail_list(e, &q->sends, status, msg);
+        pthread_mutex_unlock(&q->smu);
         fail_list(e, &q->recvs, status, msg);
     }
 }
@@ -469,7 +474,8 @@ static void read_peer(engine_t *e, int peer) {
 
 /* ---- writing ---- */
 
-static void write_peer(engine_t *e, int peer) {
+/* With q->smu held: write what the socket takes. */
+static void write_locked(engine_t *e, int peer) {
     ppeer_t *q = &e->p2p->peers[peer];
     while (q->sends.head) {
         pmsg_t *m = q->sends.head;
@@ -504,6 +510,13 @@ static void write_peer(engine_t *e, int peer) {
     }
 }
 
+static void write_peer(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pthread_mutex_lock(&q->smu);
+    write_locked(e, peer);
+    pthread_mutex_unlock(&q->smu);
+}
+
 /* ---- the stall inspector ---- */
 
 static void stall_check(engine_t *e, double now) {
@@ -523,6 +536,7 @@ static void stall_check(engine_t *e, double now) {
                       "rank %d has not sent it%s%s%s", m->op->name, e->rank, i, now - m->started, i,
                       k ? " (it sent, unmatched: " : "", sent, k ? "; do the names match?)" : "");
         }
+        pthread_mutex_lock(&q->smu);
         pmsg_t *m = q->sends.head;
         if (m && now - m->started >= e->cfg.stall_warning && now - m->warned >= e->cfg.stall_warning) {
             m->warned = now;
@@ -531,6 +545,7 @@ static void stall_check(engine_t *e, double now) {
                       now - m->started, i, (long long)m->off,
                       (long long)(m->hdr.nbytes + (int64_t)sizeof m->hdr + m->hdr.name_len));
         }
+        pthread_mutex_unlock(&q->smu);
     }
 }
 
@@ -558,18 +573,13 @@ static void take_incoming(engine_t *e) {
         m->op = o;
         m->peer = o->meta.root_rank;
         m->started = o->enqueued_at;
-        p->npending++;
+        atomic_fetch_add(&p->npending, 1);
         ppeer_t *q = &p->peers[m->peer];
         if (q->closed) {
             char why[200];
             snprintf(why, sizeof why, "rank %d (host %s) was lost: its point-to-point connection closed",
                      m->peer, e->peers[m->peer].host);
             finish(e, m, HVDL_ERR_PEER_LOST, why);
-        } else if (o->meta.op == HVDL_OP_SEND) {
-            m->hdr = (p2p_hdr_t){P2P_MAGIC, (uint32_t)strlen(o->name), o->meta.dtype, o->meta.ndim, {0}, o->nbytes};
-            memcpy(m->hdr.shape, o->meta.shape, sizeof(int64_t) * (size_t)o->meta.ndim);
-            push(&q->sends, m);
-            if (q->sends.head == m) write_peer(e, m->peer);   /* most sends end here */
         } else {
             post_recv(e, m);
         }
@@ -608,11 +618,14 @@ static void *p2p_main(void *arg) {
         for (int i = 0; !gave_up && i < n; i++) {
             ppeer_t *q = &p->peers[i];
             if (q->fd < 0 || q->closed) continue;
-            pf[k] = (struct pollfd){q->fd, (short)(POLLIN | (q->sends.head ? POLLOUT : 0)), 0};
+            pthread_mutex_lock(&q->smu);
+            int sending = q->sends.head != NULL;
+            pthread_mutex_unlock(&q->smu);
+            pf[k] = (struct pollfd){q->fd, (short)(POLLIN | (sending ? POLLOUT : 0)), 0};
             who[k++] = i;
         }
         /* Ops waiting: look often at the engine's failure flag; idle: sleep long. */
-        int rc = poll(pf, (nfds_t)k, p->npending ? 100 : 1000);
+        int rc = poll(pf, (nfds_t)k, atomic_load(&p->npending) ? 100 : 1000);
         if (rc > 0 && (pf[0].revents & POLLIN)) hvdl_wakefd_drain(p->wake_fd);
         for (int j = 1; rc > 0 && j < k; j++) {
             int i = who[j];
@@ -635,6 +648,7 @@ int hvdl__p2p_start(engine_t *e) {
     atomic_store(&p->lost_peer, -1);
     p->wake_fd = hvdl_wakefd_open();
     for (int i = 0; i < e->size; i++) {
+        pthread_mutex_init(&p->peers[i].smu, NULL);
         p->peers[i].fd = e->peers[i].p2p_fd;
         e->peers[i].p2p_fd = -1;                    /* this file owns it now */
     }
@@ -670,12 +684,52 @@ void hvdl__p2p_free(engine_t *e) {
             free(m);
         }
         if (q->rx_into && !q->rx_into->op) { free(q->rx_into->name); free(q->rx_into->data); free(q->rx_into); }
+        pthread_mutex_destroy(&q->smu);
     }
     if (p->wake_fd >= 0) close(p->wake_fd);
     pthread_mutex_destroy(&p->mu);
     free(p->peers);
     free(p);
     e->p2p = NULL;
+}
+
+/* A send, on the caller's thread: queued behind the peer's earlier sends (in order, so
+ * equal names stay first-in first-out), and written at once when it is the only one. A
+ * message the socket takes whole completes here, with no wake-up; the rest is the p2p
+ * thread's (woken to watch the socket). */
+static int send_now(engine_t *e, op_t *o) {
+    struct p2p *p = e->p2p;
+    pmsg_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        pthread_mutex_lock(&e->mu);
+        o->status = HVDL_ERR_SYSTEM;
+        o->msg = strdup("out of memory for a point-to-point message");
+        atomic_store(&o->done, 1);
+        pthread_mutex_unlock(&e->mu);
+        return HVDL_OK;
+    }
+    m->op = o;
+    m->peer = o->meta.root_rank;
+    m->started = o->enqueued_at;
+    m->hdr = (p2p_hdr_t){P2P_MAGIC, (uint32_t)strlen(o->name), o->meta.dtype, o->meta.ndim, {0}, o->nbytes};
+    memcpy(m->hdr.shape, o->meta.shape, sizeof(int64_t) * (size_t)o->meta.ndim);
+    atomic_fetch_add(&p->npending, 1);
+    ppeer_t *q = &p->peers[m->peer];
+    pthread_mutex_lock(&q->smu);
+    if (q->closed) {
+        char why[200];
+        snprintf(why, sizeof why, "rank %d (host %s) was lost: its point-to-point connection closed",
+                 m->peer, e->peers[m->peer].host);
+        pthread_mutex_unlock(&q->smu);
+        finish(e, m, HVDL_ERR_PEER_LOST, why);
+        return HVDL_OK;
+    }
+    push(&q->sends, m);
+    if (q->sends.head == m) write_locked(e, m->peer);
+    int queued = q->sends.head != NULL;
+    pthread_mutex_unlock(&q->smu);
+    if (queued) hvdl_wakefd_signal(p->wake_fd);
+    return HVDL_OK;
 }
 
 /* Local checks of a send or recv; called with e->mu held. */
@@ -751,11 +805,12 @@ int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     pthread_mutex_unlock(&e->mu);
     if (rc) { free(o->name); free(o); return rc; }
     struct p2p *p = e->p2p;
+    *handle = o->handle;
+    if (q->op == HVDL_OP_SEND) return send_now(e, o);
     pthread_mutex_lock(&p->mu);
     if (p->incoming_tail) p->incoming_tail->next = o; else p->incoming_head = o;
     p->incoming_tail = o;
     pthread_mutex_unlock(&p->mu);
     hvdl_wakefd_signal(p->wake_fd);
-    *handle = o->handle;
     return HVDL_OK;
 }
