@@ -18,13 +18,14 @@ import importlib.util
 
 import pytest
 
-from test_torch_support import TORCH_PRELUDE, run_torch  # noqa: F401
+from harness import run_ranks
+from test_torch_support import TORCH_PRELUDE, run_torch
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(300)
 
 COMMON = r'''
-import copy, weakref
+import copy
 import torch.nn as nn
 import torch.nn.functional as F
 from horovodlike.common.topology import Topology
@@ -391,6 +392,8 @@ class SleepStage(nn.Module):
 
 P = thvd.size()
 topo = Topology(pp=P)
+if topo.stage() == int(os.environ.get("SLOW_STAGE", "-1")):
+    T *= 2
 pipe = PipelineModule([SleepStage() for _ in range(P)], topology=topo,
                       loss_fn=lambda o, y: ((o - y) ** 2).mean())
 cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[os.environ["SCHEDULE"]]
@@ -418,3 +421,125 @@ def test_pipeline_bubble_from_the_timeline_matches_the_cost_model(tmp_path, p, s
     got = {r: round(x.bubble, 4) for r, x in rep.ranks.items()}
     assert sorted(x.stage for x in rep.ranks.values()) == list(range(p)), rep
     assert all(abs(b - ideal) <= 0.02 for b in got.values()), (got, ideal)
+
+
+def test_timeline_viewer_names_the_stage_that_holds_the_pipeline_up(tmp_path):
+    import subprocess
+    import sys
+    path = tmp_path / "tl.json"
+    run_torch(SLEEP_STAGES, 4, timeout=120,
+              env={"HOROVOD_TIMELINE": str(path), "STAGE_SECONDS": "0.03",
+                   "SCHEDULE": "1f1b", "BATCHES": "2", "SLOW_STAGE": "2"})
+    out = subprocess.run([sys.executable, "-m", "horovodlike.timeline_viewer", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Pipeline (4 stages, 8 micro-batches, 1 batches): stage 2 (rank 2) holds the " \
+           "others up" in out.stdout, out.stdout[:3000]
+    assert "Pipeline bubble" in out.stdout, out.stdout[:3000]
+
+
+# ---------------------------------------------------------------- back to back
+
+BACK_TO_BACK = COMMON + r'''
+topo = Topology(pp=2)
+torch.manual_seed(4)
+layers = mlp_layers()
+ref = nn.Sequential(*copy.deepcopy(layers))
+pipe = PipelineModule(layers, topology=topo, loss_fn=F.mse_loss)
+sched = Schedule1F1B(pipe, microbatches=4)
+done = 0
+for i in range(50):              # no optimizer step: every batch's loss is known
+    x, y = data("mlp", i, 4 + i % 13)      # batch size varies: micro-batch shapes too
+    out = sched.train_batch(x, y)
+    with torch.no_grad():
+        exp = torch.stack([F.mse_loss(ref(a), b) for a, b in
+                           zip(torch.tensor_split(x, 4), torch.tensor_split(y, 4))])
+    close(torch.stack(out.outputs), exp, f"batch {i} losses")
+    done += 1
+check(done == 50, "50 batches")
+finish()
+'''
+
+
+def test_pipeline_fifty_back_to_back_1f1b_batches():
+    run_torch(BACK_TO_BACK, 2, timeout=120)
+
+
+# ---------------------------------------------------------------- faults
+
+FAULT = r'''
+from horovodlike.common.topology import Topology
+from horovodlike.torch.pipeline import PipelineModule, Schedule1F1B
+import signal
+import torch.nn as nn
+thvd.init()
+R = thvd.rank()
+VICTIM, SIG = int(os.environ["VICTIM"]), os.environ["SIG"]
+
+
+class Fault(torch.autograd.Function):
+    """Identity; on the victim, its backward of micro-batch 5 in the second batch (the
+    drain of the last stage) stops or kills the process."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if R == VICTIM and batch == 2 and sched.current_microbatch == 5:
+            print(f"VICTIM {time.time():.3f}", flush=True)
+            os.kill(os.getpid(), getattr(signal, SIG))
+        return g
+
+
+class Stage(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return Fault.apply(self.lin(x))
+
+
+topo = Topology(pp=4)
+pipe = PipelineModule([Stage() for _ in range(4)], topology=topo,
+                      loss_fn=lambda o, y: ((o - y) ** 2).mean())
+sched = Schedule1F1B(pipe, microbatches=8)
+x, y = torch.ones(16, 4), torch.zeros(16, 4)
+try:
+    for batch in range(1, 4):
+        sched.train_batch(x, y)
+    print("NO-FAILURE", flush=True)
+except Exception as e:
+    print(f"FAILED {time.time():.3f} {type(e).__name__}: {e}".replace("\n", " "), flush=True)
+'''
+
+
+@pytest.mark.parametrize("victim,sig", [(3, "SIGKILL"), (1, "SIGSTOP")])
+def test_pipeline_fault_fails_every_rank_naming_the_lost_stage(victim, sig):
+    peer_timeout = 4
+    res = run_ranks(TORCH_PRELUDE + FAULT, 4, timeout=90,
+                    env={"VICTIM": str(victim), "SIG": sig,
+                         "HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(peer_timeout)})
+    lines = res.rank_lines()
+    at = [float(ln.split()[1]) for ln in lines.get(victim, []) if ln.startswith("VICTIM")]
+    assert at, res.describe()
+    errors = res.rank_lines("stderr")
+    for r in range(4):
+        if r == victim:
+            continue
+        failed = [ln for ln in lines.get(r, []) if ln.startswith("FAILED")]
+        if not failed:
+            # the launcher stops the others as soon as it sees a rank die; a rank it
+            # stopped first has still logged the engine's verdict
+            logged = [ln for ln in errors.get(r, []) if "ERROR: rank" in ln]
+            assert logged and f"rank {victim} (host" in logged[0], \
+                f"rank {r} did not fail naming rank {victim}\n{res.describe()}"
+            continue
+        took = float(failed[0].split()[1]) - at[0]
+        assert f"rank {victim} (host" in failed[0], failed[0]
+        # a killed rank's sockets close at once; a stopped one is found by the heartbeats
+        # within the peer timeout (plus a heartbeat interval and the load here)
+        assert took < 2 * peer_timeout + 3, (r, took, failed[0])
+    assert res.elapsed < 60, res.describe()

@@ -25,6 +25,11 @@ def pipeline_sentence(pl):
     b = pl.ranks[pl.bottleneck]
     others = [r.bubble for r in pl.ranks.values() if r.rank != b.rank]
     mean = sum(others) / len(others) if others else 0.0
+    if not others or max(others) - b.bubble < 0.02:      # within the measurement's noise
+        return (f"Pipeline ({pl.stages} stages, {pl.microbatches} micro-batches, "
+                f"{pl.batches} batches): the stages are balanced, each idle "
+                f"{fmt_pct(b.bubble)}-{fmt_pct(max(others or [b.bubble]))}; the bubble of "
+                f"equal stages is (p-1)/(m+p-1) = {fmt_pct(pl.ideal)}.")
     return (f"Pipeline ({pl.stages} stages, {pl.microbatches} micro-batches, {pl.batches} "
             f"batches): stage {b.stage} (rank {b.rank}) holds the others up, idle "
             f"{fmt_pct(b.bubble)} while the others idle {fmt_pct(mean)} on average; the "

@@ -29,6 +29,7 @@ a DistributedOptimizer or ShardedDistributedOptimizer then averages over dp_set 
 other gradient. Every copy gets the same sum and the same update, so they stay bitwise
 equal.
 """
+import time
 import zlib
 
 import torch
@@ -230,6 +231,8 @@ class _Schedule:
         S.check_counts(pipe.topology.pp, microbatches)
         self.pipe, self.m = pipe, microbatches
         self.current_microbatch = None
+        self.last_wall_s = self.last_wait_s = 0.0   # the last batch's time, and its part
+        # spent waiting for a neighbour's activation or gradient (this rank's bubble)
         # backward passes per train_batch on this rank: one per micro-batch, and one
         # that hands the tied weights' summed gradients to their parameters
         self.backward_passes = microbatches + (1 if pipe.has_tied else 0)
@@ -302,6 +305,8 @@ class _Schedule:
         if train and pipe.loss_fn is None:
             raise ValueError(f"{type(self).__name__}: train_batch needs "
                              f"PipelineModule(loss_fn=...)")
+        t0 = time.perf_counter()
+        self.last_wait_s = 0.0
         step = pipe._next_step()
         pipe._point_tied_layers()    # fresh gradients; follows an optimizer that replaced .data
         self._check_args(x, y, train, step)
@@ -316,7 +321,7 @@ class _Schedule:
                 if a.recv is None:
                     inp = xs[a.mb]
                 else:
-                    inp = C.recv(peer[a.recv], S.message_name(step, a.kind, a.mb), ps)
+                    inp = self._recv(peer[a.recv], S.message_name(step, a.kind, a.mb), ps)
                     if train and inp.is_floating_point():
                         inp.requires_grad_(True)
                 with torch.set_grad_enabled(train):
@@ -341,7 +346,7 @@ class _Schedule:
                 if a.recv is None:
                     (out / m).backward()
                 else:
-                    g = C.recv(peer[a.recv], S.message_name(step, a.kind, a.mb), ps)
+                    g = self._recv(peer[a.recv], S.message_name(step, a.kind, a.mb), ps)
                     if out.requires_grad:
                         torch.autograd.backward(out, g)
                 if a.send is not None and inp.is_floating_point():
@@ -353,7 +358,16 @@ class _Schedule:
             C.synchronize(h)
         if train:
             pipe.reduce_tied_grads()
-        return StepOutput(self._share(results, step, train))
+        out = StepOutput(self._share(results, step, train))
+        self.last_wall_s = time.perf_counter() - t0
+        return out
+
+    def _recv(self, src, name, ps):
+        t = time.perf_counter()
+        try:
+            return C.recv(src, name, ps)
+        finally:
+            self.last_wait_s += time.perf_counter() - t
 
     def _share(self, results, step, train):
         """The last stage's results, sent to every other stage of its pipeline."""
