@@ -543,3 +543,17 @@ def test_pipeline_fault_fails_every_rank_naming_the_lost_stage(victim, sig):
         # within the peer timeout (plus a heartbeat interval and the load here)
         assert took < 2 * peer_timeout + 3, (r, took, failed[0])
     assert res.elapsed < 60, res.describe()
+
+
+def test_example_trains_pp2_dp2():
+    from harness import REPO
+    res = run_ranks(REPO / "examples" / "pytorch_pipeline_transformer.py", 4,
+                    args=["--steps", "12", "--sharded"], timeout=150)
+    assert res.returncode == 0, res.describe()
+    lines = res.rank_lines()[0]
+    out = "\n".join(lines)
+    losses = [float(ln.split()[-1]) for ln in lines if ln.startswith("step")]
+    assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0], out
+    rows = [ln for ln in lines if ln.startswith("rank ") and "parameter bytes" in ln]
+    assert [ln.split()[3] for ln in rows] == ["0", "0", "1", "1"], out    # stage per rank
+    assert "cost model bubble (p-1)/(m+p-1) = 11.1%" in out, out
