@@ -379,7 +379,6 @@ void hvdl__p2p_stop(engine_t *e);                   /* after the loop thread has
 void hvdl__p2p_free(engine_t *e);
 int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle);
 int hvdl__p2p_tend(engine_t *e);                    /* the loop: a peer p2p found broken; -1 failed */
-const char *hvdl__p2p_header_problem(const void *hdr);
 /* ops.c: a handle for o (mu held): 0, or an error status */
 int hvdl__handle_new(engine_t *e, op_t *o);
 

@@ -13,7 +13,9 @@
  * a collective never waits behind it.
  *
  * The protocol is eager: a send writes its header and payload at once, straight from
- * the caller's buffer; it completes when the kernel has taken the last byte. The
+ * the caller's buffer; it completes when the kernel has taken the last byte. The caller
+ * writes it itself when it is the only message queued for that peer (send_now); what
+ * the socket does not take at once, and later sends, the p2p thread writes in order. The
  * receiving thread always reads every connection. A message whose recv is posted lands
  * directly in that recv's buffer (recv_) or in a buffer allocated for it once its
  * header says how big it is (recv, handed to the caller without a copy). A message
@@ -24,22 +26,26 @@
  *
  * Frame (p2p_hdr_t, 88 bytes, then the name, then nbytes of payload):
  *   magic, name_len (1..4096), dtype, ndim (0..8), shape[8], nbytes.
- * Every field is range-checked before anything is trusted (hvdl__p2p_header_problem),
+ * Every field is range-checked before anything is trusted (header_problem),
  * nbytes must equal the shape's size and is bounded by P2P_MAX_BYTES, and a peer that
  * breaks this is named by the loop thread as lost (hvdl__p2p_tend), which tells the job.
  *
  * Cost model, one message of n bytes between two ranks:
- *   sender     one wake-up of the p2p thread, one sendmsg (header, name and payload in
- *              one call; more only when the socket buffer is full), no copy;
+ *   sender     one sendmsg by the caller (header, name and payload in one call), no
+ *              copy and no wake-up; the p2p thread's wake-ups only when the socket
+ *              buffer is full or earlier sends to that peer are still queued;
  *   receiver   one wake-up; a posted recv_: header through a 64 KiB staging buffer,
  *              payload straight into the buffer (a small payload one extra memcpy from
  *              the staging buffer); recv(): one allocation; unmatched: one buffer of n
  *              bytes held until the recv, plus one memcpy for recv_;
- *   latency    ~2 thread wake-ups + the loopback/NIC time, so ~20-50 us on an idle
- *              machine for small messages; bandwidth is TCP's (the kernel overlaps the
+ *   latency    the receiver's two wake-ups (p2p thread, then the waiting caller) +
+ *              the loopback/NIC time: 114 us one-way at 4 KiB on a loaded 2-core
+ *              machine, 0.46x OpenMPI's there (docs/benchmarks.md); bandwidth is TCP's (the kernel overlaps the
  *              pieces: the sender fills the socket buffer while the receiver drains it).
  *   memory     unmatched messages are held in full: a sender far ahead of its receiver
  *              costs the receiver the bytes it has not asked for yet.
+ * Ranks on one node use this same path over loopback TCP; a shared-memory mailbox per
+ * pair (one copy fewer through the kernel, no socket wake-ups) is not implemented yet.
  *
  * Failure: a dead peer closes the connection; a stopped one is found by the engine's
  * heartbeats (liveness.c) within HOROVODLIKE_PEER_TIMEOUT_SECONDS. Either way the engine
@@ -138,8 +144,9 @@ static void unlink_msg(plist_t *l, pmsg_t *m) {
     if (l->tail == m) l->tail = prev;
 }
 
-/* Why this header cannot be a message, or NULL. Pure: the hostile-frame tests feed it. */
-const char *hvdl__p2p_header_problem(const void *hdr) {
+/* Why this header cannot be a message, or NULL (tests/test_engine_hostile.py sends each
+ * case over a real connection). */
+static const char *header_problem(const void *hdr) {
     const p2p_hdr_t *h = hdr;
     if (h->magic != P2P_MAGIC) return "bad magic";
     if (h->name_len < 1 || h->name_len > P2P_MAX_NAME) return "name length out of range";
@@ -231,16 +238,19 @@ static void fail_all(engine_t *e, int status, const char *msg) {
 static void report_lost(engine_t *e, int peer, const char *why) {
     struct p2p *p = e->p2p;
     int none = -1;
-    snprintf(p->lost_why, sizeof p->lost_why, "%s", why);
-    if (atomic_compare_exchange_strong(&p->lost_peer, &none, peer)) hvdl__wake(e);
     p->peers[peer].closed = 1;
+    /* The first report wins: claimed (-2), its reason written, then published. */
+    if (!atomic_compare_exchange_strong(&p->lost_peer, &none, -2)) return;
+    snprintf(p->lost_why, sizeof p->lost_why, "%s", why);
+    atomic_store(&p->lost_peer, peer);
+    hvdl__wake(e);
 }
 
 int hvdl__p2p_tend(engine_t *e) {
     struct p2p *p = e->p2p;
     if (!p) return 0;
     int peer = atomic_load(&p->lost_peer);
-    if (peer < 0) return 0;
+    if (peer < 0) return 0;                         /* none, or its reason not written yet */
     hvdl__peer_lost(e, peer, p->lost_why);
     return e->failed || e->stopped ? -1 : 0;
 }
@@ -409,7 +419,7 @@ static int parse(engine_t *e, int peer) {
             if (q->rx_got < want) return 0;
             q->rx_got = 0;
             if (q->rx_state == 0) {
-                const char *why = hvdl__p2p_header_problem(&q->rx_hdr);
+                const char *why = header_problem(&q->rx_hdr);
                 if (why) {
                     char msg[200];
                     snprintf(msg, sizeof msg, "sent a malformed point-to-point header (%s)", why);
@@ -624,8 +634,9 @@ static void *p2p_main(void *arg) {
             pf[k] = (struct pollfd){q->fd, (short)(POLLIN | (sending ? POLLOUT : 0)), 0};
             who[k++] = i;
         }
-        /* Ops waiting: look often at the engine's failure flag; idle: sleep long. */
-        int rc = poll(pf, (nfds_t)k, atomic_load(&p->npending) ? 100 : 1000);
+        /* Ops waiting: look at the engine's failure flag ten times a second. Idle, sleep
+         * until a message, a new op or the stop arrives: an idle engine costs nothing. */
+        int rc = poll(pf, (nfds_t)k, atomic_load(&p->npending) ? 100 : -1);
         if (rc > 0 && (pf[0].revents & POLLIN)) hvdl_wakefd_drain(p->wake_fd);
         for (int j = 1; rc > 0 && j < k; j++) {
             int i = who[j];

@@ -272,7 +272,10 @@ VICTIM = textwrap.dedent(r"""
         print("ready", flush=True)
         t = time.monotonic()
         try:
-            hvd.recv(1, name="never")
+            if os.environ["T_WAITS_IN"] == "send":     # more than the socket buffers hold
+                hvd.send(np.zeros(64 << 17), 1, name="never")
+            else:
+                hvd.recv(1, name="never")
             print("no error", flush=True)
         except Exception as e:
             print(f"failed after {time.monotonic() - t:.1f}s: {type(e).__name__}: {e}", flush=True)
@@ -281,9 +284,11 @@ VICTIM = textwrap.dedent(r"""
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
-def test_a_dead_or_stopped_peer_fails_the_waiting_recv_naming_it(tmp_path, how):
+@pytest.mark.parametrize("waits_in", ["recv", "send"])
+def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, waits_in):
     timeout = 3
-    store, procs = _spawn_job(VICTIM, 2, tmp_path, {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout)})
+    store, procs = _spawn_job(VICTIM, 2, tmp_path, {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),
+                                                    "T_WAITS_IN": waits_in})
     try:
         deadline = time.monotonic() + 60
         for p in procs:

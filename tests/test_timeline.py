@@ -117,7 +117,7 @@ def test_events_nest_and_are_ordered(tmp_path):
         ev = doc["traceEvents"]
         meta = {e["tid"]: e["args"]["name"] for e in ev if e["name"] == "thread_name"}
         assert meta == {1: "negotiate", 2: "queue", 3: "memcpy", 4: "collective",
-                        5: "algorithm", 6: "cycles"}
+                        5: "algorithm", 6: "cycles", 7: "p2p"}
         assert all(e["pid"] == r for e in ev)
         assert any(e["name"] == "CYCLE_START" for e in ev)
         assert any(e["name"] == "STEP" for e in ev)

@@ -17,7 +17,7 @@ from .load import COMPLETE, INSTANT, Strings, load  # noqa: F401  (re-exported)
 
 # The engine's lanes (Chrome "threads"), in display order.
 DEFAULT_LANES = {1: "negotiate", 2: "queue", 3: "memcpy", 4: "collective",
-                 5: "algorithm", 6: "cycles"}
+                 5: "algorithm", 6: "cycles", 7: "p2p"}
 NEGOTIATE, QUEUE, MEMCPY, COLLECTIVE, ALGORITHM, CYCLES = 1, 2, 3, 4, 5, 6
 DATA_LANES = (MEMCPY, COLLECTIVE, ALGORITHM)
 OPS = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER", "JOIN")
