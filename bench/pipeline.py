@@ -72,6 +72,9 @@ def worker_hvd(args):
         times.append(time.perf_counter() - t0)
     if hvd.rank() == 0:
         print(json.dumps({"times": times[args.warmup:]}), flush=True)
+    # the last stage finishes its last batch first; a shutdown now would end the job
+    # before the first stage has received its last messages (see docs/pipeline.md)
+    hvd.barrier()
     hvd.shutdown()
 
 

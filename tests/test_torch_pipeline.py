@@ -342,6 +342,51 @@ for kind in ("DistributedOptimizer", "ShardedDistributedOptimizer"):
         compare_stage(pipe, model, what)
         for n, p in pipe.named_parameters():
             same_on_every_rank(p, f"{what} {n} equal over dp", topo.dp_set)
+
+# tied embedding / LM head at pp 2 × dp 2: the tied sum and the replica average compose
+V, D = 11, 6
+
+
+def lm_layers():
+    return [nn.Embedding(V, D), nn.Linear(D, D), nn.Tanh(), nn.Linear(D, V, bias=False)]
+
+
+def lm_loss(out, y):
+    return F.cross_entropy(out.reshape(-1, V), y.reshape(-1))
+
+
+for kind in ("DistributedOptimizer", "ShardedDistributedOptimizer"):
+    what = f"pp2×dp2 tied {kind}"
+    torch.manual_seed(12)
+    layers = lm_layers()
+    model = nn.Sequential(*copy.deepcopy(layers))
+    model[3].weight = model[0].weight
+    ropt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    pipe = PipelineModule(layers, topology=topo, loss_fn=lm_loss, tied={"weight": (0, 3)},
+                          partition=[2])
+    inner = torch.optim.Adam(pipe.parameters(), lr=1e-2)
+    opt = (thvd.DistributedOptimizer(inner, pipe.named_parameters(), process_set=topo.dp_set)
+           if kind == "DistributedOptimizer" else
+           thvd.ShardedDistributedOptimizer(inner, pipe.named_parameters(), stage=2,
+                                            process_set=topo.dp_set))
+    sched = Schedule1F1B(pipe, microbatches=m, optimizer=opt)
+    for s in range(3):
+        g = torch.Generator().manual_seed(50 + s)
+        parts = [(torch.randint(0, V, (8, 5), generator=g),
+                  torch.randint(0, V, (8, 5), generator=g)) for _ in range(topo.dp)]
+        ropt.zero_grad()
+        for xd, yd in parts:
+            for xm, ym in zip(torch.tensor_split(xd, m), torch.tensor_split(yd, m)):
+                (lm_loss(model(xm), ym) / (m * topo.dp)).backward()
+        ropt.step()
+        opt.zero_grad()
+        sched.train_batch(*parts[topo.replica()])
+        opt.step()
+    compare_stage(pipe, model, what)
+    w = pipe.tied_params["weight"]
+    close(w, model[0].weight, f"{what} tied weight")
+    same_on_every_rank(w, f"{what} tied copies bitwise equal", topo.tied_set((0, 1)))
+    same_on_every_rank(w, f"{what} tied weight equal over dp", topo.dp_set)
 finish()
 '''
 
