@@ -12,7 +12,13 @@ reference's, copies bitwise equal); each rank's parameters are exactly its stage
 layers; saved activations counted with saved_tensors_hooks peak at <= p-k micro-batches
 on stage k under 1F1B and at m under GPipe; checkpoint_layers; the argument errors.
 Launch 2 (4 ranks): pp 2 × dp 2 with DistributedOptimizer and with
-ShardedDistributedOptimizer(stage=2) over topo.dp_set against the global batch.
+ShardedDistributedOptimizer(stage=2) over topo.dp_set against the global batch, with and
+without a tied embedding / LM head.
+Then: 50 back-to-back 1F1B batches of varying size at 2 ranks; the bubble of stages that
+sleep (forward t, backward 2t), read from the timeline by the viewer's analysis, within
+±2 points of (p-1)/(m+p-1) at p=2 and p=4 (m=8), and the viewer naming a slow stage;
+SIGKILL of the last stage during its drain and SIGSTOP of a middle stage: every other
+rank fails naming it, within the peer timeout; the example at pp 2 × dp 2.
 """
 import importlib.util
 
