@@ -18,10 +18,31 @@ def _ranks_label(ids):
     return ",".join(runs)
 
 
+def pipeline_sentence(pl):
+    """Who holds a pipeline up, in one sentence (None without a pipeline batch)."""
+    if pl is None or pl.bottleneck < 0:
+        return None
+    b = pl.ranks[pl.bottleneck]
+    others = [r.bubble for r in pl.ranks.values() if r.rank != b.rank]
+    mean = sum(others) / len(others) if others else 0.0
+    if not others or max(others) - b.bubble < 0.02:      # within the measurement's noise
+        return (f"Pipeline ({pl.stages} stages, {pl.microbatches} micro-batches, "
+                f"{pl.batches} batches): the stages are balanced, each idle "
+                f"{fmt_pct(b.bubble)}-{fmt_pct(max(others or [b.bubble]))}; the bubble of "
+                f"equal stages is (p-1)/(m+p-1) = {fmt_pct(pl.ideal)}.")
+    return (f"Pipeline ({pl.stages} stages, {pl.microbatches} micro-batches, {pl.batches} "
+            f"batches): stage {b.stage} (rank {b.rank}) holds the others up, idle "
+            f"{fmt_pct(b.bubble)} while the others idle {fmt_pct(mean)} on average; the "
+            f"bubble of equal stages is (p-1)/(m+p-1) = {fmt_pct(pl.ideal)}.")
+
+
 def headline(rep):
     """The first lines: who is slow, and where the time goes."""
     st = rep.stragglers
     lines = [st.verdict.sentence]
+    pl = pipeline_sentence(rep.pipeline)
+    if pl:
+        lines.append(pl)
     ph = rep.phases
     if not ph:
         return lines
@@ -176,6 +197,16 @@ def sections(rep):
                            ["op", "buffers", "tensors", "per buffer", "max", "single",
                             "mean fill", "max fill", "threshold"], rows, lines=lines,
                            key="fusion"))
+
+    pl = rep.pipeline
+    if pl is not None and pl.batches:
+        rows = [[r.rank, r.stage, fmt_ms(r.window_us), fmt_ms(r.idle_us), fmt_pct(r.bubble)]
+                for r in sorted(pl.ranks.values(), key=lambda r: (r.stage, r.rank))]
+        out.append(Section("Pipeline bubble (idle share of each batch; waits for activations "
+                           "and gradients, and the tail after the rank's last message)",
+                           ["rank", "stage", "batches", "idle", "bubble"], rows,
+                           lines=[pipeline_sentence(pl)] + pl.notes, right={0, 1, 2, 3, 4},
+                           key="pipeline"))
 
     if rep.idle:
         rows = []

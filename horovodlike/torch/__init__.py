@@ -14,6 +14,7 @@ from horovodlike.common.exceptions import (HorovodInternalError,  # noqa: F401
 from . import mpi_ops  # noqa: F401
 from . import elastic  # noqa: F401
 from . import parallel  # noqa: F401
+from . import pipeline  # noqa: F401
 from .compression import Compression  # noqa: F401
 from .functions import (allgather_object, broadcast_object,  # noqa: F401
                         broadcast_optimizer_state, broadcast_parameters)

@@ -9,11 +9,12 @@ from .events import notable
 from .fusion import fusion
 from .idle import idle
 from .phases import phases
+from .pipeline import pipeline
 from .steps import steps
 from .stragglers import stragglers
 from .top import top_stragglers
 
-__all__ = ["Report", "analyze", "bytes_moved", "fusion", "idle", "notable", "phases",
+__all__ = ["Report", "analyze", "bytes_moved", "fusion", "idle", "notable", "phases", "pipeline",
            "steps", "stragglers", "top_stragglers"]
 
 
@@ -30,6 +31,7 @@ class Report:
     top_pairs: list
     notable: list
     top: int
+    pipeline: object = None          # PipelineReport, or None without pipeline messages
 
 
 def analyze(tl, top=10):
@@ -39,4 +41,5 @@ def analyze(tl, top=10):
     ref = st.ref_rank if st.ref_rank >= 0 else None
     return Report(timeline=tl, stragglers=st, steps=sp, phases=phases(tl),
                   bytes=bytes_moved(tl, ref), fusion=fusion(tl, ref), idle=idle(tl, top=top),
-                  top_rounds=rounds, top_pairs=pairs, notable=notable(tl), top=top)
+                  top_rounds=rounds, top_pairs=pairs, notable=notable(tl), top=top,
+                  pipeline=pipeline(tl))
