@@ -20,7 +20,7 @@ PACKAGES = ("horovodlike",)
 
 # Lowest first. Modules on one line may not import each other.
 COMMON_LAYERS = [
-    ["exceptions", "jobkey", "compression", "affinity"],
+    ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule"],
     ["engine", "store"],
     ["launch_env"],
     ["bootstrap", "mpi_end"],
