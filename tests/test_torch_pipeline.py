@@ -332,12 +332,7 @@ for kind in ("DistributedOptimizer", "ShardedDistributedOptimizer"):
         for s in range(3):
             parts = [data("mlp", s, 8, seed=10 + d) for d in range(topo.dp)]
             ropt.zero_grad()
-            exp = []
-            for xd, yd in parts:         # global batch: dp × m micro-batches
-                for xm, ym in zip(torch.tensor_split(xd, m), torch.tensor_split(yd, m)):
-                    loss = F.mse_loss(model(xm), ym)
-                    (loss / (m * topo.dp)).backward()
-                    exp.append(loss.detach())
+            exp = accumulate_global_batch(model, F.mse_loss, parts, m)
             ropt.step()
             opt.zero_grad()
             x, y = parts[topo.replica()]
@@ -381,9 +376,7 @@ for kind in ("DistributedOptimizer", "ShardedDistributedOptimizer"):
         parts = [(torch.randint(0, V, (8, 5), generator=g),
                   torch.randint(0, V, (8, 5), generator=g)) for _ in range(topo.dp)]
         ropt.zero_grad()
-        for xd, yd in parts:
-            for xm, ym in zip(torch.tensor_split(xd, m), torch.tensor_split(yd, m)):
-                (lm_loss(model(xm), ym) / (m * topo.dp)).backward()
+        accumulate_global_batch(model, lm_loss, parts, m)
         ropt.step()
         opt.zero_grad()
         sched.train_batch(*parts[topo.replica()])

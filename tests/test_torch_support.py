@@ -76,6 +76,20 @@ def flat_params(model):
     return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
 
 
+def accumulate_global_batch(model, loss_fn, parts, m):
+    """The single-process reference of data parallelism with gradient accumulation:
+    parts holds each replica's (x, y); every one of the len(parts) × m micro-batches
+    adds loss / (m · len(parts)) to model's gradients. Returns the micro-batch losses,
+    replica by replica."""
+    losses = []
+    for xd, yd in parts:
+        for xm, ym in zip(torch.tensor_split(xd, m), torch.tensor_split(yd, m)):
+            loss = loss_fn(model(xm), ym)
+            (loss / (m * len(parts))).backward()
+            losses.append(loss.detach())
+    return losses
+
+
 def same_on_every_rank(t, what, process_set=None):
     """The tensor is bit-identical on every rank (of the set)."""
     ps = process_set or thvd.global_process_set
