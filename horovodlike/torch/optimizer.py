@@ -362,6 +362,7 @@ class _DistributedOptimizer:
         self._reset_step()
         self._synchronized = True
         if isinstance(error, _BucketMismatch):
+            ps, _ = resolve(self.process_set)
             raise self._explain_mismatch(error.cause, ps) from error.cause
         if error is not None:
             raise error
