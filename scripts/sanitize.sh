@@ -28,7 +28,7 @@ cd "$OUT"
 python -c "import horovodlike._engine as e; assert e.__file__.startswith('$OUT'), e.__file__"
 if [ "$#" -eq 0 ]; then
     set -- tests/test_collectives.py tests/test_data_paths.py tests/test_security.py \
-        tests/test_engine_hostile.py tests/test_negotiate_nodes.py
+        tests/test_engine_hostile.py tests/test_negotiate_nodes.py tests/test_p2p.py
 fi
 args=()
 for a in "$@"; do
