@@ -243,25 +243,31 @@ def _parent_identity():
     return ppid, start
 
 
-def _is_private_tree(path):
-    """Whether only this user can create or rename entries in `path`: it and every
-    directory up to the nearest one that is ours with mode 0700 are ours, not symlinks,
-    and writable by nobody else. (Above a 0700 directory nobody else can reach in.)"""
-    uid = os.getuid()
+def _walk_up(path, owners, stop_at_private):
+    """Whether every directory from `path` up is a real directory (not a symlink) owned by
+    one of `owners` and writable by neither group nor other, up to / or, with
+    stop_at_private, up to the first one of mode 0700 (nobody else can reach below it)."""
     path = os.path.abspath(path)
     while True:
         try:
             st = os.lstat(path)
         except OSError:
             return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners or st.st_mode & 0o022:
             return False
-        if not st.st_mode & 0o077:
+        if stop_at_private and not st.st_mode & 0o077:
             return True
         parent = os.path.dirname(path)
         if parent == path:
-            return False
+            return not stop_at_private
         path = parent
+
+
+def _is_private_tree(path):
+    """Whether only this user can create or rename entries in `path`: it and every
+    directory up to the nearest one that is ours with mode 0700 are ours, not symlinks,
+    and writable by nobody else. (Above a 0700 directory nobody else can reach in.)"""
+    return _walk_up(path, (os.getuid(),), stop_at_private=True)
 
 
 def key_dir(environ=None):
@@ -327,19 +333,7 @@ def _is_safe_chain(path):
     anywhere on the way to `path`: every directory from it up to / is a real directory
     (not a symlink) owned by this user or root and writable by neither group nor other.
     This is the check ssh makes of ~/.ssh, and what a home directory passes."""
-    uid = os.getuid()
-    path = os.path.abspath(path)
-    while True:
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, 0) or st.st_mode & 0o022:
-            return False
-        parent = os.path.dirname(path)
-        if parent == path:
-            return True
-        path = parent
+    return _walk_up(path, (os.getuid(), 0), stop_at_private=False)
 
 
 def _own_subdir(base):
