@@ -9,7 +9,11 @@
  * has closed its id; on several nodes, it is posted in the node's segment and the rank
  * that completes the node's word tells rank 0 for all of them (negotiate_nodes.c).
  */
-#include "internal.h"
+#include "loop.h"
+#include "fail.h"
+#include "wire.h"
+#include "segment.h"
+#include "net.h"
 #include <stdlib.h>
 #include <string.h>
 

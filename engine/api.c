@@ -6,7 +6,12 @@
  * the hvdl__engine_x forms on several engines in one process. Per-op calls are in ops.c,
  * process sets in process_sets.c.
  */
-#include "internal.h"
+#include "loop.h"
+#include "liveness.h"
+#include "segment.h"
+#include "net.h"
+#include "shm.h"
+#include "p2p.h"
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>

@@ -4,7 +4,7 @@
  * is meant for this job and rank, and the settings every rank must share (config.h).
  * Fixed size (HVDL_BLOB_BYTES), versioned by the wire's magic and version.
  */
-#include "internal.h"
+#include "net.h"
 #include <stdio.h>
 #include <string.h>
 

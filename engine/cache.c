@@ -13,7 +13,8 @@
  * (hvdl__cache_assign), and a worker applies each response it receives, in order, before
  * executing any (hvdl__cache_apply).
  */
-#include "internal.h"
+#include "fail.h"
+#include "control.h"
 #include <stdlib.h>
 #include <string.h>
 

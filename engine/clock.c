@@ -6,7 +6,8 @@
  * before the loop starts; costs a few ms. An ABORT that arrives instead (a rank failed
  * during start-up and said why) fails this rank with that cause.
  */
-#include "internal.h"
+#include "fail.h"
+#include "net.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

@@ -2,7 +2,7 @@
  * The engine's side of the algorithms' context (context.h): filling it at start-up, and
  * the few calls through which an algorithm reaches back into the engine (failure, trace).
  */
-#include "internal.h"
+#include "fail.h"
 #include <stdio.h>
 
 void hvdl__ctx_fill(engine_t *e) {

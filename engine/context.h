@@ -5,7 +5,7 @@
  *
  * The algorithm files (allreduce_*.c, allgather_*.c, broadcast_chain.c,
  * alltoall_pairwise.c, collectives_shm.c, reduce.c) include this header and not
- * internal.h, so the compiler keeps them off engine_t: an algorithm cannot read the
+ * engine.h, so the compiler keeps them off engine_t: an algorithm cannot read the
  * queues, the negotiation state or the configuration, only what is here. The engine
  * fills one context at start-up (context.c) and hands &e->ctx to every call (exec.c).
  * The transport and the shm waits are the engine's side of this boundary: they reach
@@ -19,7 +19,7 @@
 #include "horovodlike.h"
 #include "util.h"
 #include "platform.h"
-#include "timeline.h"
+#include "transport.h"
 
 /* A process set as the algorithms see it: members' global ranks, sorted, and this
  * rank's index among them (-1 if not a member). Immutable once registered. */
@@ -30,46 +30,6 @@ typedef struct group {
     int *ranks;
     int removed;
 } group_t;
-
-/* The peer-to-peer transport every algorithm talks to. An algorithm never includes a
- * backend; it calls t->exchange(). */
-typedef void (*chunk_fn)(void *ctx, int64_t offset, const void *data, int64_t len);
-typedef struct xfer {
-    int send_peer;           /* -1: nothing to send */
-    const void *sbuf;
-    int64_t slen;
-    int recv_peer;           /* -1: nothing to receive */
-    void *rbuf;              /* destination of rlen bytes, or a staging buffer of chunk
-                                bytes when on_chunk is set */
-    int64_t rlen;
-    int64_t chunk;           /* staging size (a multiple of every dtype size) */
-    chunk_fn on_chunk;       /* called as each received chunk completes, in order */
-    void *ctx;
-} xfer_t;
-typedef struct transport {
-    const char *name;
-    int (*exchange)(struct transport *t, const xfer_t *x);
-} transport_t;
-
-/* This node's shared-memory segment (shm.c). */
-typedef struct hvdl_shm {
-    uint8_t *base;
-    size_t bytes;
-    int nlocal;              /* ranks on this node */
-    int me;                  /* this rank's index among them */
-    int64_t chunk;           /* bytes per rank per piece that broadcast and allgather copy */
-    int64_t rchunk;          /* ... that the reductions use, at most chunk (shm.c) */
-    int64_t slot_bytes;
-    uint32_t phase;          /* phases posted; identical on every local rank */
-    uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
-    /* What the barriers cost this rank, logged when the segment closes (debug level):
-     * waits, their time in all, the waits that went to sleep, and for those the time
-     * from the last arrival's release to this rank running again (the wake-up). And the
-     * two-shot's own work: its calls and their time copying in, reducing and copying
-     * out, which tells a slow memory path from slow peers. */
-    int64_t waits, slept, two_shots;
-    double waited_s, wake_s, wake_max_s, copy_in_s, reduce_s, copy_out_s;
-} hvdl_shm_t;
 
 struct engine;
 
@@ -115,7 +75,7 @@ void hvdl__reduce_to(int dtype, int op, void *dst, const void *a, const void *b,
 void hvdl__scale(int dtype, void *buf, int64_t count, double factor);
 
 /* shm.c: the segment's one synchronisation primitive */
-uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which);
+/* shm.c: the segment's one synchronisation primitive (hvdl__shm_slot: transport.h) */
 void hvdl__shm_post(ctx_t *c);
 int hvdl__shm_wait_all(ctx_t *c);
 

@@ -21,7 +21,9 @@
  * nodes, each node agrees in its segment and rank 0 records a node's ranks at once
  * (negotiate_nodes.c), taking a node's word over when a request reaches it otherwise.
  */
-#include "internal.h"
+#include "fail.h"
+#include "wire.h"
+#include "segment.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -30,7 +30,9 @@
  * more when it is unblocked). Rank 0's analysis is O(ranks^2 x ops), run only while some
  * rank reports itself blocked.
  */
-#include "internal.h"
+#include "fail.h"
+#include "control.h"
+#include "net.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

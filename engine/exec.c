@@ -13,7 +13,9 @@
  * A rank that has called join() executes allreduces it never submitted, with zeros of
  * the agreed size, so the others' sums are unchanged.
  */
-#include "internal.h"
+#include "fail.h"
+#include "wire.h"
+#include "net.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -14,7 +14,9 @@
  * report the neighbour's disappearance.
  */
 #define _GNU_SOURCE          /* POLLRDHUP */
-#include "internal.h"
+#include "control.h"
+#include "liveness.h"
+#include "net.h"
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -7,7 +7,7 @@
  * next response of the same plan, in the same frame. exec.c packs a fused response into
  * the fusion buffer on the data side.
  */
-#include "internal.h"
+#include "control.h"
 
 int hvdl__fusable(const meta_t *a, const meta_t *b) {
     return a->op == HVDL_OP_ALLREDUCE && b->op == HVDL_OP_ALLREDUCE && a->dtype == b->dtype &&

@@ -28,7 +28,8 @@
  * connection before its hello has passed. The listener is closed once every peer is in.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "fail.h"
+#include "net.h"
 #include "auth.h"
 #include <arpa/inet.h>
 #include <errno.h>

@@ -17,7 +17,7 @@
  *
  * Cost when unset: one comparison per site visit (HVDL_INJECT).
  */
-#include "internal.h"
+#include "engine.h"
 #include <stdlib.h>
 #include <string.h>
 

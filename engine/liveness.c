@@ -18,7 +18,8 @@
  *
  * Cost on the hot path: one comparison of the clock against next_tick.
  */
-#include "internal.h"
+#include "fail.h"
+#include "net.h"
 #include <stdio.h>
 
 double hvdl__heartbeat_interval(const engine_t *e) {

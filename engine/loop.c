@@ -29,7 +29,14 @@
  * Failure is sticky (fail.c): the loop exits once the engine has failed, and every
  * unfinished op has then been completed with the recorded cause.
  */
-#include "internal.h"
+#include "loop.h"
+#include "fail.h"
+#include "wire.h"
+#include "liveness.h"
+#include "segment.h"
+#include "net.h"
+#include "shm.h"
+#include "p2p.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

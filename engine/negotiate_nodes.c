@@ -40,7 +40,10 @@
  * node to rank 0 (instead of one per rank), and rank 0's bookkeeping per node. A leader
  * reads min(cache size, 4096) words once a second.
  */
-#include "internal.h"
+#include "fail.h"
+#include "segment.h"
+#include "net.h"
+#include "shm.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -45,7 +45,10 @@
  * (deferred) and publishes it when there is room, never blocking: the ranks it waits
  * for may be waiting for it in a collective.
  */
-#include "internal.h"
+#include "loop.h"
+#include "fail.h"
+#include "wire.h"
+#include "shm.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -11,7 +11,10 @@
  * job naming the peer that sent it.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "fail.h"
+#include "liveness.h"
+#include "segment.h"
+#include "net.h"
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>

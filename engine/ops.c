@@ -7,7 +7,8 @@
  * small allreduce finishes within microseconds) and then block on a condition variable:
  * with 8 ranks on 2 cores, a waiter that spins steals the core its peers need.
  */
-#include "internal.h"
+#include "loop.h"
+#include "p2p.h"
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -57,7 +57,8 @@
  * report on every rank, as a stalled collective does.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "fail.h"
+#include "net.h"
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>

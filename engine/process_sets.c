@@ -3,7 +3,7 @@
  * entry is never freed or moved while the engine lives (removal only marks it), so the
  * loop reads the table without the lock.
  */
-#include "internal.h"
+#include "engine.h"
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>

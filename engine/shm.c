@@ -46,7 +46,10 @@
  * whose own word shows it has not arrived.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "fail.h"
+#include "liveness.h"
+#include "segment.h"
+#include "net.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>

@@ -18,7 +18,9 @@
  * finished on rank 0 finishes everywhere), as it would have executed the responses
  * that came before the goodbye on rank 0's connection.
  */
-#include "internal.h"
+#include "fail.h"
+#include "segment.h"
+#include "net.h"
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>

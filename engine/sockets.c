@@ -3,7 +3,7 @@
  * a deadline (for start-up only), and closing everything. Who connects to whom is in
  * handshake.c; control frames are in net.c.
  */
-#include "internal.h"
+#include "net.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>

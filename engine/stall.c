@@ -4,7 +4,9 @@
  * each period after; after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (if set) it fails the
  * job with that message on every rank. Checked at most once a second.
  */
-#include "internal.h"
+#include "fail.h"
+#include "segment.h"
+#include "net.h"
 #include <stdio.h>
 #include <string.h>
 

@@ -13,7 +13,7 @@
  * window of training steps (a step is counted each time the first tensor this engine ever
  * saw is submitted again).
  */
-#include "internal.h"
+#include "engine.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

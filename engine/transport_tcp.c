@@ -12,7 +12,9 @@
  * sockets, so an ABORT from rank 0 or a dead peer ends the wait at once. A transfer that
  * makes no progress for HOROVODLIKE_PEER_TIMEOUT_SECONDS names the peer it waits on.
  */
-#include "internal.h"
+#include "fail.h"
+#include "liveness.h"
+#include "net.h"
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>

@@ -15,7 +15,7 @@
  * count is bounded by the bytes that carry it, and every field is checked
  * (wire_check.c) before anything trusts it.
  */
-#include "internal.h"
+#include "wire.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -9,7 +9,7 @@
  * Each check returns NULL when all is well, else a short reason that ends up in the
  * error naming the peer.
  */
-#include "internal.h"
+#include "control.h"
 #include <string.h>
 
 /* Bytes of a tensor of meta m (validated), or -1 on overflow. */

@@ -36,7 +36,7 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(
 KEY = bytes(range(1, 33))
 
 # The wire layout (engine/handshake.c, engine/net.c, engine/wire.c).
-MAGIC, VERSION = 0x4876444C, 3   # engine/internal.h WIRE_MAGIC, WIRE_VERSION
+MAGIC, VERSION = 0x4876444C, 3   # engine/net.h WIRE_MAGIC, WIRE_VERSION
 HELLO = struct.Struct("<IIIIIIQ32s")        # magic version from to channel keyed nonce challenge
 REPLY = struct.Struct("<II32s32s")          # magic pad challenge proof
 FRAME = struct.Struct("<IIq")               # magic type len

@@ -7,7 +7,7 @@
  */
 #ifndef HVDL_TEST_HARNESS_H
 #define HVDL_TEST_HARNESS_H
-#include "internal.h"
+#include "engine.h"
 
 typedef struct world {
     int size;

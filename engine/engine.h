@@ -1,0 +1,178 @@
+/*
+ * The engine: one struct engine that every part of the engine hangs its state off, the
+ * request (op_t) it carries from enqueue to release, and the engine's life (api.c, ops.c,
+ * process_sets.c). Public names are hvdl_x, internal ones hvdl__x. Nothing here is
+ * global: all state hangs off one struct engine, so the C tests (tests/c) run several
+ * engines as threads in one process; api.c holds the one pointer Python uses. The
+ * algorithms see a narrow view of it (context.h) and never include this header.
+ */
+#ifndef HVDL_ENGINE_H
+#define HVDL_ENGINE_H
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stddef.h>
+#include "horovodlike.h"
+#include "util.h"
+#include "platform.h"
+#include "config.h"
+#include "log.h"
+#include "timeline.h"
+#include "context.h"
+
+/* What every rank must agree on for one named request. Also the unit the response
+ * cache compresses: a request equal to its cached meta travels as one bit. */
+typedef struct meta {
+    int32_t op, dtype, reduce_op, root_rank, process_set, ndim;
+    int64_t shape[HVDL_MAX_DIMS];
+    double prescale, postscale;
+} meta_t;
+
+#define HVDL_MAX_SETS 256
+
+/* One enqueued request, from hvdl_enqueue until hvdl_release. */
+typedef struct op {
+    int64_t handle;
+    char *name;
+    meta_t meta;
+    int64_t *splits;         /* alltoall: rows to each set member (copied), else NULL */
+    const void *input;
+    void *output;
+    int64_t nbytes;          /* input bytes */
+    int cache_id;            /* this rank's cache entry for the name, or -1 */
+    double enqueued_at;
+    int caller_waits;        /* HVDL_CALLER_WAITS on one node: enqueue did not wake the loop */
+    double wait_since;       /* under mu: when a caller first slept waiting on it (deadlock.c) */
+    atomic_int done;         /* written under engine.mu, read lock-free by spinners */
+    int status;
+    char *msg;               /* error text, malloc'd, or NULL */
+    hvdl_result result;
+    struct op *next;         /* link in whichever queue holds it */
+} op_t;
+
+typedef struct op_queue { op_t *head, *tail; } op_queue_t;
+
+/* Defined by the parts that own them; the engine holds pointers. */
+struct peer;          /* transport/net.h */
+struct cache_entry;   /* control/control.h */
+
+typedef struct engine {
+    config_t cfg;
+    int rank, size;
+    char host[128];
+    uint64_t nonce;
+    unsigned char key[HVDL_KEY_MAX];   /* the job's secret (hvdl_prepare) */
+    int key_len;
+    char bind_addr[64];      /* listen here; "" = every interface */
+    int listen_fd;
+    struct peer *peers;       /* per rank (transport/net.h) */
+    transport_t *tcp;
+    hvdl_shm_t *shm;         /* NULL when this rank is alone on its node */
+    struct neg *neg;         /* negotiation in the segment (negotiate_shm.c), or NULL */
+    struct nodeneg *nodes;   /* hierarchical negotiation (negotiate_nodes.c), or NULL */
+    const sigset_t *poll_mask;   /* the loop's sleep unblocks its doorbell (or NULL) */
+    int spin_us;             /* the loop's and a caller's waits look before sleeping (api.c) */
+    int shm_spin_us;         /* a shm barrier looks before sleeping (ctx.spin_us) */
+    group_t *cross;          /* ranks with my local index on every node (hierarchical) */
+    int nnodes;
+    int *node;               /* node index of every rank (ctx.node) */
+    ctx_t ctx;               /* what the algorithms see of this engine (context.h) */
+
+    pthread_t thread;
+    int thread_started;
+    /* Held by whoever runs the loop's work: the loop thread, except while it waits, or
+     * a caller waiting for its op (hvdl__drive). Lock order: drive, then mu. */
+    pthread_mutex_t drive;
+    atomic_int watchers;     /* callers between hvdl__drive_enter and _leave */
+    int wake_fd;             /* eventfd: an enqueue or shutdown wakes the loop */
+
+    /* Guarded by mu. Lock rule: the loop never holds mu while doing I/O. */
+    pthread_mutex_t mu;
+    pthread_cond_t done_cv;
+    op_queue_t incoming;     /* enqueued, not yet picked up by the loop */
+    strmap_t inflight;       /* name -> op_t*, from enqueue until done */
+    op_t **slots;            /* handle table: handle = generation << 32 | slot */
+    uint32_t *gens;
+    int nslots;
+    int free_head;
+    int *free_next;
+    int failed;              /* sticky: a lost peer or a stall shutdown */
+    int fail_status;
+    char fail_msg[HVDL_MSG_BYTES];
+    int shutdown_requested;
+    uint64_t enqueues;       /* ops enqueued so far, and when the last was (deadlock.c) */
+    double last_enqueue_at;
+    atomic_int waiters;      /* callers asleep in hvdl_wait */
+    struct deadlock *dl;     /* loop-owned (deadlock.c) */
+    char bye_why[HVDL_MSG_BYTES];   /* who shut down, without submitting what (shutdown.c) */
+
+    /* Owned by the background thread alone. */
+    op_queue_t unsent;       /* picked up, not yet told to the coordinator */
+    double first_unsent_at;
+    int bye_sent;
+    int stopped;             /* a shutdown was sent (rank 0) or received (workers) */
+    strmap_t mine;           /* name -> op_t*, ops this rank has announced */
+    struct cache_entry *cache;   /* id -> entry; identical on every rank */
+    int ncache;
+    strmap_t cache_by_name;  /* name -> id+1 */
+    buf_t fusion;            /* persistent fusion buffer */
+    struct coordinator *coord;   /* rank 0 only */
+    int inject_seen;         /* times this rank reached the injection site (inject.c) */
+    int injected;            /* the injected failure has fired: messages say so */
+    int awaiting_verdict;    /* fail.c is reading rank 0's verdict (no recursion) */
+    int joined;              /* this rank has a join in flight: zeros for others' allreduces */
+    double next_tick;        /* when liveness.c next sends heartbeats and checks peers */
+    int in_tick;
+
+    /* Tracing (timeline.c). tl_on is the one branch every event site pays. */
+    atomic_int tl_on;
+    atomic_int tl_mark_cycles;   /* HOROVOD_TIMELINE_MARK_CYCLES: CYCLE_START instants */
+    pthread_mutex_t tl_mu;
+    struct timeline *tl;
+    double t0;               /* hvdl_now() at start: trace ts are relative to it */
+    double t0_epoch_us;      /* the same moment on the wall clock */
+    double clock_offset_us;  /* rank 0's wall clock minus ours, measured at start */
+    int64_t step;            /* training steps seen (loop-owned) */
+    char *first_name;        /* the first name submitted twice: marks steps */
+    strmap_t seen_names;     /* names seen before first_name was found */
+
+    /* Process sets: registered under mu by the API, read by the loop. Entries are never
+     * freed or moved while the engine lives, so the loop may read them without mu. */
+    group_t *sets[HVDL_MAX_SETS];
+    atomic_int sets_changed;
+    struct p2p *p2p;         /* point-to-point messages: their own thread (p2p.c) */
+} engine_t;
+
+/* api.c: one engine's life, and the error funnel of every public call. The public API
+ * (horovodlike.h) is these on the one engine Python uses; a C test runs several. */
+engine_t *hvdl__engine_new(void);    /* configuration from the environment; NULL: no memory */
+int hvdl__engine_prepare(engine_t *e, const char *hostname, const char *advertise_addr,
+                         const char *bind_addr, const unsigned char *key, int key_len, char *blob_out);
+int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs);
+int hvdl__engine_running(engine_t *e);
+int hvdl__engine_shutdown(engine_t *e);
+void hvdl__engine_free(engine_t *e); /* after shutdown, or instead of start */
+int hvdl__engine_timeline_start(engine_t *e, const char *path, int mark_cycles);
+/* ops.c */
+int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle);
+int hvdl__engine_poll(engine_t *e, int64_t handle);
+int hvdl__engine_wait(engine_t *e, int64_t handle, double timeout_s);
+int hvdl__engine_release(engine_t *e, int64_t handle, char *msg, hvdl_result *result);
+/* process_sets.c */
+int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n);
+int hvdl__engine_set_remove(engine_t *e, int id);
+int hvdl__err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void hvdl__wake(engine_t *e);
+
+/* inject.c: failure injection for tests (HOROVODLIKE_TEST_INJECT=site[:rank[:nth]]).
+ * A site asks HVDL_INJECT(e, INJ_X) and, when it is true, fails as its real cause would. */
+/* The sites (INJ_*) are in context.h: the algorithms have sites too. */
+int hvdl__inject_fire(engine_t *e);
+const char *hvdl__inject_site_name(int site);
+#define HVDL_INJECT(e, site) \
+    (__builtin_expect((e)->cfg.inject_site == (site), 0) && hvdl__inject_fire(e))
+
+/* ops.c: a handle for o (mu held): 0, or an error status */
+int hvdl__handle_new(engine_t *e, op_t *o);
+
+#endif

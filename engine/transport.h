@@ -1,0 +1,55 @@
+/*
+ * What the algorithms may use of the transport layer: the exchange between two ranks
+ * (tcp.c implements it) and this node's shared-memory segment (shm.c). Nothing here
+ * knows the engine; coll/ includes this header, and the engine's side of the transport
+ * (net.h, shm.h) stays out of the algorithms' reach.
+ */
+#ifndef HVDL_TRANSPORT_H
+#define HVDL_TRANSPORT_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* The peer-to-peer transport every algorithm talks to. An algorithm never includes a
+ * backend; it calls t->exchange(). */
+typedef void (*chunk_fn)(void *ctx, int64_t offset, const void *data, int64_t len);
+typedef struct xfer {
+    int send_peer;           /* -1: nothing to send */
+    const void *sbuf;
+    int64_t slen;
+    int recv_peer;           /* -1: nothing to receive */
+    void *rbuf;              /* destination of rlen bytes, or a staging buffer of chunk
+                                bytes when on_chunk is set */
+    int64_t rlen;
+    int64_t chunk;           /* staging size (a multiple of every dtype size) */
+    chunk_fn on_chunk;       /* called as each received chunk completes, in order */
+    void *ctx;
+} xfer_t;
+typedef struct transport {
+    const char *name;
+    int (*exchange)(struct transport *t, const xfer_t *x);
+} transport_t;
+
+/* This node's shared-memory segment (shm.c). */
+typedef struct hvdl_shm {
+    uint8_t *base;
+    size_t bytes;
+    int nlocal;              /* ranks on this node */
+    int me;                  /* this rank's index among them */
+    int64_t chunk;           /* bytes per rank per piece that broadcast and allgather copy */
+    int64_t rchunk;          /* ... that the reductions use, at most chunk (shm.c) */
+    int64_t slot_bytes;
+    uint32_t phase;          /* phases posted; identical on every local rank */
+    uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
+    /* What the barriers cost this rank, logged when the segment closes (debug level):
+     * waits, their time in all, the waits that went to sleep, and for those the time
+     * from the last arrival's release to this rank running again (the wake-up). And the
+     * two-shot's own work: its calls and their time copying in, reducing and copying
+     * out, which tells a slow memory path from slow peers. */
+    int64_t waits, slept, two_shots;
+    double waited_s, wake_s, wake_max_s, copy_in_s, reduce_s, copy_out_s;
+} hvdl_shm_t;
+
+/* shm.c: the slot of local rank `local` in buffer `which` of the segment */
+uint8_t *hvdl__shm_slot(hvdl_shm_t *s, int local, int which);
+
+#endif
