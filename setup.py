@@ -1,4 +1,5 @@
 import glob
+import os
 import re
 
 from setuptools import find_packages, setup
@@ -19,6 +20,11 @@ EXTRAS = {
     "lightning": [TORCH, "pytorch-lightning>=2.0,<3"],
     "viewer": ["matplotlib>=3.5"],               # horovodlike-timeline --png
 }
+
+# The engine's sources and headers by folder (engine/core, engine/coll, ...).
+ENGINE_FILES = {}
+for path in sorted(glob.glob("engine/**/*.[ch]", recursive=True)):
+    ENGINE_FILES.setdefault(os.path.dirname(path), []).append(path)
 
 setup(
     name="horovodlike",
@@ -54,7 +60,7 @@ setup(
     extras_require=EXTRAS,
     cffi_modules=["horovodlike/_build_engine.py:ffibuilder"],
     # The engine's sources and headers travel in the wheel too (<prefix>/share/...).
-    data_files=[("share/horovodlike/engine", sorted(glob.glob("engine/*.[ch]")))],
+    data_files=[("share/horovodlike/" + d, files) for d, files in ENGINE_FILES.items()],
     entry_points={"console_scripts": [
         "horovodlikerun = horovodlike.runner.entry:main",
         "horovodlike-timeline = horovodlike.timeline_viewer.__main__:main",

@@ -1,6 +1,6 @@
 """cffi build script for the C engine (out-of-line API mode).
 
-The declarations come from engine/horovodlike.h itself, between its CDEF markers, so
+The declarations come from engine/include/horovodlike.h itself, between its CDEF markers, so
 the C header is the single source of every constant Python sees. No framework headers
 are involved: one build serves every PyTorch and TensorFlow version.
 """
@@ -12,10 +12,24 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINE = os.path.join(os.path.dirname(HERE), "engine")
+# The engine's folders (docs/how-it-works.md, "The tree"). Every one is on the include
+# path of the engine's own build; scripts/check_boundaries.sh narrows it for coll/.
+ENGINE_DIRS = ["include", "util", "core", "control", "control/segment", "transport", "p2p",
+               "coll"]
+PUBLIC_HEADER = os.path.join(ENGINE, "include", "horovodlike.h")
+
+
+def engine_sources():
+    """Every engine source file, absolute paths, sorted."""
+    return sorted(p for d in ENGINE_DIRS for p in glob.glob(os.path.join(ENGINE, d, "*.c")))
+
+
+def engine_include_dirs():
+    return [os.path.join(ENGINE, d) for d in ENGINE_DIRS]
 
 
 def _cdef_text():
-    with open(os.path.join(ENGINE, "horovodlike.h")) as f:
+    with open(PUBLIC_HEADER) as f:
         text = f.read()
     return text.split("/* CDEF-BEGIN */", 1)[1].split("/* CDEF-END */", 1)[0]
 
@@ -38,8 +52,8 @@ def make_builder(absolute=False):
     builder.set_source(
         "horovodlike._engine",
         '#include "horovodlike.h"',
-        sources=sorted(path(p) for p in glob.glob(os.path.join(ENGINE, "*.c"))),
-        include_dirs=[path(ENGINE)],
+        sources=[path(p) for p in engine_sources()],
+        include_dirs=[path(d) for d in engine_include_dirs()],
         extra_compile_args=COMPILE_FLAGS + ["-fvisibility=hidden"] + _SANITIZE,
         extra_link_args=_SANITIZE,
         libraries=["pthread"],

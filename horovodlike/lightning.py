@@ -53,7 +53,7 @@ _REDUCE_OPS = {None: hvd.Average, "mean": hvd.Average, "avg": hvd.Average,
                ReduceOp.MIN: hvd.Min, "min": hvd.Min}
 
 
-# The engine's doorbell signal (engine/platform.h: HVDL_DOORBELL_SIG), whose handler the
+# The engine's doorbell signal (engine/util/platform.h: HVDL_DOORBELL_SIG), whose handler the
 # engine installs from C. Python's signal module still believes it is SIG_DFL, and the
 # Trainer, at the end of every fit/validate/test/predict, "restores" every signal to what
 # Python believes it was: that would put SIG_DFL back, and the next doorbell would kill

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile every engine source for aarch64, so code that only builds on x86-64 (an
-# architecture builtin outside engine/platform.h) fails CI instead of an ARM user's
+# architecture builtin outside engine/util/platform.h) fails CI instead of an ARM user's
 # install. Objects go to a scratch directory; nothing is linked or run.
 #
 #     bash scripts/cross_compile.sh
@@ -17,10 +17,16 @@ if ! command -v "$CC" >/dev/null 2>&1; then
 fi
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
+# Every folder of the engine on the include path, as in its own build (_build_engine.py).
+INCLUDES=()
+for dir in $(find "$ROOT/engine" -type d | sort); do
+    INCLUDES+=("-I$dir")
+done
 status=0
-for src in "$ROOT"/engine/*.c; do
+for src in $(find "$ROOT/engine" -name '*.c' | sort); do
+    obj="$OUT/$(basename "$(dirname "$src")")_$(basename "$src" .c).o"
     "$CC" -c -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration -fPIC \
-        -I"$ROOT/engine" "$src" -o "$OUT/$(basename "$src" .c).o" || status=1
+        "${INCLUDES[@]}" "$src" -o "$obj" || status=1
 done
 if [ "$status" -ne 0 ]; then
     echo "cross-compile: the engine does not build for aarch64 (see the errors above)"

@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
-from horovodlike._build_engine import COMPILE_FLAGS, SANITIZE_FLAGS
+from horovodlike._build_engine import (COMPILE_FLAGS, SANITIZE_FLAGS, engine_include_dirs,
+                                       engine_sources)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENGINE = os.path.join(ROOT, "engine")
 CTESTS = os.path.join(ROOT, "tests", "c")
 CC = os.environ.get("CC", "cc")
 
@@ -27,8 +27,9 @@ pytestmark = [
 def _build(out_dir, extra):
     """Compile every engine and test source (two at a time: the machine may be small)
     and link engine_tests; returns its path."""
-    sources = sorted(glob.glob(os.path.join(ENGINE, "*.c")) + glob.glob(os.path.join(CTESTS, "*.c")))
-    flags = COMPILE_FLAGS + ["-pthread", "-I" + ENGINE, "-I" + CTESTS] + extra
+    sources = engine_sources() + sorted(glob.glob(os.path.join(CTESTS, "*.c")))
+    flags = (COMPILE_FLAGS + ["-pthread"] + ["-I" + d for d in engine_include_dirs()] +
+             ["-I" + CTESTS] + extra)
     if extra:   # a checking build: -O1 compiles twice as fast and keeps the reports exact
         flags = [f for f in flags if not f.startswith("-O")] + ["-O1"]
 

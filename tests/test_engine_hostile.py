@@ -35,8 +35,8 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(
     __import__("horovodlike").__file__)))
 KEY = bytes(range(1, 33))
 
-# The wire layout (engine/handshake.c, engine/net.c, engine/wire.c).
-MAGIC, VERSION = 0x4876444C, 3   # engine/net.h WIRE_MAGIC, WIRE_VERSION
+# The wire layout (engine/transport/handshake.c, engine/transport/net.c, engine/control/wire.c).
+MAGIC, VERSION = 0x4876444C, 3   # engine/transport/net.h WIRE_MAGIC, WIRE_VERSION
 HELLO = struct.Struct("<IIIIIIQ32s")        # magic version from to channel keyed nonce challenge
 REPLY = struct.Struct("<II32s32s")          # magic pad challenge proof
 FRAME = struct.Struct("<IIq")               # magic type len
@@ -45,7 +45,7 @@ MSG_REQUESTS, MSG_RESPONSES, MSG_BYE, MSG_ABORT, MSG_PING, MSG_PONG, MSG_HEARTBE
 MSG_NODE_DONE, MSG_NODE_POSTED, MSG_NODE_CLOSE, MSG_NODE_REOPEN = range(8, 12)   # several nodes
 CH_DATA, CH_CONTROL, CH_P2P = 0, 1, 2
 P2P_MAGIC = 0x50327648
-P2P_HDR = struct.Struct("<IIii8qq")     # magic name_len dtype ndim shape[8] nbytes (engine/p2p.c)
+P2P_HDR = struct.Struct("<IIii8qq")     # magic name_len dtype ndim shape[8] nbytes (p2p/p2p.c)
 FULL_TAG = 0xFFFFFFFF
 
 
@@ -529,7 +529,7 @@ def test_malformed_frame_to_rank0_fails_the_job_naming_the_sender(job_factory, c
 
 def p2p_message(name=b"act", dtype=7, shape=(4,), nbytes=None, ndim=None, magic=P2P_MAGIC,
                 name_len=None, dims=None, payload=None):
-    """A point-to-point message as engine/p2p.c frames it: header, name, payload."""
+    """A point-to-point message as engine/p2p/p2p.c frames it: header, name, payload."""
     size = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 2, 7: 4, 8: 8, 9: 1}.get(dtype, 1)
     for d in shape:
         size *= d

@@ -67,8 +67,8 @@ def test_wheel_builds_installs_and_runs_outside_the_checkout(tmp_path):
     sdist = next(dist.glob("horovodlike-*.tar.gz"))
     with tarfile.open(sdist) as tf:
         names = tf.getnames()
-    assert any(n.endswith("/engine/horovodlike.h") for n in names), names
-    assert sum(n.endswith(".c") and "/engine/" in n for n in names) >= 10
+    assert any(n.endswith("/engine/include/horovodlike.h") for n in names), names
+    assert sum(n.endswith(".c") and "/engine/coll/" in n for n in names) >= 5
     wheel = next(dist.glob("horovodlike-*.whl"))
     # The extension uses only the stable ABI (cffi's Py_LIMITED_API): one wheel for
     # every CPython from 3.9 on.
@@ -89,7 +89,7 @@ def test_wheel_builds_installs_and_runs_outside_the_checkout(tmp_path):
         == {"horovodlike"}, sorted(names)
     assert "horovodlike/timeline_viewer/static/viewer.js" in names
     assert any(re.match(r"horovodlike/_engine.*\.so$", n) for n in names), names
-    assert any(n.endswith("share/horovodlike/engine/horovodlike.h") for n in names)
+    assert any(n.endswith("share/horovodlike/engine/include/horovodlike.h") for n in names)
     assert "horovodlike/runner/args.py" in names
 
     venv = tmp_path / "venv"

@@ -1,4 +1,4 @@
-"""Hierarchical negotiation (engine/negotiate_nodes.c): on several nodes, a node's ranks
+"""Hierarchical negotiation (engine/control/segment/negotiate_nodes.c): on several nodes, a node's ranks
 agree on their cached requests in their segment, and the rank that completes a node's
 word tells rank 0 for all of them in one frame.
 

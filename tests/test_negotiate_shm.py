@@ -1,4 +1,4 @@
-"""Negotiation in the shared-memory segment (engine/negotiate_shm.c): a one-node job
+"""Negotiation in the shared-memory segment (engine/control/segment/negotiate_shm.c): a one-node job
 agrees on repeated (cached) requests without rank 0, and every check of rank 0's
 coordinator still holds, because rank 0 takes a name over whenever it is involved.
 

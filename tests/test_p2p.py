@@ -1,4 +1,4 @@
-"""Point-to-point messages (engine/p2p.c): hvd.send / hvd.recv / hvd.recv_ between two
+"""Point-to-point messages (engine/p2p/p2p.c): hvd.send / hvd.recv / hvd.recv_ between two
 ranks, matched by (source, destination, name) by those two ranks alone.
 
 Real ranks under horovodlikerun (one host, and fake hosts with -H a:1,b:1), every test

@@ -68,7 +68,7 @@ def elastic_timeout():
     return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
 
 
-# How the engine names a lost rank (engine/fail.c), and the start-up's words for one.
+# How the engine names a lost rank (engine/core/fail.c), and the start-up's words for one.
 _LOST = re.compile(r"rank (\d+) \(host [^)]*\) was lost")
 
 

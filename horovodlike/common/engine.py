@@ -1,4 +1,4 @@
-"""The only module that touches cffi: thin, typed wrappers over engine/horovodlike.h.
+"""The only module that touches cffi: thin, typed wrappers over engine/include/horovodlike.h.
 
 Every call goes through `_check`, which turns an engine status into one exception
 family. cffi releases the GIL for the duration of each C call, so waiting here never

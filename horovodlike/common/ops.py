@@ -233,7 +233,7 @@ def join(device=-1):
 
 # ---- point-to-point ----
 # A send and a recv are matched by (source, destination, name) by the two ranks alone
-# (engine/p2p.c). The bindings share these helpers: they hand over a contiguous buffer
+# (engine/p2p/p2p.c). The bindings share these helpers: they hand over a contiguous buffer
 # and say how to wrap what arrives.
 
 def submit_send(req, code, shape, address, keep):

@@ -254,7 +254,7 @@ class _Output:
                     copy.write(text)
 
 
-# How the engine names a rank it lost (engine/loop.c, hvdl__peer_lost). The rank that
+# How the engine names a rank it lost (engine/core/fail.c, hvdl__peer_lost). The rank that
 # stopped may never exit itself (SIGSTOP, a hang), so the launcher learns the culprit
 # from the survivors' words rather than from who exited first.
 # A rank that never reached init is "late" (common/bootstrap.py).

@@ -1,6 +1,6 @@
 """Point-to-point messages for TensorFlow: send, recv and recv_, eagerly.
 
-A thin binding over horovodlike.common.ops (the engine's p2p channel, engine/p2p.c):
+A thin binding over horovodlike.common.ops (the engine's p2p channel, engine/p2p/p2p.c):
 the tensor's values are handed to the engine as a contiguous numpy buffer, and a
 received message is wrapped as an eager tensor without a copy. Inside a tf.function
 they raise NotImplementedError: a graph-mode p2p op is not implemented.

@@ -125,7 +125,7 @@ static inline int hvdl_random_bytes(void *out, size_t n) {
     return 0;
 }
 #else
-#error "horovodlike's engine needs Linux (futex, eventfd, getrandom): port engine/platform.h"
+#error "horovodlike's engine needs Linux (futex, eventfd, getrandom): port engine/util/platform.h"
 #endif
 
 #endif

@@ -9,7 +9,7 @@
  *   ring_alloc    the ring's staging buffer (allreduce_ring.c)
  *   rd_alloc      recursive doubling's scratch buffer (allreduce_rd.c)
  *   shm_attach    attaching the node's shared-memory segment at start-up (shm.c)
- *   tcp_send      a data send to a peer (transport_tcp.c)
+ *   tcp_send      a data send to a peer (tcp.c)
  *   ctrl_send     a control frame to a peer (net.c)
  *   fusion_alloc  the fusion buffer (exec.c)
  *   output_alloc  an allgather or alltoall result (exec.c)

@@ -8,7 +8,7 @@
  *     copy. After the last step member r holds the full reduction of segment r.
  *  2. All-gather (allgather_ring.c), n-1 steps: every member forwards the final segments
  *     around the ring, straight into place.
- * Each receive in step 1 is reduced chunk by chunk as it lands (see transport_tcp.c), so
+ * Each receive in step 1 is reduced chunk by chunk as it lands (see tcp.c), so
  * the arithmetic overlaps the transfer and only one chunk of staging is needed.
  *
  * Cost for S bytes: 2(n-1) steps; every member sends and receives 2(n-1)/n * S bytes and
