@@ -12,6 +12,9 @@ framework binding nor the launcher.
 """
 import ast
 import pathlib
+import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -182,3 +185,98 @@ def test_the_checker_sees_every_form_of_import(source, expect):
 def test_the_checker_finds_cycles():
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
     assert _cycles({"a": ["b"], "b": []}) == []
+
+
+# ---- The C engine's folders ----
+
+ENGINE = ROOT / "engine"
+FOLDERS = {"include", "util", "core", "control", "control/segment", "transport", "p2p", "coll"}
+# What the files of a folder may include (besides their own folder). Unlisted folders (the
+# engine's own: core, control, control/segment) may include any. Entries are folders, or
+# folder/header for a single header.
+MAY_INCLUDE = {
+    "include": set(),
+    "util": {"include"},
+    # An algorithm sees its context and the transport interface, never the engine.
+    "coll": {"include", "util", "transport/transport.h"},
+    # The point-to-point channel is not negotiated: nothing of control/.
+    "p2p": {"include", "util", "coll", "core", "transport"},
+}
+# Headers nothing outside their folder may include, and who may anyway.
+ONLY_FROM = {"p2p": {"core"}}   # the engine starts and stops the channel; no one else uses it
+
+
+def _engine_files():
+    return sorted(p for p in ENGINE.rglob("*.[ch]"))
+
+
+def _folder(path):
+    return path.parent.relative_to(ENGINE).as_posix()
+
+
+def _c_includes(path):
+    """[(line, header name)] of the file's `#include "..."` lines."""
+    return [(n, m.group(1)) for n, line in enumerate(path.read_text().splitlines(), 1)
+            if (m := re.match(r'\s*#\s*include\s+"([^"]+)"', line))]
+
+
+def _headers():
+    """{header name: its path}; every folder is on the include path, so names are unique."""
+    out = {}
+    for p in _engine_files():
+        if p.suffix == ".h":
+            assert p.name not in out, f"two headers named {p.name}: {out[p.name]} and {p}"
+            out[p.name] = p
+    return out
+
+
+def _include_problems(files):
+    """What crosses a boundary, for files given as (path, its folder)."""
+    headers, bad = _headers(), []
+    for path, folder in files:
+        for line, name in _c_includes(path):
+            where = f"{folder}/{path.name}:{line} includes {name}"
+            if name not in headers:
+                bad.append(f"{where}, which is no header of the engine")
+                continue
+            target = _folder(headers[name])
+            if target == folder:
+                continue
+            allowed = MAY_INCLUDE.get(folder)
+            if allowed is not None and target not in allowed and f"{target}/{name}" not in allowed:
+                bad.append(f"{where} ({target}/): {folder}/ may include only {sorted(allowed)}")
+            if target in ONLY_FROM and folder not in ONLY_FROM[target]:
+                bad.append(f"{where}: only {sorted(ONLY_FROM[target])} may use {target}/")
+    return bad
+
+
+def test_every_engine_file_is_in_a_known_folder():
+    stray = [str(p.relative_to(ROOT)) for p in _engine_files() if _folder(p) not in FOLDERS]
+    assert not stray, "put these in a folder of the tree (and in FOLDERS): " + ", ".join(stray)
+    assert [p.name for p in (ENGINE / "include").iterdir()] == ["horovodlike.h"], \
+        "include/ holds the one public header"
+
+
+def test_engine_folders_include_only_downward():
+    bad = _include_problems([(p, _folder(p)) for p in _engine_files()])
+    assert not bad, "includes across the engine's boundaries:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("folder, header, crosses", [
+    ("coll", "engine.h", True), ("coll", "net.h", True), ("coll", "loop.h", True),
+    ("coll", "transport.h", False), ("coll", "util.h", False),
+    ("util", "context.h", True), ("p2p", "control.h", True), ("control", "p2p.h", True),
+    ("core", "p2p.h", False), ("core", "nonesuch.h", True),
+])
+def test_the_include_checker_sees_a_boundary_crossed(tmp_path, folder, header, crosses):
+    src = tmp_path / "x.c"
+    src.write_text(f'#include "{header}"\n')
+    assert bool(_include_problems([(src, folder)])) is crosses
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
+def test_coll_compiles_without_the_engine():
+    # The compiler's side of the boundary: scripts/check_boundaries.sh (seconds).
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "check_boundaries.sh")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
