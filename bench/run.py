@@ -203,7 +203,7 @@ def table(samples, impls):
         ratios = [f"{med['ours'] / med[p]:.2f}" if "ours" in med and p in med else "-" for p in peers]
         rows.append([name, str(np_)] + cells + ratios)
     widths = [max(len(r[c]) for r in rows + [head]) for c in range(len(head))]
-    fmt = lambda r: "| " + " | ".join(v.rjust(w) for v, w in zip(r, widths)) + " |"
+    fmt = lambda r: "| " + " | ".join(v.rjust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
     lines = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(r) for r in rows]
     return "\n".join(lines)
 

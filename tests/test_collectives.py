@@ -14,7 +14,6 @@ start-up dominates on a 2-core machine; a failing rank lists every failing case.
 """
 import importlib.util
 import json
-import os
 import time
 
 import pytest

@@ -4,7 +4,6 @@ hierarchically and are traced as "hierarchical" (an allgather was once traced as
 "tcp"), broadcast and alltoall go over TCP as a chain and pairwise, and a set made of
 one node's ranks uses shared memory."""
 import json
-import os
 
 from harness import run_ranks
 

@@ -6,7 +6,6 @@ and no shared-memory segment may be left behind.
 The job runs on a made-up host name of its own, so the segment it would leave is known
 by name (the engine names it after the job's nonce and the host)."""
 import glob
-import os
 import uuid
 
 import pytest

@@ -17,7 +17,6 @@ ends the job (MPI's own waits, in MPI_Init and MPI_Finalize, would wait for ever
 """
 import glob
 import re
-import signal
 import socket
 import textwrap
 

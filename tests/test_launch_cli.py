@@ -1,7 +1,6 @@
 """horovodrun's command line under horovodlikerun: every option string parses, and the
 ones that change what a job does are checked on real 2-rank launches."""
 import importlib.util
-import json
 import os
 import re
 import socket

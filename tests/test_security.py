@@ -17,7 +17,6 @@ import textwrap
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from harness import PYTHON, REPO, kill_tree

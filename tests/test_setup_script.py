@@ -49,7 +49,8 @@ def test_the_demo_gets_the_library_only_and_sees_progress(tmp_path):
     steps = [line for line in out.splitlines() if line.startswith("setup: [")]
     assert [s[:12] for s in steps] == ["setup: [1/3]", "setup: [2/3]", "setup: [3/3]"], out
     assert "torch==" in out and "scikit-learn==" in out
-    for unneeded in ("chromium", "aarch64", "pyspark==", "pytest==", "pytorch-lightning=="):
+    for unneeded in ("chromium", "aarch64", "pyspark==", "pytest==", "pytorch-lightning==",
+                     "ruff==", "clang-format=="):
         assert unneeded not in out, unneeded
 
 
@@ -57,5 +58,6 @@ def test_the_tests_get_their_tools_and_packages(tmp_path):
     out = _bash(f'. "{SETUP}" --test --dry-run', tmp_path).stdout
     assert "setup: [1/4] system tools for the tests" in out
     assert "chromium" in out and "gcc-aarch64-linux-gnu" in out
-    for pin in ("pyspark==4.3.0", "pytorch-lightning==2.6.6", "pytest==", "ray=="):
+    for pin in ("pyspark==4.3.0", "pytorch-lightning==2.6.6", "pytest==", "ray==", "ruff==",
+                "clang-format=="):
         assert pin in out, pin

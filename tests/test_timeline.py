@@ -72,7 +72,7 @@ def test_traces_parse_while_the_job_runs_and_after_a_kill(tmp_path):
                 # kill -9 rank 2's process; its file must still parse
                 out = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
                 pids = sorted(int(p) for p in out.stdout.split())
-                victim = [p for p in pids if f"HOROVOD_RANK=2\0" in
+                victim = [p for p in pids if "HOROVOD_RANK=2\0" in
                           open(f"/proc/{p}/environ").read()]
                 if victim:
                     os.kill(victim[0], signal.SIGKILL)

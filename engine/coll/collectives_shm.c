@@ -33,7 +33,8 @@
  * piece (P) uses piece P-2's slot, whose copies and results were read before barriers
  * P-1 and P, and it writes only after barrier P; its second piece writes only after a
  * barrier of its own, which every rank reaches after the final copy-out of piece P-1.
- * The former scheme, copy-in, barrier, reduce, barrier, copy-out, took 2P barriers.
+ * Unpipelined (copy-in, barrier, reduce, barrier, copy-out) it would take 2P barriers
+ * (measured: docs/benchmarks.md, "One barrier per shared-memory piece").
  * Cost for S bytes: each rank copies S in, reduces S/L from L slots, copies S out: about
  * 4S bytes of cache traffic per rank, of which only reading the input and writing the
  * output reach DRAM. Average's 1/n is applied to each share by the rank that reduces it

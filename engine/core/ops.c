@@ -219,17 +219,15 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
      * hold the core its own engine thread needs to finish the op). Where they do but the
      * ranks alone do not, a small op's caller still looks, yielding its core at every
      * look: its wait is short, so a sleep and wake-up would be much of it, while a large
-     * op's engine needs the core for the whole wait (2 ranks on 2 cores, in place, 4 KiB
-     * and 1 MiB: 0.72x and 1.0x the time of not looking; a busy spin instead: 0.63x and
-     * 1.4x). */
+     * op's engine needs the core for the whole wait (measured: docs/benchmarks.md,
+     * "Spinning counts threads; Average folded into the reduction"). */
     int yield = e->spin_us <= 0;
     int look_us = !yield ? e->spin_us : o->nbytes <= e->cfg.small_bytes ? e->shm_spin_us : 0;
     /* In a one-node job each look first does the loop's work, if the loop thread is not
      * doing it (loop.c, hvdl__drive): the op can finish here, with no wake-up at all. So
      * a large op's caller looks too: it executes the op itself when the other ranks
      * arrive, instead of waiting for the engine thread to be woken and then being woken
-     * by it (2 ranks on 2 cores, 1 MiB: 134-192 us against 202-470; 4 KiB and 64 KiB
-     * alike). */
+     * by it (measured: docs/benchmarks.md, "The waiting caller does the engine's work"). */
     if (e->neg && yield) look_us = e->shm_spin_us;
     double until = hvdl_now() + look_us * 1e-6;
     int drove = 0;           /* a drive took the op from the incoming queue */

@@ -39,9 +39,9 @@
  *              the staging buffer); recv(): one allocation; unmatched: one buffer of n
  *              bytes held until the recv, plus one memcpy for recv_;
  *   latency    the receiver's two wake-ups (p2p thread, then the waiting caller) +
- *              the loopback/NIC time: 114 us one-way at 4 KiB on a loaded 2-core
- *              machine, 0.46x OpenMPI's there (docs/benchmarks.md); bandwidth is TCP's (the kernel overlaps the
- *              pieces: the sender fills the socket buffer while the receiver drains it).
+ *              the loopback/NIC time (measured: docs/benchmarks.md, "Point-to-point
+ *              messages"); bandwidth is TCP's (the kernel overlaps the pieces: the
+ *              sender fills the socket buffer while the receiver drains it).
  *   memory     unmatched messages are held in full: a sender far ahead of its receiver
  *              costs the receiver the bytes it has not asked for yet.
  * Ranks on one node use this same path over loopback TCP; a shared-memory mailbox per

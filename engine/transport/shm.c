@@ -25,10 +25,11 @@
  *   release   one store of the generation word, seen by every spinning waiter as one
  *             cache-line transfer each; with sleepers, one futex_wake system call;
  *   sleepers  each sleeper is woken once, by the last arrival, when it can go on.
- * The former scheme (every rank posts its own word, a waiter waits on each word in turn)
- * cost a waiter up to L - 1 wake-ups per barrier and a FUTEX_WAKE per arrival when
- * anyone slept: with 8 ranks on 2 cores a waiter woke, found the next rank not there
- * yet, and slept again, each time taking the core from a rank that had work to do.
+ * A word per rank instead (every rank posts its own word, a waiter waits on each word in
+ * turn) costs a waiter up to L - 1 wake-ups per barrier and a FUTEX_WAKE per arrival when
+ * anyone sleeps: with 8 ranks on 2 cores a waiter wakes, finds the next rank not there
+ * yet, and sleeps again, each time taking the core from a rank that has work to do
+ * (measured: docs/benchmarks.md, "One barrier per shared-memory piece").
  * A tree or dissemination barrier would avoid the shared counter but needs log L rounds,
  * each a potential wake-up when oversubscribed: the central counter is the cheap choice
  * for the few ranks of one node.
@@ -135,13 +136,11 @@ static const char *attach_wait(engine_t *e, double deadline) {
 /* The reductions' chunk (allreduce, reducescatter, alltoall): the setting, but small
  * enough that the node's slots (2 L (L + 1) chunks) stay in the last-level cache. Every
  * rank reads a piece from every slot, so with more ranks the slots grow as L squared,
- * and once they spill, each piece comes from DRAM once more. Measured (2 cores, 32 MiB
- * L3, 64 MiB allreduce): 8 ranks 73 ms with 1 MiB chunks (the former rule, 4x the
- * setting when ranks outnumber cores: slots of 144 MiB) against 50 ms with 32 KiB
- * (4.5 MiB); 4 ranks 32.7 against 22.0 ms with 128 KiB (5 MiB); smaller pieces cost
- * more barriers, which these figures include.
- * Broadcast and allgather read one slot per piece and keep the larger chunk: with
- * these pieces a 16 MiB allgather at 8 ranks took 57-97 ms against 20-39.
+ * and once they spill, each piece comes from DRAM once more; the extra barriers of
+ * smaller pieces cost less than that.
+ * Broadcast and allgather read one slot per piece and keep the larger chunk: for them
+ * smaller pieces would only add barriers.
+ * Measured: docs/benchmarks.md, "Barriers from the segment, reductions sized to the cache".
  * The budget is fixed rather than read from the cache size so that it depends only on
  * L and the agreed setting: nodes of equal size must cut pieces alike (allreduce_hier.c). */
 #define SLOTS_BUDGET ((int64_t)4 << 20)

@@ -87,8 +87,9 @@ def is_running() -> bool:
 
 
 def address(array) -> int:
-    """The address of a contiguous array's data: 0.4 us, where numpy's .ctypes.data
-    costs 1.8 us (it builds a ctypes helper object on every access)."""
+    """The address of a contiguous array's data, from cffi: numpy's .ctypes.data costs
+    more, as it builds a ctypes helper object on every access (measured:
+    docs/benchmarks.md, "Barriers from the segment, reductions sized to the cache")."""
     return int(ffi.cast("uintptr_t", ffi.from_buffer(array)))
 
 

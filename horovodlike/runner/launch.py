@@ -572,6 +572,3 @@ def run_static(args):
         for sig, old in saved.items():
             signal.signal(sig, old)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
