@@ -2,8 +2,8 @@
 
 horovodlike.common is layered (horovodlike/common/__init__.py says why):
 
-    exceptions <- engine <- bootstrap <- basics <- process_sets <- request <- ops
-               <- objects, dynamic_sets, elastic <- api
+    launch_contract <- exceptions <- engine <- bootstrap <- basics <- process_sets
+               <- request <- ops <- objects, dynamic_sets, elastic <- api
 
 A module imports only from layers below its own, at module level or inside a function
 alike: a function-level import is a dependency too, it only fails later. Nothing in the
@@ -20,6 +20,7 @@ PACKAGES = ("horovodlike",)
 
 # Lowest first. Modules on one line may not import each other.
 COMMON_LAYERS = [
+    ["launch_contract"],
     ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule"],
     ["engine", "store"],
     ["launch_env"],
@@ -165,6 +166,31 @@ def test_torch_optimizers_do_not_import_functions():
     # optimizers; the optimizer steps through its own _local_step().
     for m in ("horovodlike.torch.optimizer", "horovodlike.torch.sharded"):
         assert "horovodlike.torch.functions" not in imports_of(m), m
+
+
+def _contract_names():
+    from horovodlike.common import launch_contract
+    return {v for k, v in vars(launch_contract).items()
+            if k.isupper() and isinstance(v, str) and v.startswith("HOROVOD")}
+
+
+def test_launch_contract_names_are_spelled_once():
+    """Every variable a launcher and its ranks share is named by common/launch_contract
+    alone: a string literal elsewhere that is exactly one of its names (an environ
+    lookup, a dict key) is a second spelling. Docstrings and messages may mention them."""
+    names = _contract_names()
+    assert {"HOROVODLIKE_STORE_ADDR", "HOROVOD_RANK", "HOROVODLIKE_START_TIMEOUT"} <= names
+    bad = []
+    for module, path in MODULES.items():
+        if module == "horovodlike.common.launch_contract":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value}")
+            elif isinstance(node, ast.keyword) and node.arg in names:    # dict(NAME=...)
+                bad.append(f"{path.relative_to(ROOT)}:{node.value.lineno} {node.arg}")
+    assert not bad, "use launch_contract's constant:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("source, expect", [
