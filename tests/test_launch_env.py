@@ -32,6 +32,23 @@ TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_
                 "TORCHELASTIC_RESTART_COUNT": "0"}
 
 
+
+def test_contract_reads_its_timeouts_once_and_says_what_is_wrong():
+    c = launch_contract
+    assert c.start_timeout({}) == c.DEFAULT_START_TIMEOUT
+    assert c.start_timeout({c.START_TIMEOUT: "7.5"}) == 7.5
+    assert c.elastic_timeout({c.ELASTIC_TIMEOUT: ""}) == c.DEFAULT_ELASTIC_TIMEOUT
+    with pytest.raises(ValueError, match="HOROVODLIKE_START_TIMEOUT='soon' is not a number"):
+        c.start_timeout({c.START_TIMEOUT: "soon"})
+    with pytest.raises(ValueError, match="HOROVOD_ELASTIC_TIMEOUT='-1' must be >= 0"):
+        c.elastic_timeout({c.ELASTIC_TIMEOUT: "-1"})
+    # The keys the elastic driver and its workers (and bootstrap) both use.
+    assert c.blob_key("j", 3) == "j/init0/blob/3"
+    assert c.blob_key("j", 3, elastic_round=2) == "j/elastic2/blob/3"
+    keys = c.ElasticKeys("j")
+    assert (keys.ready(4), keys.assignment(2, 7), keys.update(1), keys.current) == \
+        ("j/elastic/ready/4", "j/elastic/r2/w7", "j/elastic/update/1", "j/elastic/current")
+
 def test_torchrun_variables():
     le = launch_env.detect(dict(TORCHRUN_ENV))
     assert le == launch_env.LaunchEnv("torchrun", 3, 4, 1, 2, 1, 2, "node0", 29501,

@@ -193,6 +193,45 @@ def test_launch_contract_names_are_spelled_once():
     assert not bad, "use launch_contract's constant:\n" + "\n".join(bad)
 
 
+def _private_uses(module, tree):
+    """Private names (_x) of our other modules that `module` uses: imported by name
+    (from .m import _x) or read through the module (m._x)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    aliases, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")
+            base = ".".join(base[:len(base) - (node.level - 1)]
+                            + ([node.module] if node.module else []))
+            for a in node.names:
+                if f"{base}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{base}.{a.name}"
+                elif a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {base}.{a.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in aliases and node.attr.startswith("_") \
+                and not node.attr.startswith("__"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} "
+                         f"{aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_the_launchers_use_each_others_public_names_only():
+    """The elastic driver is built on launch's public pieces, and no launcher module
+    reaches into another's (or the core's) private names."""
+    bad = [use for m, path in MODULES.items() if m.startswith("horovodlike.runner")
+           for use in _private_uses(m, ast.parse(path.read_text(), str(path)))]
+    assert not bad, "\n".join(bad)
+    # The checker sees both forms.
+    assert _private_uses("horovodlike.runner.elastic_driver", ast.parse(
+        "from . import launch\nfrom .launch import _Output\nlaunch._install_handlers(f)\n"
+    )) == ["horovodlike/runner/elastic_driver.py:2 horovodlike.runner.launch._Output",
+           "horovodlike/runner/elastic_driver.py:3 "
+           "horovodlike.runner.launch._install_handlers"]
+
+
 @pytest.mark.parametrize("source, expect", [
     ("def f():\n    from . import api\n", True),            # a function-level import
     ("from horovodlike.common import api\n", True),
