@@ -32,7 +32,6 @@ TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_
                 "TORCHELASTIC_RESTART_COUNT": "0"}
 
 
-
 def test_contract_reads_its_timeouts_once_and_says_what_is_wrong():
     c = launch_contract
     assert c.start_timeout({}) == c.DEFAULT_START_TIMEOUT

@@ -205,7 +205,7 @@ def add_arguments(p):
                         "core N+i)")
     g.add_argument("--gloo-timeout-seconds", dest="gloo_timeout_seconds", type=int,
                    help="seconds a collective waits for a silent peer before failing "
-                        "(default: 30)")
+                        "(default: %d)" % contract.DEFAULT_PEER_TIMEOUT)
 
     g = p.add_argument_group("logging arguments")
     g.add_argument("--log-level", dest="log_level", type=str.upper, choices=LOG_LEVELS,
@@ -448,7 +448,7 @@ def add_elastic_args(parser):
              "every second")
     add("--elastic-timeout", dest="elastic_timeout", type=int,
         help="elastic: seconds to wait for --min-np slots before failing "
-             "(default: HOROVOD_ELASTIC_TIMEOUT or 600)")
+             f"(default: {contract.ELASTIC_TIMEOUT} or {contract.DEFAULT_ELASTIC_TIMEOUT})")
     add("--reset-limit", dest="reset_limit", type=int,
         help="elastic: the most times the job may be re-formed")
     add("--blacklist-cooldown-range", dest="cooldown_range", type=int, nargs=2,

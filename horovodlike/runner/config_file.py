@@ -2,8 +2,9 @@
 
 The file is read with PyYAML's ``safe_load`` (plain data only, never an object), as
 Horovod reads it, so it means what YAML 1.1 says it means: ``yes``/``no``/``on``/``off``
-are booleans, ``010`` is octal (8), ``1e3`` is a string (write ``1.0e+3`` or ``1000``).
-Its sections and keys are Horovod's (config_parser.py):
+are booleans, ``010`` is octal (8), ``0x10`` is 16, ``1:30`` is 90, and ``1e3`` is a
+string (which a number's key still reads as 1000, as its flag would). Its sections and
+keys are Horovod's (config_parser.py):
 
     controller: gloo | mpi
     params:          fusion_threshold_mb, cycle_time_ms, cache_capacity,
