@@ -200,10 +200,15 @@ def _private_uses(module, tree):
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     aliases, found = {}, []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = package.split(".")
-            base = ".".join(base[:len(base) - (node.level - 1)]
-                            + ([node.module] if node.module else []))
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = ".".join(base[:len(base) - (node.level - 1)]
+                                + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if _known(base) is None:
+                continue                          # not one of ours
             for a in node.names:
                 if f"{base}.{a.name}" in MODULES:
                     aliases[a.asname or a.name] = f"{base}.{a.name}"
@@ -218,16 +223,21 @@ def _private_uses(module, tree):
     return found
 
 
+LAUNCHERS = ("horovodlike.runner", "horovodlike.ray", "horovodlike.spark")
+
+
 def test_the_launchers_use_each_others_public_names_only():
     """The elastic driver is built on launch's public pieces, and no launcher module
-    reaches into another's (or the core's) private names."""
-    bad = [use for m, path in MODULES.items() if m.startswith("horovodlike.runner")
+    (horovodlikerun, Ray, Spark) reaches into another's (or the core's) private names."""
+    bad = [use for m, path in MODULES.items() if m.startswith(LAUNCHERS)
            for use in _private_uses(m, ast.parse(path.read_text(), str(path)))]
     assert not bad, "\n".join(bad)
     # The checker sees both forms.
     assert _private_uses("horovodlike.runner.elastic_driver", ast.parse(
         "from . import launch\nfrom .launch import _Output\nlaunch._install_handlers(f)\n"
+        "from horovodlike.runner.run_fn import _user_path\nfrom os import _exit\n"
     )) == ["horovodlike/runner/elastic_driver.py:2 horovodlike.runner.launch._Output",
+           "horovodlike/runner/elastic_driver.py:4 horovodlike.runner.run_fn._user_path",
            "horovodlike/runner/elastic_driver.py:3 "
            "horovodlike.runner.launch._install_handlers"]
 

@@ -53,7 +53,7 @@ from horovodlike.common import jobkey
 from horovodlike.common import launch_contract as contract
 from horovodlike.common.store import StoreClient, StoreServer
 from horovodlike.runner.exits import exit_text
-from horovodlike.runner.run_fn import PAYLOAD, _user_path, rank_failure
+from horovodlike.runner.run_fn import PAYLOAD, rank_failure, user_path
 
 log = logging.getLogger("horovodlike.spark")
 
@@ -126,7 +126,7 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, use_mpi=None,
                      contract.SIZE: str(num_proc)})
     if nics:
         rank_env[contract.IFACE] = sorted(nics)[0]
-    payload = {"main_path": None, "sys_path": _user_path(),
+    payload = {"main_path": None, "sys_path": user_path(),
                "body": cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))}
     # Everything the tasks need, key included, travels in this closure.
     task = _make_task(jobkey.to_hex(key), rank_env, payload, executable)
