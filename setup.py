@@ -56,7 +56,8 @@ setup(
     # The HTML viewer's script and style, read with importlib.resources.
     package_data={"horovodlike.timeline_viewer": ["static/*.js", "static/*.css"]},
     python_requires=">=3.9",
-    install_requires=["cffi>=1.15", "numpy"],
+    # PyYAML: horovodlikerun --config-file (Horovod requires it too).
+    install_requires=["cffi>=1.15", "numpy", "PyYAML>=5.1"],
     extras_require=EXTRAS,
     cffi_modules=["horovodlike/_build_engine.py:ffibuilder"],
     # The engine's sources and headers travel in the wheel too (<prefix>/share/...).

@@ -15,7 +15,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from horovodlike.common import launch_contract  # noqa: E402
 from horovodlike.runner import args as cli  # noqa: E402
+from horovodlike.runner.job_env import job_env  # noqa: E402
+from horovodlike.runner.mpirun import mpirun_argv  # noqa: E402
 from horovodlike.runner.launch import build_parser, parse_args  # noqa: E402
 
 from harness import MPIRUN_SKIP_REASON  # noqa: E402
@@ -128,7 +131,7 @@ def test_every_option_string_parses(opt, tmp_path, capsys):
     args = parse_args(argv)
     assert args.command == ["python", "train.py"]
     assert args.num_proc == 2
-    cli.job_env(args)                       # every parsed combination maps to an env
+    job_env(args)                       # every parsed combination maps to an env
 
 
 def test_hostfile_short_form_is_not_help(tmp_path):
@@ -156,7 +159,7 @@ def test_exclusive_options_refused_together(pair, tmp_path):
 
 def test_flags_map_to_horovods_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "17")
-    env = cli.job_env(parse_args([
+    env = job_env(parse_args([
         "-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
         "--cache-capacity", "0", "--no-hierarchical-allreduce", "--hierarchical-allgather",
         "--timeline-filename", "/t/x.json", "--no-timeline-mark-cycles", "--stall-check",
@@ -174,10 +177,11 @@ def test_flags_map_to_horovods_environment(tmp_path, monkeypatch):
         "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_LOG_HIDE_TIME": "0",
         "HOROVOD_GLOO_IFACE": "lo"}
     # --start-timeout wins over the variable; with neither, the default.
-    assert cli.job_env(parse_args(["-np", "1", "--start-timeout", "9", "true"]))[
+    assert job_env(parse_args(["-np", "1", "--start-timeout", "9", "true"]))[
         "HOROVODLIKE_START_TIMEOUT"] == "9"
     monkeypatch.delenv("HOROVOD_START_TIMEOUT")
-    assert parse_args(["-np", "1", "true"]).start_timeout == cli.DEFAULT_START_TIMEOUT
+    assert parse_args(["-np", "1", "true"]).start_timeout == \
+        launch_contract.DEFAULT_START_TIMEOUT
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "soon")
     with pytest.raises(SystemExit):
         parse_args(["-np", "1", "true"])
@@ -209,7 +213,7 @@ def test_config_file_uses_horovods_keys_and_the_command_line_wins(tmp_path):
         """))
     args = parse_args(["-np", "2", "--config-file", str(config), "--cycle-time-ms", "7",
                        "--stall-check", "true"])
-    env = cli.job_env(args)
+    env = job_env(args)
     assert args.use_mpi is True
     assert env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1048576)
     assert env["HOROVOD_CYCLE_TIME"] == "7"                 # the flag wins
@@ -226,12 +230,58 @@ def test_config_file_uses_horovods_keys_and_the_command_line_wins(tmp_path):
     assert env["HOROVOD_LOG_HIDE_TIME"] == "0"
 
 
+def test_config_file_is_yaml(tmp_path):
+    """The file is real YAML (PyYAML's safe_load): flow mappings and lists, quoting,
+    YAML 1.1's booleans; each value checked as its flag would be."""
+    config = tmp_path / "horovod.yaml"
+    config.write_text(textwrap.dedent("""\
+        params: {fusion_threshold_mb: 1.5e+1, cycle_time_ms: "3", hierarchical_allreduce: yes}
+        stall_check:
+          enabled: off
+          warning_time_seconds: 12
+        library_options:
+          thread_affinity: [0, 2]     # one core per local rank
+        timeline: {filename: 'a file: with a colon.json', mark_cycles: on}
+        logging: {level: Info}
+        """))
+    args = parse_args(["-np", "2", "--config-file", str(config), "true"])
+    env = job_env(args)
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(15 * 1048576)
+    assert env["HOROVOD_CYCLE_TIME"] == "3"                   # "3" read as --cycle-time-ms 3
+    assert env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"       # yes
+    assert env["HOROVOD_STALL_CHECK_DISABLE"] == "1"          # enabled: off
+    assert env["HOROVOD_STALL_CHECK_TIME_SECONDS"] == "12"
+    assert env["HOROVOD_THREAD_AFFINITY"] == "0,2"
+    assert env["HOROVOD_TIMELINE"] == "a file: with a colon.json"
+    assert env["HOROVOD_TIMELINE_MARK_CYCLES"] == "1"         # on
+    assert env["HOROVOD_LOG_LEVEL"] == "INFO"
+    # An empty file, or one of comments only, sets nothing.
+    config.write_text("# nothing yet\n")
+    assert job_env(parse_args(["-np", "1", "--config-file", str(config), "true"])) == \
+        job_env(parse_args(["-np", "1", "true"]))
+
+
 @pytest.mark.parametrize("text, complaint", [
     ("params:\n  fusion_threshold_mb: -1\n", "must be >= 0"),
     ("params:\n  fusion_treshold_mb: 1\n", "unknown key(s) fusion_treshold_mb"),
     ("parameters:\n  x: 1\n", "unknown section(s) parameters"),
     ("controller: nccl\n", "no such controller"),
-    ("- a list\n", "config"),
+    ("- a list\n", "the top level must be a mapping of sections, not a list"),
+    # Malformed YAML: where, and what.
+    ("params:\n  cycle_time_ms: 1\n bad indent: 2\n", "not valid YAML: line 3, column 2"),
+    ("params: {cycle_time_ms: 1\n", "not valid YAML: line 2"),
+    ("params:\n\tcycle_time_ms: 1\n", "not valid YAML: line 2, column 1"),
+    # A value of the wrong kind names its section and key.
+    ("params:\n  cache_capacity: 1.5\n", "params.cache_capacity: 1.5 is not a whole number"),
+    ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms: 'fast' is not a number"),
+    ("params:\n  fusion_threshold_mb: yes\n",
+     "params.fusion_threshold_mb: True is not a number"),
+    ("params:\n  hierarchical_allreduce: 1\n",
+     "params.hierarchical_allreduce: 1 is not true or false"),
+    ("stall_check:\n  enabled: maybe\n", "stall_check.enabled: 'maybe' is not true or false"),
+    ("logging:\n  level: loud\n", "logging.level: 'LOUD' is not one of TRACE, DEBUG"),
+    ("timeline: [a, b]\n", "section 'timeline' must be a mapping of keys"),
+    ("timeline:\n  filename: {a: 1}\n", "timeline.filename: {'a': 1} is not a string"),
 ])
 def test_bad_config_file_is_a_clear_error(text, complaint, tmp_path, capsys):
     config = tmp_path / "c.yaml"
@@ -240,7 +290,16 @@ def test_bad_config_file_is_a_clear_error(text, complaint, tmp_path, capsys):
         parse_args(["-np", "1", "--config-file", str(config), "true"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
+    if "must be >= 0" not in complaint:    # the range checks cover flags and file alike
+        assert f"--config-file {config}: " in err, err      # the file is named
     assert complaint in err, err
+
+
+def test_missing_config_file_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["-np", "1", "--config-file", str(tmp_path / "none.yaml"), "true"])
+    err = capsys.readouterr().err
+    assert f"--config-file {tmp_path / 'none.yaml'}: " in err and "No such file" in err, err
 
 
 def test_ssh_port_and_identity_go_into_the_ssh_command():
@@ -256,7 +315,7 @@ def test_mpirun_command_line_follows_horovod():
                        "--network-interface", "eth0", "--binding-args=-bind-to core",
                        "--mpi-args=-x FOO --map-by ppr:2:node", "-prefix-timestamp",
                        "--output-filename", "/o", "python", "t.py"])
-    argv = cli.mpirun_argv(args, {"HOROVOD_CYCLE_TIME": "2", "BASH_FUNC_x%%": "y"},
+    argv = mpirun_argv(args, {"HOROVOD_CYCLE_TIME": "2", "BASH_FUNC_x%%": "y"},
                            "openmpi5")
     line = " ".join(argv)
     assert argv[:6] == ["mpirun", "--allow-run-as-root", "--tag-output", "-np", "4", "-H"]
@@ -268,7 +327,7 @@ def test_mpirun_command_line_follows_horovod():
     assert "--timestamp-output" in argv and "--output dir=/o" in line
     assert "-x HOROVOD_CYCLE_TIME" in line and "BASH_FUNC" not in line
     assert argv[-6:] == ["-x", "FOO", "--map-by", "ppr:2:node", "python", "t.py"]
-    mpich = cli.mpirun_argv(args, {}, "mpich")
+    mpich = mpirun_argv(args, {}, "mpich")
     assert mpich[:2] == ["mpirun", "-l"] and "-ppn" in mpich and "-hosts" in mpich
 
 

@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from horovodlike.common import jobkey, launch_env  # noqa: E402
+from horovodlike.common import jobkey, launch_contract, launch_env  # noqa: E402
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(300)
@@ -31,6 +31,22 @@ TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_
                 "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job7",
                 "TORCHELASTIC_RESTART_COUNT": "0"}
 
+
+def test_contract_reads_its_timeouts_once_and_says_what_is_wrong():
+    c = launch_contract
+    assert c.start_timeout({}) == c.DEFAULT_START_TIMEOUT
+    assert c.start_timeout({c.START_TIMEOUT: "7.5"}) == 7.5
+    assert c.elastic_timeout({c.ELASTIC_TIMEOUT: ""}) == c.DEFAULT_ELASTIC_TIMEOUT
+    with pytest.raises(ValueError, match="HOROVODLIKE_START_TIMEOUT='soon' is not a number"):
+        c.start_timeout({c.START_TIMEOUT: "soon"})
+    with pytest.raises(ValueError, match="HOROVOD_ELASTIC_TIMEOUT='-1' must be >= 0"):
+        c.elastic_timeout({c.ELASTIC_TIMEOUT: "-1"})
+    # The keys the elastic driver and its workers (and bootstrap) both use.
+    assert c.blob_key("j", 3) == "j/init0/blob/3"
+    assert c.blob_key("j", 3, elastic_round=2) == "j/elastic2/blob/3"
+    keys = c.ElasticKeys("j")
+    assert (keys.ready(4), keys.assignment(2, 7), keys.update(1), keys.current) == \
+        ("j/elastic/ready/4", "j/elastic/r2/w7", "j/elastic/update/1", "j/elastic/current")
 
 def test_torchrun_variables():
     le = launch_env.detect(dict(TORCHRUN_ENV))
@@ -167,10 +183,10 @@ def test_job_key_given_from_a_file_or_shared_in_a_private_directory(tmp_path):
     key_file = tmp_path / "job.key"
     key_file.write_text(given.hex() + "\n")
     key_file.chmod(0o600)
-    assert launch_env.job_key(le1, {launch_env.KEY_FILE_ENV: str(key_file)}) == given
+    assert launch_env.job_key(le1, {launch_contract.JOB_KEY_FILE: str(key_file)}) == given
     key_file.chmod(0o640)
     with pytest.raises(RuntimeError, match="not private to this user"):
-        launch_env.job_key(le1, {launch_env.KEY_FILE_ENV: str(key_file)})
+        launch_env.job_key(le1, {launch_contract.JOB_KEY_FILE: str(key_file)})
     # One host: rank 0 leaves a private file for its siblings (same parent process) in
     # the user's runtime directory ...
     env = {"XDG_RUNTIME_DIR": str(_private(tmp_path / "run-user"))}
@@ -227,16 +243,16 @@ def test_several_hosts_without_a_key_refuse_to_start(caplog):
                                 5555, "horovod-env-10.0.0.1-5555")
     for le in (hosts0, hosts3, bare):
         with pytest.raises(RuntimeError, match=f"span hosts.*{jobkey.ENV}.*"
-                                               f"{launch_env.KEY_FILE_ENV}.*"
-                                               f"{launch_env.INSECURE_ENV}=1"):
+                                               f"{launch_contract.JOB_KEY_FILE}.*"
+                                               f"{launch_contract.INSECURE_RENDEZVOUS}=1"):
             launch_env.job_key(le, {})
     # Only the loudly named opt-in runs it, with a key anyone could compute.
-    insecure = {launch_env.INSECURE_ENV: "1"}
+    insecure = {launch_contract.INSECURE_RENDEZVOUS: "1"}
     assert launch_env.job_key(hosts0, insecure) == launch_env.job_key(hosts3, insecure)
     assert any("NOT authenticated" in r.getMessage() and r.levelname == "WARNING"
                and r.name.startswith("horovodlike") for r in caplog.records)
     with pytest.raises(RuntimeError, match="span hosts"):
-        launch_env.job_key(hosts0, {launch_env.INSECURE_ENV: "yes"})
+        launch_env.job_key(hosts0, {launch_contract.INSECURE_RENDEZVOUS: "yes"})
 
 
 # ------------------------------------------------------------------ real launches
@@ -313,12 +329,12 @@ def test_processes_started_with_scheduler_variables(style, key, tmp_path):
     multi-host job can be given one (or the opt-in to run without)."""
     port = free_port()
     secret = {"key": {jobkey.ENV: jobkey.generate().hex()},
-              "insecure": {launch_env.INSECURE_ENV: "1"}}.get(key)
+              "insecure": {launch_contract.INSECURE_RENDEZVOUS: "1"}}.get(key)
     if key == "key-file":
         path = tmp_path / "job.key"
         path.write_text(jobkey.generate().hex() + "\n")
         path.chmod(0o600)
-        secret = {launch_env.KEY_FILE_ENV: str(path)}
+        secret = {launch_contract.JOB_KEY_FILE: str(path)}
     envs = []
     for rank in range(2):
         if style == "torch":
@@ -417,7 +433,7 @@ def test_an_outsider_who_knows_the_job_description_cannot_join():
             rank0.wait()
     assert joined is None, joined
     assert rank0.returncode != 0
-    assert jobkey.ENV in err and launch_env.INSECURE_ENV in err, err
+    assert jobkey.ENV in err and launch_contract.INSECURE_RENDEZVOUS in err, err
 
 
 def test_a_rank_with_another_key_cannot_join():

@@ -2,8 +2,8 @@
 
 horovodlike.common is layered (horovodlike/common/__init__.py says why):
 
-    exceptions <- engine <- bootstrap <- basics <- process_sets <- request <- ops
-               <- objects, dynamic_sets, elastic <- api
+    launch_contract <- exceptions <- engine <- bootstrap <- basics <- process_sets
+               <- request <- ops <- objects, dynamic_sets, elastic <- api
 
 A module imports only from layers below its own, at module level or inside a function
 alike: a function-level import is a dependency too, it only fails later. Nothing in the
@@ -25,6 +25,7 @@ PACKAGES = ("horovodlike",)
 
 # Lowest first. Modules on one line may not import each other.
 COMMON_LAYERS = [
+    ["launch_contract"],
     ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule"],
     ["engine", "store"],
     ["launch_env"],
@@ -170,6 +171,80 @@ def test_torch_optimizers_do_not_import_functions():
     # optimizers; the optimizer steps through its own _local_step().
     for m in ("horovodlike.torch.optimizer", "horovodlike.torch.sharded"):
         assert "horovodlike.torch.functions" not in imports_of(m), m
+
+
+def _contract_names():
+    from horovodlike.common import launch_contract
+    return {v for k, v in vars(launch_contract).items()
+            if k.isupper() and isinstance(v, str) and v.startswith("HOROVOD")}
+
+
+def test_launch_contract_names_are_spelled_once():
+    """Every variable a launcher and its ranks share is named by common/launch_contract
+    alone: a string literal elsewhere that is exactly one of its names (an environ
+    lookup, a dict key) is a second spelling. Docstrings and messages may mention them."""
+    names = _contract_names()
+    assert {"HOROVODLIKE_STORE_ADDR", "HOROVOD_RANK", "HOROVODLIKE_START_TIMEOUT"} <= names
+    bad = []
+    for module, path in MODULES.items():
+        if module == "horovodlike.common.launch_contract":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value}")
+            elif isinstance(node, ast.keyword) and node.arg in names:    # dict(NAME=...)
+                bad.append(f"{path.relative_to(ROOT)}:{node.value.lineno} {node.arg}")
+    assert not bad, "use launch_contract's constant:\n" + "\n".join(bad)
+
+
+def _private_uses(module, tree):
+    """Private names (_x) of our other modules that `module` uses: imported by name
+    (from .m import _x) or read through the module (m._x)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    aliases, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = ".".join(base[:len(base) - (node.level - 1)]
+                                + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if _known(base) is None:
+                continue                          # not one of ours
+            for a in node.names:
+                if f"{base}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{base}.{a.name}"
+                elif a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {base}.{a.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in aliases and node.attr.startswith("_") \
+                and not node.attr.startswith("__"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} "
+                         f"{aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+LAUNCHERS = ("horovodlike.runner", "horovodlike.ray", "horovodlike.spark")
+
+
+def test_the_launchers_use_each_others_public_names_only():
+    """The elastic driver is built on launch's public pieces, and no launcher module
+    (horovodlikerun, Ray, Spark) reaches into another's (or the core's) private names."""
+    bad = [use for m, path in MODULES.items() if m.startswith(LAUNCHERS)
+           for use in _private_uses(m, ast.parse(path.read_text(), str(path)))]
+    assert not bad, "\n".join(bad)
+    # The checker sees both forms.
+    assert _private_uses("horovodlike.runner.elastic_driver", ast.parse(
+        "from . import launch\nfrom .launch import _Output\nlaunch._install_handlers(f)\n"
+        "from horovodlike.runner.run_fn import _user_path\nfrom os import _exit\n"
+    )) == ["horovodlike/runner/elastic_driver.py:2 horovodlike.runner.launch._Output",
+           "horovodlike/runner/elastic_driver.py:4 horovodlike.runner.run_fn._user_path",
+           "horovodlike/runner/elastic_driver.py:3 "
+           "horovodlike.runner.launch._install_handlers"]
 
 
 @pytest.mark.parametrize("source, expect", [

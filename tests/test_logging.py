@@ -15,6 +15,7 @@ PACKAGE = ROOT / "horovodlike"
 # output: the launcher prints rank-prefixed lines and its own messages.
 COMMANDS = {
     "runner/args.py", "runner/launch.py", "runner/elastic_driver.py", "runner/rank_shim.py",
+    "runner/mpirun.py",
     "timeline_viewer/cli.py",
     # Keras's verbose=1 convention: the warmup callback prints as Horovod's does.
     "tensorflow/keras/callbacks.py",

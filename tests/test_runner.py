@@ -253,6 +253,23 @@ def test_rank_killed_by_signal_is_reported():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.parametrize("code, text, status", [
+    (3, "exited with code 3", 3),
+    (-9, "was killed by signal 9 (SIGKILL)", 137),
+    # A rank behind ssh or sh -c: the shell reports its signal death as 128 + N.
+    (137, "exited with code 137 (killed by SIGKILL?)", 137),
+    (200, "exited with code 200", 200),            # 128 + 72: no such signal
+])
+def test_both_launchers_describe_an_exit_alike(code, text, status):
+    from horovodlike.runner import elastic_driver, exits, launch
+    slot = launch.RankSlot(1, "localhost", 1, 2, 0, 1)
+    assert launch.describe_exit(slot, code) == (
+        f"rank 1 (host {socket.gethostname()}) {text}", status)
+    # The elastic driver says the same words after "worker W (host H, rank R)".
+    assert exits.exit_text(code) == text
+    assert not hasattr(elastic_driver, "_exit_text")
+
+
 def test_missing_executable_fails_cleanly():
     res = run_launcher(["-np", "2", "/nonexistent/horovodlike-binary"])
     assert res.returncode == 127

@@ -3,7 +3,8 @@
 The modules are layered; each imports only from the layers below it (tests/test_layering.py
 checks this, function-level imports included):
 
-    exceptions, jobkey, compression, affinity   no horovodlike imports
+    launch_contract                  the names a launcher and its ranks share
+    exceptions, jobkey, compression, affinity   nothing above launch_contract
     engine, store                    the cffi engine; the launcher's rendezvous store
     launch_env, bootstrap            who am I: the launch environment, the blob exchange
     mpi_end                          under mpirun/srun, a failed job ends (MPI_Abort)

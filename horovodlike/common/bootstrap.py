@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from . import jobkey, launch_env
+from . import launch_contract as contract
 
 
 @dataclass
@@ -43,15 +44,15 @@ def _env_int(*names):
 
 
 def hostname() -> str:
-    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    return os.environ.get(contract.HOSTNAME) or socket.gethostname()
 
 
 def advertise_address() -> str:
     """The address peers on other hosts use to reach us (HOROVODLIKE_IFACE_ADDR wins)."""
-    addr = os.environ.get("HOROVODLIKE_IFACE_ADDR")
+    addr = os.environ.get(contract.IFACE_ADDR)
     if addr:
         return addr
-    store = os.environ.get("HOROVODLIKE_STORE_ADDR")
+    store = os.environ.get(contract.STORE_ADDR)
     if store:
         # The interface this host uses to reach the launcher's store is one the other
         # hosts can reach too (a UDP "connect" sends nothing; it only picks the route).
@@ -72,8 +73,8 @@ def detect():
     # torchrun / Kubeflow / Ray Train / Spark (or bare HOROVOD_*) variables become
     # horovodlikerun's, with rank 0 serving the store (see launch_env).
     launch_env.adopt()
-    if os.environ.get("HOROVODLIKE_STORE_ADDR") and _env_int("HOROVOD_SIZE") is not None:
-        return "horovodlikerun", _env_int("HOROVOD_RANK"), _env_int("HOROVOD_SIZE")
+    if os.environ.get(contract.STORE_ADDR) and _env_int(contract.SIZE) is not None:
+        return "horovodlikerun", _env_int(contract.RANK), _env_int(contract.SIZE)
     mpi_size = _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
     if mpi_size is not None or os.environ.get("PMIX_RANK") is not None:
         return "mpi", _env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"), mpi_size
@@ -121,7 +122,7 @@ def job_key(launcher, rank, comm=None):
         _key = jobkey.from_env()
         if _key is None:
             raise RuntimeError(f"horovodlike init: {jobkey.ENV} is not set; the launcher "
-                               f"gives every rank the job's key (was HOROVODLIKE_STORE_ADDR "
+                               f"gives every rank the job's key (was {contract.STORE_ADDR} "
                                f"copied into this environment by hand?)")
     elif launcher == "single" and comm is None:
         _key = jobkey.generate()
@@ -134,15 +135,16 @@ def job_key(launcher, rank, comm=None):
     return _key
 
 
-def _iface_address(name):
-    """IPv4 address of a network interface (SIOCGIFADDR)."""
+def iface_address(spec):
+    """IPv4 address of the first network interface of a comma list (SIOCGIFADDR)."""
+    name = spec.split(",")[0].strip()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             req = struct.pack("256s", name.encode()[:15])
             return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])
         except OSError as e:
             raise RuntimeError(f"horovodlike init: network interface {name!r} "
-                               f"(HOROVOD_GLOO_IFACE) has no IPv4 address: {e}") from None
+                               f"({contract.IFACE}) has no IPv4 address: {e}") from None
 
 
 def _all_local(launcher, size, comm=None):
@@ -167,12 +169,12 @@ def listen_addresses(launcher, size, comm=None):
     says so in HOROVODLIKE_BIND_ADDR, or MPI's local size equals the world size);
     otherwise the interface HOROVOD_GLOO_IFACE names, or else the one address that
     reaches the launcher -- never every interface."""
-    forced = os.environ.get("HOROVODLIKE_BIND_ADDR")
+    forced = os.environ.get(contract.BIND_ADDR)
     if forced:
         return forced, forced if forced not in ("0.0.0.0", "") else advertise_address()
-    iface = os.environ.get("HOROVOD_GLOO_IFACE") or os.environ.get("HOROVODLIKE_IFACE")
+    iface = contract.iface()
     if iface:
-        addr = _iface_address(iface.split(",")[0].strip())
+        addr = iface_address(iface)
         return addr, addr
     if _all_local(launcher, size, comm):
         return "127.0.0.1", "127.0.0.1"
@@ -181,29 +183,33 @@ def listen_addresses(launcher, size, comm=None):
 
 
 # How a user changes the start-up limit, named wherever it runs out.
-START_TIMEOUT_KNOB = ("horovodlikerun --start-timeout SECONDS (HOROVOD_START_TIMEOUT, or "
-                      "HOROVODLIKE_START_TIMEOUT under another launcher)")
+START_TIMEOUT_KNOB = (f"horovodlikerun --start-timeout SECONDS "
+                      f"({contract.HOROVOD_START_TIMEOUT}, or {contract.START_TIMEOUT} under "
+                      f"another launcher)")
 
 
 def _exchange_store(rank, size, payload):
     from .store import StoreClient
-    timeout = float(os.environ.get("HOROVODLIKE_START_TIMEOUT", "60"))
+    timeout = contract.start_timeout()
     # Elastic mode: every member of a round uses the round the driver assigned (the
     # driver writes into these keys too, see runner/elastic_driver.py).
-    round_ = os.environ.get("HOROVODLIKE_ELASTIC_ROUND")
-    prefix = f"{os.environ.get('HOROVODLIKE_JOB_ID', 'job')}/" + \
-        (f"elastic{round_}" if round_ else f"init{_generation}") + "/blob/"
+    round_ = os.environ.get(contract.ELASTIC_ROUND) or None
+    job = contract.job_id()
+
+    def key_of(r):
+        return contract.blob_key(job, r, elastic_round=round_, generation=_generation)
+
     try:
-        client = StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=timeout, key=_key)
+        client = StoreClient(os.environ[contract.STORE_ADDR], timeout=timeout, key=_key)
     except TimeoutError as e:
         raise RuntimeError(f"horovodlike init: {e} ({START_TIMEOUT_KNOB})") from None
     deadline = time.monotonic() + timeout
     try:
-        client.set(prefix + str(rank), payload)
+        client.set(key_of(rank), payload)
         out = []
         for r in range(size):
             try:
-                out.append(client.get(prefix + str(r),
+                out.append(client.get(key_of(r),
                                       timeout=max(0.0, deadline - time.monotonic())))
             except TimeoutError:
                 # "rank <r> is late": the launcher reads it to say which rank the job

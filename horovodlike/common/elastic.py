@@ -34,16 +34,12 @@ import threading
 import numpy as np
 
 from . import basics, engine, ops, request
+from . import launch_contract as contract
 from . import process_sets as _sets
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ["State", "ObjectState", "run_fn", "HorovodInternalError", "HostsUpdatedInterrupt",
            "enabled", "init"]
-
-WORKER_ENV = "HOROVODLIKE_ELASTIC_WORKER"    # this process's worker id (set by the driver)
-ROUND_ENV = "HOROVODLIKE_ELASTIC_ROUND"      # the round the engine runs in (read by bootstrap)
-TIMEOUT_ENV = "HOROVOD_ELASTIC_TIMEOUT"
-DEFAULT_TIMEOUT = 600
 
 log = logging.getLogger("horovodlike.elastic")
 
@@ -55,17 +51,10 @@ MAX_FAILED_STARTS = 5
 _MAX_VALUE = 512
 
 
-def prefix(job_id):
-    return f"{job_id}/elastic"
-
-
 def enabled():
     """True in a process that horovodlikerun's elastic driver started."""
-    return bool(os.environ.get(WORKER_ENV)) and bool(os.environ.get("HOROVODLIKE_STORE_ADDR"))
-
-
-def elastic_timeout():
-    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+    return bool(os.environ.get(contract.ELASTIC_WORKER)) and \
+        bool(os.environ.get(contract.STORE_ADDR))
 
 
 # How the engine names a lost rank (engine/core/fail.c), and the start-up's words for one.
@@ -122,10 +111,10 @@ class _Worker:
     def __init__(self):
         from . import jobkey
         from .store import StoreClient
-        self.wid = int(os.environ[WORKER_ENV])
-        self.prefix = prefix(os.environ.get("HOROVODLIKE_JOB_ID", "job"))
+        self.wid = int(os.environ[contract.ELASTIC_WORKER])
+        self.keys = contract.ElasticKeys(contract.job_id())
         self.key = jobkey.from_env()
-        self.addr = os.environ["HOROVODLIKE_STORE_ADDR"]
+        self.addr = os.environ[contract.STORE_ADDR]
         self.client = StoreClient(self.addr, timeout=60.0, key=self.key)
         self.assignment = None       # the round this process last joined
         self.reason = "new"          # why it asks for the next one
@@ -134,7 +123,7 @@ class _Worker:
 
     def _current(self):
         try:
-            return int(self.client.get(f"{self.prefix}/current", timeout=0))
+            return int(self.client.get(self.keys.current, timeout=0))
         except TimeoutError:
             return -1
 
@@ -144,21 +133,23 @@ class _Worker:
         import time
         last = self.assignment.round if self.assignment else -1
         current = self._current()     # read before saying ready: no round is missed
-        seq = self.client.add(f"{self.prefix}/ready_seq", 1)
+        seq = self.client.add(self.keys.ready_seq, 1)
         lost = f" {self.lost}" if self.reason == "failure" and self.lost is not None else ""
-        self.client.set(f"{self.prefix}/ready/{seq}",
+        self.client.set(self.keys.ready(seq),
                         f"{self.wid} {last} {self.reason}{lost}".encode())
         n = max(current, last) + 1
-        deadline = time.monotonic() + elastic_timeout() + 60.0
+        wait = contract.elastic_timeout()
+        deadline = time.monotonic() + wait + 60.0
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeError(
                     f"horovodlike elastic: worker {self.wid} waited more than "
-                    f"{elastic_timeout():.0f} s ({TIMEOUT_ENV}) for the driver to form "
+                    f"{wait:.0f} s ({contract.ELASTIC_TIMEOUT}) for the driver to form "
                     f"round {n}")
             try:
-                raw = self.client.get(f"{self.prefix}/r{n}/w{self.wid}", timeout=min(left, 60.0))
+                raw = self.client.get(self.keys.assignment(n, self.wid),
+                                      timeout=min(left, 60.0))
             except TimeoutError:
                 continue
             kind, _, rest = raw.decode("ascii", "replace")[:_MAX_VALUE].partition(" ")
@@ -203,8 +194,8 @@ def init(process_sets=None):
         # Static process sets are ranks of the first round; in later rounds those ranks
         # mean other processes, so every member starts with none (or "dynamic").
         sets = process_sets if a.round == 0 else w.process_sets
-        os.environ.update({"HOROVOD_RANK": str(a.rank), "HOROVOD_SIZE": str(a.size),
-                           ROUND_ENV: str(a.round)})
+        os.environ.update(contract.rank_vars(a.rank, a.size))
+        os.environ[contract.ELASTIC_ROUND] = str(a.round)
         # Unnamed ops are numbered per process: start every member of the round at zero.
         request.counters.reset()
         try:
@@ -263,7 +254,7 @@ class _Notifications:
         k = 1
         while True:
             try:
-                raw = client.get(f"{w.prefix}/update/{k}", timeout=3600.0)
+                raw = client.get(w.keys.update(k), timeout=3600.0)
                 flags = int(raw[:16])
             except TimeoutError:
                 continue

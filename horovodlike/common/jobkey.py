@@ -13,8 +13,10 @@ import hashlib
 import hmac
 import os
 
+from . import launch_contract
+
 KEY_BYTES = 32
-ENV = "HOROVODLIKE_JOB_KEY"
+ENV = launch_contract.JOB_KEY
 
 
 def generate() -> bytes:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import jobkey
+from . import launch_contract as contract
 
 # mpirun / srun-with-PMI started us: their variables describe the job, not these.
 _MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
@@ -95,13 +96,13 @@ def detect(environ=None):
     world, a port that is not a number) rather than running as the wrong rank.
     """
     env = os.environ if environ is None else environ
-    if env.get("HOROVODLIKE_STORE_ADDR"):
+    if env.get(contract.STORE_ADDR):
         return None
     # mpirun's variables win, except in torchrun's children: torchrun started by srun or
     # mpirun (one per node) passes the node task's PMI variables down to its ranks.
     if any(env.get(v) for v in _MPI_VARS) and not env.get("TORCHELASTIC_RUN_ID"):
         return None
-    if env.get("HOROVOD_RANK") and env.get("HOROVOD_SIZE"):
+    if env.get(contract.RANK) and env.get(contract.SIZE):
         host = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
         if host:
             port = _int(env, "HOROVOD_GLOO_RENDEZVOUS_PORT", required=True)
@@ -110,9 +111,9 @@ def detect(environ=None):
         else:
             return None     # a lone rank id with nowhere to meet: not ours to guess
         return _checked(LaunchEnv(
-            "horovod-env", _int(env, "HOROVOD_RANK"), _int(env, "HOROVOD_SIZE"),
-            _int(env, "HOROVOD_LOCAL_RANK"), _int(env, "HOROVOD_LOCAL_SIZE"),
-            _int(env, "HOROVOD_CROSS_RANK"), _int(env, "HOROVOD_CROSS_SIZE"),
+            "horovod-env", _int(env, contract.RANK), _int(env, contract.SIZE),
+            _int(env, contract.LOCAL_RANK), _int(env, contract.LOCAL_SIZE),
+            _int(env, contract.CROSS_RANK), _int(env, contract.CROSS_SIZE),
             host, port, f"horovod-env-{host}-{port}"))
     if env.get("RANK") is not None and env.get("WORLD_SIZE") is not None:
         if _int(env, "WORLD_SIZE") == 1 and _int(env, "RANK") == 0:
@@ -139,7 +140,7 @@ def detect(environ=None):
 
 
 def _store_port(env):
-    override = _int(env, "HOROVODLIKE_RENDEZVOUS_PORT")
+    override = _int(env, contract.RENDEZVOUS_PORT)
     if override is not None:
         return override
     return _int(env, "MASTER_PORT", required=True) + 1
@@ -198,7 +199,7 @@ def serve_rendezvous(le, key):
         raise RuntimeError(
             f"horovodlike ({le.launcher}): rank 0 cannot serve the rendezvous on "
             f"{bind}:{le.rendezvous_port}: {exc.strerror or exc}. Set "
-            f"HOROVODLIKE_RENDEZVOUS_PORT to a free port (the same on every rank)") from None
+            f"{contract.RENDEZVOUS_PORT} to a free port (the same on every rank)") from None
     return _server
 
 
@@ -214,22 +215,14 @@ def adopt(environ=None):
     if le.rank == 0:
         serve_rendezvous(le, key)
     env[jobkey.ENV] = jobkey.to_hex(key)
-    values = {"HOROVOD_RANK": le.rank, "HOROVOD_SIZE": le.size,
-              "HOROVOD_LOCAL_RANK": le.local_rank, "HOROVOD_LOCAL_SIZE": le.local_size,
-              "HOROVOD_CROSS_RANK": le.cross_rank, "HOROVOD_CROSS_SIZE": le.cross_size}
-    env.update({k: str(v) for k, v in values.items() if v is not None})
-    env["HOROVODLIKE_STORE_ADDR"] = le.rendezvous
-    env["HOROVODLIKE_JOB_ID"] = le.job_id
+    env.update(contract.rank_vars(le.rank, le.size, le.local_rank, le.local_size,
+                                  le.cross_rank, le.cross_size))
+    env[contract.STORE_ADDR] = le.rendezvous
+    env[contract.JOB_ID] = le.job_id
     return le
 
 
 # ------------------------------------------------------------------ the job's key
-
-KEY_FILE_ENV = "HOROVODLIKE_JOB_KEY_FILE"
-# Running a multi-host job with a key anyone can compute takes this, set to 1: a name
-# nobody sets by accident, and that reads as what it does in a job's spec.
-INSECURE_ENV = "HOROVODLIKE_INSECURE_UNAUTHENTICATED_RENDEZVOUS"
-
 
 def _parent_identity():
     """(pid, start time) of the parent process: the same for every rank one torchrun
@@ -361,8 +354,8 @@ def key_path(le, environ=None):
         raise RuntimeError(
             f"horovodlike ({le.launcher}): the ranks of this host have no private place "
             f"to share the job's key ({why_not}). Give every rank the same "
-            f"{jobkey.ENV} (64 hex digits), or {KEY_FILE_ENV}=<a key file only you can "
-            f"read>, or set XDG_RUNTIME_DIR to a directory only you can write to")
+            f"{jobkey.ENV} (64 hex digits), or {contract.JOB_KEY_FILE}=<a key file only you "
+            f"can read>, or set XDG_RUNTIME_DIR to a directory only you can write to")
     ppid, start = _parent_identity()
     return os.path.join(directory, f"{_safe(le.job_id)}-{ppid}-{start}.key")
 
@@ -417,10 +410,10 @@ def _no_key_message(path, timeout):
     seen = (f" ({len(others)} key file(s) of this job id left by other parent processes "
             f"are there: {', '.join(others[:3])})") if others else ""
     return (f"horovodlike: rank 0 did not leave the job's key in {path} within "
-            f"{timeout:.0f} s (HOROVODLIKE_START_TIMEOUT){seen}. The ranks of one host find "
+            f"{timeout:.0f} s ({contract.START_TIMEOUT}){seen}. The ranks of one host find "
             f"it through their common parent process (this rank's is pid {ppid}); ranks "
             f"started by different parents (not by one torchrun agent) cannot meet this "
-            f"way: give every rank the same {jobkey.ENV}, or {KEY_FILE_ENV}")
+            f"way: give every rank the same {jobkey.ENV}, or {contract.JOB_KEY_FILE}")
 
 
 def _write_key_file(path, key):
@@ -452,10 +445,10 @@ def key_delivered():
 def read_key_file(path):
     """HOROVODLIKE_JOB_KEY_FILE: a key the user put on storage every host shares."""
     try:
-        with _open_private(path, KEY_FILE_ENV) as f:
-            return jobkey.from_hex(f.read(), where=f"{KEY_FILE_ENV}={path}")
+        with _open_private(path, contract.JOB_KEY_FILE) as f:
+            return jobkey.from_hex(f.read(), where=f"{contract.JOB_KEY_FILE}={path}")
     except OSError as exc:
-        raise RuntimeError(f"horovodlike: cannot read {KEY_FILE_ENV}={path}: "
+        raise RuntimeError(f"horovodlike: cannot read {contract.JOB_KEY_FILE}={path}: "
                            f"{exc.strerror or exc}") from None
 
 
@@ -465,16 +458,16 @@ def job_key(le, environ=None):
     given = env.get(jobkey.ENV)
     if given:
         return jobkey.from_hex(given)
-    if env.get(KEY_FILE_ENV):
-        return read_key_file(env[KEY_FILE_ENV])
+    if env.get(contract.JOB_KEY_FILE):
+        return read_key_file(env[contract.JOB_KEY_FILE])
     if le.local_size is not None and le.local_size == le.size:
         path = key_path(le, env)
         if le.rank == 0:
             key = jobkey.generate()
             _write_key_file(path, key)
             return key
-        return _read_key_file(path, float(env.get("HOROVODLIKE_START_TIMEOUT", "60")))
-    if env.get(INSECURE_ENV) != "1":
+        return _read_key_file(path, contract.start_timeout(env))
+    if env.get(contract.INSECURE_RENDEZVOUS) != "1":
         raise RuntimeError(
             f"horovodlike ({le.launcher}): "
             + (f"this job's ranks span hosts (world size {le.size}, {le.local_size} on "
@@ -485,12 +478,13 @@ def job_key(le, environ=None):
             f"join it. Give every rank "
             f"the same secret: {jobkey.ENV}=<64 hex digits> from a secret store (a "
             f"Kubernetes Secret, Ray's or Spark's own channel; make one with python -c "
-            f"'import secrets; print(secrets.token_hex(32))'), or {KEY_FILE_ENV}=<path> to a "
+            f"'import secrets; print(secrets.token_hex(32))'), or "
+            f"{contract.JOB_KEY_FILE}=<path> to a "
             f"key file on shared storage readable only by you (mode 0600). To run "
-            f"unauthenticated anyway, set {INSECURE_ENV}=1")
+            f"unauthenticated anyway, set {contract.INSECURE_RENDEZVOUS}=1")
     if le.rank == 0:
         logging.getLogger(__name__).warning(
             "horovodlike: WARNING: %s=1: the rendezvous at %s is NOT authenticated; anyone "
             "who can reach it can join this job as a rank and read or change its data",
-            INSECURE_ENV, le.rendezvous)
+            contract.INSECURE_RENDEZVOUS, le.rendezvous)
     return hashlib.sha256(f"horovodlike-unauthenticated/{le.job_id}".encode()).digest()

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import threading
 
+from . import launch_contract as contract
+
 _log = logging.getLogger(__name__)
 
 START_MARGIN = 5.0     # seconds beyond HOROVODLIKE_START_TIMEOUT
@@ -67,15 +69,11 @@ class Watchdog:
         self._proc = None
 
 
-def start_timeout():
-    return float(os.environ.get("HOROVODLIKE_START_TIMEOUT", "60"))
-
-
 def guard_start(rank):
     """The start-up watchdog (see the module comment); cancel() it once started."""
-    limit = start_timeout() + START_MARGIN
+    limit = contract.start_timeout() + START_MARGIN
     return Watchdog(limit, f"[horovodlike rank {rank}] ERROR: start-up under MPI did not "
-                           f"finish within {limit:.0f} s (HOROVODLIKE_START_TIMEOUT + "
+                           f"finish within {limit:.0f} s ({contract.START_TIMEOUT} + "
                            f"{START_MARGIN:.0f}): a rank is stopped, hung or never "
                            f"started; ending the job")
 

@@ -8,7 +8,6 @@ store as usual.
 """
 import os
 import socket
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
@@ -21,6 +20,7 @@ except ImportError as exc:          # pragma: no cover - depends on the environm
     raise ImportError("horovodlike.ray needs Ray: pip install ray") from exc
 
 from horovodlike.common import jobkey
+from horovodlike.common import launch_contract as contract
 from horovodlike.common.store import StoreServer
 
 
@@ -42,9 +42,8 @@ class BaseHorovodWorker:
     executable = None
 
     def __init__(self, world_rank=0, world_size=1):
-        os.environ["HOROVOD_HOSTNAME"] = self.hostname()
-        os.environ["HOROVOD_RANK"] = str(world_rank)
-        os.environ["HOROVOD_SIZE"] = str(world_size)
+        os.environ.update(contract.rank_vars(world_rank, world_size,
+                                             hostname=self.hostname()))
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -193,14 +192,14 @@ class RayExecutor:
         key = jobkey.from_hex(given) if given else jobkey.generate()
         self._store = StoreServer(address, 0, key=key).start()
         common = {jobkey.ENV: jobkey.to_hex(key),
-                  "HOROVODLIKE_STORE_ADDR": f"{address}:{self._store.port}",
-                  "HOROVODLIKE_JOB_ID": uuid.uuid4().hex[:12],
-                  "HOROVODLIKE_START_TIMEOUT": str(self.settings.timeout_s),
-                  "HOROVOD_SIZE": str(size)}
+                  contract.STORE_ADDR: f"{address}:{self._store.port}",
+                  contract.JOB_ID: contract.new_job_id(),
+                  contract.START_TIMEOUT: str(self.settings.timeout_s),
+                  contract.SIZE: str(size)}
         if self.settings.nics:
-            common["HOROVOD_GLOO_IFACE"] = sorted(self.settings.nics)[0]
+            common[contract.IFACE] = sorted(self.settings.nics)[0]
         common.update(extra_env_vars or {})
-        ray.get([w.update_env_vars.remote({**common, "HOROVOD_RANK": str(rank)})
+        ray.get([w.update_env_vars.remote({**common, contract.RANK: str(rank)})
                  for rank, w in enumerate(self.workers)])
         ray.get([w.start_executable.remote(executable_cls, executable_args,
                                            executable_kwargs) for w in self.workers])

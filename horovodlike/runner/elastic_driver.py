@@ -37,14 +37,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import defaultdict
 
 from ..common import elastic as proto
 from ..common import jobkey
+from ..common import launch_contract as contract
 from ..common.store import StoreClient, StoreServer
 from . import args as cli
-from . import launch
+from . import exits, launch
 from .rank_output import RankOutput
 
 DISCOVER_HOSTS_FREQUENCY_SECS = 1.0
@@ -100,7 +100,7 @@ class Settings:
                              f"({self.np}) <= --max-np ({self.max_np})")
         timeout = getattr(args, "elastic_timeout", None)
         if timeout is None:
-            timeout = int(os.environ.get(proto.TIMEOUT_ENV) or proto.DEFAULT_TIMEOUT)
+            timeout = contract.elastic_timeout()
         if timeout <= 0:
             raise ValueError(f"--elastic-timeout must be positive, got {timeout}")
         self.timeout = timeout
@@ -276,31 +276,16 @@ class Worker:
         self.removed = False       # its slot is gone: it leaves at the next round
 
 
-def _exit_text(code):
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown"
-        return f"was killed by signal {-code} ({name})"
-    if code > 128:      # a shell (ssh, sh -c) reports a signal death as 128 + signal
-        try:
-            return f"exited with code {code} (signal {signal.Signals(code - 128).name}?)"
-        except ValueError:
-            pass
-    return f"exited with code {code}"
-
-
 # ------------------------------------------------------------------ the driver
 
 class ElasticDriver:
     def __init__(self, settings, args):
         self.s = settings
         self.args = args
-        self.out = launch._Output(RankOutput.from_args(args))   # --output-filename: per worker
+        self.out = launch.Output(RankOutput.from_args(args))   # --output-filename: per worker
         self.key = jobkey.generate()
-        self.job_id = uuid.uuid4().hex[:12]
-        self.prefix = proto.prefix(self.job_id)
+        self.job_id = contract.new_job_id()
+        self.keys = contract.ElasticKeys(self.job_id)
         self.job = launch.Job({}, self.out, self.key)
         self.events = self.job.events
         self.stopping = threading.Event()
@@ -343,10 +328,10 @@ class ElasticDriver:
         self.client = StoreClient(self.local_store, key=self.key)
         self.base_env = {k: v for k, v in os.environ.items() if k != jobkey.ENV}
         self.base_env.update(launch.tuning_env(self.args))
-        self.base_env.update(HOROVODLIKE_STORE_ADDR=self.store_addr,
-                             HOROVODLIKE_JOB_ID=self.job_id, HOROVOD_ELASTIC="1")
-        self.base_env[proto.TIMEOUT_ENV] = str(self.s.timeout)
-        saved = launch._install_handlers(self.job.on_signal)
+        self.base_env.update({contract.STORE_ADDR: self.store_addr,
+                              contract.JOB_ID: self.job_id, contract.ELASTIC: "1",
+                              contract.ELASTIC_TIMEOUT: f"{self.s.timeout:g}"})
+        saved = launch.install_signal_handlers(self.job.on_signal)
         threads = [threading.Thread(target=f, daemon=True)
                    for f in (self._watch_hosts, self._watch_ready)]
         try:
@@ -440,12 +425,12 @@ class ElasticDriver:
         with client:
             while not self.stopping.is_set():
                 try:
-                    raw = client.get(f"{self.prefix}/ready/{k}", timeout=0.5)
+                    raw = client.get(self.keys.ready(k), timeout=0.5)
                 except TimeoutError:
                     # A worker that died between taking number k and writing it leaves
                     # a gap; skip it once later numbers exist for a while.
                     try:
-                        later = client.add(f"{self.prefix}/ready_seq", 0) > k
+                        later = client.add(self.keys.ready_seq, 0) > k
                     except (OSError, RuntimeError):
                         return
                     gap_since = (gap_since or time.monotonic()) if later else None
@@ -521,7 +506,7 @@ class ElasticDriver:
         w = self.workers[wid] = Worker(wid, host, slot)
         rs = launch.RankSlot(wid, host, slot, self.hosts[host], 0, 1)
         env = launch.rank_env(rs, self.s.max_np, self.base_env)
-        env[proto.WORKER_ENV] = str(wid)
+        env[contract.ELASTIC_WORKER] = str(wid)
         argv = launch.shim_argv(self.args.command)
         if self.args.verbose:
             self.out.say(f"starting worker {wid} on {host} (slot {slot})")
@@ -561,7 +546,7 @@ class ElasticDriver:
         if self.round_no < 0:
             return
         self.update_seq += 1
-        self.client.set(f"{self.prefix}/update/{self.update_seq}", str(flags).encode())
+        self.client.set(self.keys.update(self.update_seq), str(flags).encode())
 
     def on_ready(self, wid, last, reason, lost=None):
         w = self.workers.get(wid)
@@ -589,7 +574,7 @@ class ElasticDriver:
                      f"killing it and blacklisting host {w.host}")
         self.terminate(w, signal.SIGKILL)   # a stopped process takes no SIGTERM
         self.member_lost = self.reset_wanted = True
-        self.client.set(f"{self.job_id}/elastic{self.round_no}/blob/{w.rank}", b"\0")
+        self.give_up_blob(w)
         self.blacklist(w.host)
         self.fill_slots()
 
@@ -665,15 +650,19 @@ class ElasticDriver:
         else:
             self.out.say(f"worker {wid} (host {w.host}"
                          + (f", rank {w.rank}" if was_member else "")
-                         + f") {_exit_text(code)}; blacklisting host {w.host}")
+                         + f") {exits.exit_text(code)}; blacklisting host {w.host}")
             w.state = FAILED
             self.blacklist(w.host)
         if was_member:
             self.member_lost = self.reset_wanted = True
-            # A round still starting waits for this member's address: give the others
-            # one they cannot use, so they give up the round at once (see bootstrap).
-            self.client.set(f"{self.job_id}/elastic{self.round_no}/blob/{w.rank}", b"\0")
+            self.give_up_blob(w)
         self.fill_slots()
+
+    def give_up_blob(self, w):
+        """A round still starting waits for this member's address: give the others
+        one they cannot use, so they give up the round at once (see bootstrap)."""
+        self.client.set(contract.blob_key(self.job_id, w.rank, elastic_round=self.round_no),
+                        b"\0")
 
     def blacklist(self, host):
         self.host_state[host].blacklist(time.monotonic())
@@ -687,10 +676,10 @@ class ElasticDriver:
         if self.waiting_since is None:
             self.waiting_since = now
             self.out.say(f"waiting for {need} slots (have {have}); giving up after "
-                         f"{self.s.timeout} s (--elastic-timeout)")
+                         f"{self.s.timeout:g} s (--elastic-timeout)")
         elif now - self.waiting_since > self.s.timeout:
             usable = ", ".join(f"{h}:{self.hosts[h]}" for h in self.order if self.usable(h))
-            self.fail(f"timed out after {self.s.timeout} s waiting for at least {need} "
+            self.fail(f"timed out after {self.s.timeout:g} s waiting for at least {need} "
                       f"slots (--min-np {self.s.min_np}); only {have} available "
                       f"(usable hosts: {usable or 'none'})")
 
@@ -759,8 +748,8 @@ class ElasticDriver:
                 w.state = LEAVING
             else:
                 value = b"skip"
-            self.client.set(f"{self.prefix}/r{n}/w{w.wid}", value)
-        self.client.set(f"{self.prefix}/current", str(n).encode())
+            self.client.set(self.keys.assignment(n, w.wid), value)
+        self.client.set(self.keys.current, str(n).encode())
         for w in chosen:
             w.state, w.rank, w.ready = MEMBER, ranks[w.wid], None
         self.members = chosen

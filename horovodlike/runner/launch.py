@@ -6,6 +6,12 @@ prefixes, forwards SIGINT/SIGTERM, and tears the whole job down as soon as
 one rank fails so that a crash never leaves peers hanging in a collective. Once a rank
 has finished, a rank that stays stopped or silent for ``--shutdown-grace`` seconds is
 killed and named: with its peers' engines gone, nobody else would notice it.
+
+The elastic driver (elastic_driver.py) starts its workers with the same pieces, all
+public here: the host list (parse_hosts, parse_host_entry, is_local_host, RankSlot), a
+rank's environment and command (rank_env, shim_argv, remote_argv), the store's address
+(store_bind_and_advertise), the running processes (Job, Activity, Output,
+install_signal_handlers, GRACE_SECONDS) and the job's variables (tuning_env).
 """
 
 import argparse
@@ -21,15 +27,17 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 
 from ..common import jobkey
+from ..common import launch_contract as contract
 from ..common.store import StoreServer
 from . import args as cli
+from . import exits
+from .job_env import exportable, job_env
 from .rank_output import RankOutput
 
-PROG = "horovodlikerun"
+PROG = cli.PROG
 DEFAULT_SSH_COMMAND = (
     "ssh -o BatchMode=yes -o StrictHostKeyChecking=no {host} {command}")
 GRACE_SECONDS = 5.0
@@ -55,7 +63,7 @@ def build_parser():
                     "command line.")
     cli.add_arguments(p)
     p.add_argument("--ssh-command", default=os.environ.get(
-        "HOROVODLIKE_SSH_COMMAND", DEFAULT_SSH_COMMAND),
+        contract.SSH_COMMAND, DEFAULT_SSH_COMMAND),
         help="template used to start a rank on a remote host; "
              "{host} and {command} are substituted")
     # REMAINDER keeps the user's own flags (even ones that look like ours).
@@ -130,7 +138,7 @@ def is_local_host(host):
 
 def tuning_env(args):
     """Horovod's flags as the env vars the ranks read (see args.job_env)."""
-    return cli.job_env(args)
+    return job_env(args)
 
 
 def host_name(slot):
@@ -141,14 +149,9 @@ def host_name(slot):
 def rank_env(slot, size, job_env):
     host = host_name(slot)
     env = dict(job_env)
-    env.update({
-        "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(size),
-        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-        "HOROVOD_HOSTNAME": host, "PYTHONUNBUFFERED": "1",
-    })
+    env.update(contract.rank_vars(slot.rank, size, slot.local_rank, slot.local_size,
+                                  slot.cross_rank, slot.cross_size, host))
+    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
@@ -161,7 +164,7 @@ def remote_argv(template, host, cwd, env, command):
     quoted once more.
     """
     exported = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
-                        if cli.exportable(k))
+                        if exportable(k))
     line = (f"cd {shlex.quote(cwd)} && env {exported} "
             + " ".join(shlex.quote(c) for c in command))
     argv = []
@@ -182,12 +185,12 @@ def store_bind_and_advertise(plan):
     authenticates every connection with the job key either way)."""
     if all(is_local_host(s.host) for s in plan):
         return "127.0.0.1", "127.0.0.1"
-    iface = os.environ.get("HOROVOD_GLOO_IFACE") or os.environ.get("HOROVODLIKE_IFACE")
+    iface = contract.iface()
     if iface:
-        from ..common.bootstrap import _iface_address
-        addr = _iface_address(iface.split(",")[0].strip())
-        return addr, os.environ.get("HOROVODLIKE_STORE_HOST") or addr
-    advertised = os.environ.get("HOROVODLIKE_STORE_HOST")
+        from ..common.bootstrap import iface_address
+        addr = iface_address(iface)
+        return addr, os.environ.get(contract.STORE_HOST) or addr
+    advertised = os.environ.get(contract.STORE_HOST)
     if not advertised:
         try:
             advertised = socket.gethostbyname(socket.gethostname())
@@ -207,18 +210,15 @@ def _is_own_address(addr):
 
 
 def describe_exit(slot, code):
-    where = f"rank {slot.rank} (host {host_name(slot)})"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown"
-        return f"{where} was killed by signal {-code} ({name})", 128 - code
-    return f"{where} exited with code {code}", code
+    """(the launcher's line about a rank that ended with wait status `code`, the
+    launcher's exit status)."""
+    return (f"rank {slot.rank} (host {host_name(slot)}) {exits.exit_text(code)}",
+            exits.exit_status(code))
 
 
-class _Output:
-    """Serialises prefixed lines from many reader threads onto our streams."""
+class Output:
+    """The launcher's output: serialises prefixed lines from many reader threads onto
+    our streams (pump), and says the launcher's own lines (say)."""
 
     def __init__(self, lines=None):
         self._lock = threading.Lock()
@@ -498,7 +498,9 @@ class Job:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _install_handlers(handler):
+def install_signal_handlers(handler):
+    """Route SIGINT and SIGTERM to handler (a Job's on_signal); returns what was there
+    before, {signal: old handler}, to put back when the job is over."""
     saved = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
@@ -518,16 +520,16 @@ def _print_plan(out, plan, store_addr):
 def shim_argv(command):
     """The rank's command behind rank_shim (same interpreter on every host, as
     horovodrun assumes the same environment everywhere)."""
-    python = os.environ.get("HOROVODLIKE_REMOTE_PYTHON") or sys.executable
+    python = os.environ.get(contract.REMOTE_PYTHON) or sys.executable
     return [python, "-m", "horovodlike.runner.rank_shim", *command]
 
 
 def _start_ranks(job, args, store_addr, job_id):
     base = {k: v for k, v in os.environ.items() if k != jobkey.ENV}
     base.update(tuning_env(args))
-    base.update(HOROVODLIKE_STORE_ADDR=store_addr, HOROVODLIKE_JOB_ID=job_id)
+    base.update({contract.STORE_ADDR: store_addr, contract.JOB_ID: job_id})
     if all(is_local_host(s.host) for s in job.plan):
-        base["HOROVODLIKE_BIND_ADDR"] = "127.0.0.1"   # nobody off this host needs in
+        base[contract.BIND_ADDR] = "127.0.0.1"   # nobody off this host needs in
     cwd = os.getcwd()
     for slot in job.plan:
         env = rank_env(slot, len(job.plan), base)
@@ -549,18 +551,18 @@ def run_static(args):
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    out = _Output(RankOutput.from_args(args))
+    out = Output(RankOutput.from_args(args))
     bind_host, advertised = store_bind_and_advertise(plan)
     key = jobkey.generate()
     store = StoreServer(bind_host, 0, key=key, on_reject=out.say).start()
     store_addr = f"{advertised}:{store.port}"
     job = Job(plan, out, key, shutdown_grace=args.shutdown_grace)
-    saved = _install_handlers(job.on_signal)
+    saved = install_signal_handlers(job.on_signal)
     try:
         if args.verbose:
             _print_plan(out, plan, store_addr)
         try:
-            _start_ranks(job, args, store_addr, uuid.uuid4().hex[:12])
+            _start_ranks(job, args, store_addr, contract.new_job_id())
         except OSError as exc:
             out.say(f"failed to start rank {len(job.procs)}: {exc}")
             job.signal_all(signal.SIGTERM)
@@ -571,4 +573,3 @@ def run_static(args):
         store.close()
         for sig, old in saved.items():
             signal.signal(sig, old)
-

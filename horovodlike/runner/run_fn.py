@@ -136,11 +136,12 @@ def _payload(func, args, kwargs):
         raise ValueError(f"horovodlike.run: the function and its arguments must be "
                          f"picklable (a module-level function; pip install cloudpickle for "
                          f"lambdas and closures): {exc}") from None
-    return pickle.dumps({"main_path": main_path, "sys_path": _user_path(), "body": body})
+    return pickle.dumps({"main_path": main_path, "sys_path": user_path(), "body": body})
 
 
-def _user_path():
-    """The caller's import path minus the interpreter's own directories."""
+def user_path():
+    """The caller's import path minus the interpreter's own directories: where a rank
+    looks for the caller's function (horovodlike.spark.run's tasks too)."""
     prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix,
                                               sys.exec_prefix)}
     out = []

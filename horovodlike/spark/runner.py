@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
 try:
     import pyspark
@@ -51,8 +50,10 @@ except ImportError as exc:          # pragma: no cover - depends on the environm
                       "(or pip install horovodlike[spark])") from exc
 
 from horovodlike.common import jobkey
+from horovodlike.common import launch_contract as contract
 from horovodlike.common.store import StoreClient, StoreServer
-from horovodlike.runner.run_fn import PAYLOAD, _user_path, rank_failure
+from horovodlike.runner.exits import exit_text
+from horovodlike.runner.run_fn import PAYLOAD, rank_failure, user_path
 
 log = logging.getLogger("horovodlike.spark")
 
@@ -115,17 +116,17 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, use_mpi=None,
         nics = [nics]
 
     key = jobkey.generate()
-    job_id = uuid.uuid4().hex[:12]
+    job_id = contract.new_job_id()
     host = _store_host(sc)
     store = StoreServer(host, 0, key=key).start()
     rank_env = {k: str(v) for k, v in (env or {}).items()}
-    rank_env.update({"HOROVODLIKE_STORE_ADDR": f"{host}:{store.port}",
-                     "HOROVODLIKE_JOB_ID": job_id,
-                     "HOROVODLIKE_START_TIMEOUT": str(start_timeout),
-                     "HOROVOD_SIZE": str(num_proc)})
+    rank_env.update({contract.STORE_ADDR: f"{host}:{store.port}",
+                     contract.JOB_ID: job_id,
+                     contract.START_TIMEOUT: str(start_timeout),
+                     contract.SIZE: str(num_proc)})
     if nics:
-        rank_env["HOROVOD_GLOO_IFACE"] = sorted(nics)[0]
-    payload = {"main_path": None, "sys_path": _user_path(),
+        rank_env[contract.IFACE] = sorted(nics)[0]
+    payload = {"main_path": None, "sys_path": user_path(),
                "body": cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))}
     # Everything the tasks need, key included, travels in this closure.
     task = _make_task(jobkey.to_hex(key), rank_env, payload, executable)
@@ -236,8 +237,8 @@ def _run_rank(key_hex, rank_env, payload, executable):
             f.write(pickle.dumps(payload))
         env = dict(os.environ)
         env.update(rank_env)
-        env.update({jobkey.ENV: key_hex, "HOROVOD_RANK": str(rank),
-                    "HOROVOD_HOSTNAME": socket.gethostname()})
+        env.update({jobkey.ENV: key_hex, contract.RANK: str(rank),
+                    contract.HOSTNAME: socket.gethostname()})
         cmd = [executable or sys.executable, "-m", "horovodlike.runner.run_task", run_dir]
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent)
@@ -259,10 +260,10 @@ def _run_rank(key_hex, rank_env, payload, executable):
                       "traceback": report["traceback"], "secondary": report["secondary"],
                       "time": report["time"]}
         else:
-            report = {"summary": f"exited with code {code} without a result",
+            report = {"summary": f"{exit_text(code)} without a result",
                       "traceback": "(none: the process ended without raising)\n",
                       "secondary": False, "time": time.time()}
-        _report(rank_env["HOROVODLIKE_STORE_ADDR"], key_hex, rank, report)
+        _report(rank_env[contract.STORE_ADDR], key_hex, rank, report)
         raise RuntimeError(f"horovodlike.spark: rank {rank} {report['summary']}")
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
