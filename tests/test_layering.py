@@ -2,7 +2,7 @@
 
 horovodlike.common is layered (horovodlike/common/__init__.py says why):
 
-    exceptions <- engine <- bootstrap <- basics <- process_sets <- request <- ops
+    exceptions <- engine <- bootstrap <- basics <- process_sets <- request <- ops, arguments
                <- objects, dynamic_sets, elastic <- api
 
 A module imports only from layers below its own, at module level or inside a function
@@ -27,7 +27,7 @@ COMMON_LAYERS = [
     ["basics"],
     ["process_sets"],
     ["request"],
-    ["ops"],
+    ["ops", "arguments"],
     ["objects", "dynamic_sets", "elastic"],
     ["api", "topology"],
 ]

@@ -11,6 +11,7 @@ checks this, function-level imports included):
     process_sets                     registered sets; start() = engine + static sets
     request                          what a collective call means (names, roots, splits)
     ops                              collectives on numpy arrays, handles
+    arguments                        the distributed optimizers' argument rules
     objects, dynamic_sets, elastic   object collectives, add/remove sets, elastic rounds
     api                              init(): elastic or plain, the public entry point
     topology                         the data × pipeline × tensor layout and its sets

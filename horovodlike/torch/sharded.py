@@ -48,7 +48,7 @@ from contextlib import contextmanager
 
 import torch
 
-from horovodlike.common import basics
+from horovodlike.common import arguments, basics
 from horovodlike.common import ops as _ops
 from horovodlike.common import request
 from horovodlike.common import dynamic_sets
@@ -308,16 +308,10 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         if stage not in (1, 2) or isinstance(stage, bool):
             raise ValueError(f"stage must be 1 (shard optimizer state) or 2 (also "
                              f"gradients), got {stage!r}")
-        if op == C.Adasum:
-            raise NotImplementedError("op=hvd.Adasum is not implemented in horovodlike; use "
-                                      "op=hvd.Average (the default) or op=hvd.Sum")
-        op = C.reduce_op(op, None, "ShardedDistributedOptimizer")
-        if op not in (C.Average, C.Sum):
-            raise ValueError("ShardedDistributedOptimizer supports op=hvd.Average or "
-                             "op=hvd.Sum only")
-        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be a positive int, got "
-                             f"{backward_passes_per_step!r}")
+        args = arguments.gradient_args(op, compression,
+                                       backward_passes_per_step=backward_passes_per_step,
+                                       sum_or_average=True)
+        op = args.op
         if not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be a positive number, got "
                              f"{bucket_cap_mb!r}")
@@ -335,7 +329,7 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         self.optimizer_class = type(optimizer)
         self.stage, self.shard_size, self.op = stage, shard_size, op
         self.compression = compression
-        self.backward_passes_per_step = backward_passes_per_step
+        self.backward_passes_per_step = args.backward_passes_per_step
         self.process_set = ps
         named = check_named_parameters(named_parameters, self.param_groups)
         self._names = {id(p): k for k, p in named}
@@ -698,10 +692,7 @@ class ShardedDistributedOptimizer(torch.optim.Optimizer):
         return super().add_param_group(param_group)
 
     def set_backward_passes_per_step(self, passes):
-        if not isinstance(passes, int) or passes < 1:
-            raise ValueError(f"backward_passes_per_step must be a positive int, got "
-                             f"{passes!r}")
-        self.backward_passes_per_step = passes
+        self.backward_passes_per_step = arguments.backward_passes(passes)
 
     def state_bytes(self):
         """Bytes of optimizer state held by this rank."""
