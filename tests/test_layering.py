@@ -20,7 +20,8 @@ PACKAGES = ("horovodlike",)
 
 # Lowest first. Modules on one line may not import each other.
 COMMON_LAYERS = [
-    ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule"],
+    ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule",
+     "serialization"],
     ["engine", "store"],
     ["launch_env"],
     ["bootstrap", "mpi_end"],

@@ -439,7 +439,8 @@ IN_PLACE = r'''
 # the flat parameters (its own chunk is already there; the engine returns no buffer of its
 # own) and the reduce-scatter into the gradient shard.
 from horovodlike.common import ops as _ops, request
-from horovodlike.torch import sharded, _tensors
+from horovodlike.torch import _tensors
+from horovodlike.torch.sharded import gradients as sharded
 thvd.init()
 R, P = thvd.rank(), thvd.size()
 n = 6

@@ -4,6 +4,7 @@ The modules are layered; each imports only from the layers below it (tests/test_
 checks this, function-level imports included):
 
     exceptions, jobkey, compression, affinity   no horovodlike imports
+    serialization                    state trees as bytes, never pickled (no imports either)
     engine, store                    the cffi engine; the launcher's rendezvous store
     launch_env, bootstrap            who am I: the launch environment, the blob exchange
     mpi_end                          under mpirun/srun, a failed job ends (MPI_Abort)
