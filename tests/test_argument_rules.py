@@ -67,8 +67,8 @@ CASES = [
      "op=hvd.Adasum is not implemented in horovodlike; use op=hvd.Average (the default) "
      "or op=hvd.Sum"),
     ("op='sum'", {"op": "'sum'"}, ALL, "ValueError",
-     "op='sum' is not a reduction op; use one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
-     "hvd.Product"),
+     "op='sum' is an unknown reduction op; use one of hvd.Average, hvd.Sum, hvd.Min, "
+     "hvd.Max, hvd.Product"),
     # Keras and the sharded optimizer reduce with Average or Sum only (Horovod's Keras
     # too); torch's DistributedOptimizer and the tape take Min/Max/Product.
     ("op=Min", {"op": "Min"}, ("sharded", "keras", "tf_keras"), "ValueError",

@@ -113,8 +113,8 @@ def gradient_groups(groups, num_groups, is_parameter, stacklevel=3):
 
 
 def dense_flag(value):
-    """sparse_as_dense="""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":      # numpy's too
+    """sparse_as_dense: True or False (numpy's bool_ too)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
         return bool(value)
     raise ValueError(f"sparse_as_dense must be True or False, got {_short(value)}")
 

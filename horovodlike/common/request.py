@@ -144,7 +144,7 @@ def reduce_op(op, average=None, what="allreduce", sum_or_average=False):
         op = Average if average else Sum
     op = Average if op is None else op
     if isinstance(op, bool) or not isinstance(op, int) or op not in OP_NAMES:
-        raise ValueError(f"{prefix}op={op!r} is not a reduction op; use one of "
+        raise ValueError(f"{prefix}op={op!r} is an unknown reduction op; use one of "
                          f"hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product")
     if op == Adasum:
         raise NotImplementedError(f"{prefix}op=hvd.Adasum is not implemented in "
