@@ -63,6 +63,8 @@ CASES = [
      "backward_passes_per_step must be a positive int, got 0"),
     ("backward_passes_per_step=1.5", {"backward_passes_per_step": 1.5}, NO_TAPE,
      "ValueError", "backward_passes_per_step must be a positive int, got 1.5"),
+    ("set_backward_passes_per_step(0)", {"SET_PASSES": 0}, ("torch", "sharded"),
+     "ValueError", "backward_passes_per_step must be a positive int, got 0"),
     ("op=Adasum", {"op": "Adasum"}, ALL, "NotImplementedError",
      "op=hvd.Adasum is not implemented in horovodlike; use op=hvd.Average (the default) "
      "or op=hvd.Sum"),
@@ -135,10 +137,14 @@ def _child():
         if binding in ("torch", "sharded"):
             model, params = torch_params()
             kw = {k: value(v, params, thvd) for k, v in kwargs.items()}
+            passes = kw.pop("SET_PASSES", None)     # set_backward_passes_per_step later
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            if binding == "torch":
-                return thvd.DistributedOptimizer(opt, model.named_parameters(), **kw)
-            return ShardedDistributedOptimizer(opt, model.named_parameters(), **kw)
+            wrap = thvd.DistributedOptimizer if binding == "torch" else \
+                ShardedDistributedOptimizer
+            opt = wrap(opt, model.named_parameters(), **kw)
+            if passes is not None:
+                opt.set_backward_passes_per_step(passes)
+            return opt
         params = tf_vars()
         kw = {k: value(v, params, htf) for k, v in kwargs.items()}
         if binding == "tape":
