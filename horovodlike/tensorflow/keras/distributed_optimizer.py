@@ -131,6 +131,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                         f"(keras.optimizers.Optimizer), got {type(optimizer).__name__}")
     args = gradient_args(op, compression, gradient_predivide_factor, backward_passes_per_step,
                          groups, num_groups, sparse_as_dense, sum_or_average=True)
+    backward_passes_per_step = args.backward_passes_per_step
     if backward_passes_per_step > 1 and getattr(optimizer, "gradient_accumulation_steps", None):
         raise ValueError("use either Keras' gradient_accumulation_steps or "
                          "backward_passes_per_step, not both")
