@@ -46,12 +46,17 @@ KERAS_API = RANK_PRELUDE + r'''
 import inspect
 import tensorflow as tf
 import horovodlike.keras as hk
+import horovodlike.tensorflow as hvd_tf
 hk.init()
 check(hk.Adasum is not None, "horovodlike.keras.Adasum exists")
-# as Horovod's Keras optimizer, which takes Average and Sum only
+# as Horovod's Keras optimizer, which takes Average and Sum only; Adasum is refused as
+# everywhere (horovodlike/common/arguments.py)
 check_raises(ValueError, lambda: hk.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
-                                                         op=hk.Adasum),
-             "op currently only supports Average and Sum", what="Keras op=Adasum")
+                                                         op=hvd_tf.Min),
+             "op currently only supports Average and Sum", what="Keras op=Min")
+check_raises(NotImplementedError, lambda: hk.DistributedOptimizer(
+    tf.keras.optimizers.SGD(0.1), op=hk.Adasum), "op=hvd.Adasum is not implemented",
+    what="Keras op=Adasum")
 check_raises(NotImplementedError, lambda: hk.allreduce(np.ones(2, dtype=np.float32), op=hk.Adasum),
              "Adasum", what="allreduce(op=Adasum)")
 # positional arguments in Horovod's order (horovod/keras, v0.28.1)

@@ -3,7 +3,7 @@
 horovodlike.common is layered (horovodlike/common/__init__.py says why):
 
     launch_contract <- exceptions <- engine <- bootstrap <- basics <- process_sets
-               <- request <- ops <- objects, dynamic_sets, elastic <- api
+               <- request <- ops, arguments <- objects, dynamic_sets, elastic <- api
 
 A module imports only from layers below its own, at module level or inside a function
 alike: a function-level import is a dependency too, it only fails later. Nothing in the
@@ -26,14 +26,15 @@ PACKAGES = ("horovodlike",)
 # Lowest first. Modules on one line may not import each other.
 COMMON_LAYERS = [
     ["launch_contract"],
-    ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule"],
+    ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule",
+     "serialization"],
     ["engine", "store"],
     ["launch_env"],
     ["bootstrap", "mpi_end"],
     ["basics"],
     ["process_sets"],
     ["request"],
-    ["ops"],
+    ["ops", "arguments"],
     ["objects", "dynamic_sets", "elastic"],
     ["api", "topology"],
 ]

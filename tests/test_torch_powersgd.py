@@ -280,7 +280,7 @@ def raises(fn, exc, text, what):
 m = mlp(5)
 raises(lambda: make_opt(m, thvd.PowerSGD(), op=thvd.Sum), ValueError, "op=hvd.Average",
        "op=Sum refused")
-raises(lambda: make_opt(m, thvd.PowerSGD), TypeError, "needs an instance", "class refused")
+raises(lambda: make_opt(m, thvd.PowerSGD), ValueError, "needs an instance", "class refused")
 shared = thvd.PowerSGD()
 make_opt(m, shared)
 raises(lambda: make_opt(m, shared), ValueError, "already belongs", "shared object refused")

@@ -386,7 +386,7 @@ check_raises(ValueError, wrap(adam, shard_size=P + 1), f"shard_size={P + 1} does
              f"divide the process set's size {P}", what="shard_size not dividing")
 check_raises(ValueError, wrap(adam, shard_size=0), "positive int", what="shard_size 0")
 check_raises(ValueError, wrap(adam, stage=3), "stage must be 1", what="stage 3")
-check_raises(ValueError, wrap(adam, op=thvd.Max), "op=hvd.Average or op=hvd.Sum",
+check_raises(ValueError, wrap(adam, op=thvd.Max), "only supports Average and Sum",
              what="op=Max")
 check_raises(NotImplementedError, wrap(adam, op=thvd.Adasum), "Adasum", what="Adasum")
 check_raises(ValueError, wrap(adam, backward_passes_per_step=0), "positive int",
@@ -439,7 +439,8 @@ IN_PLACE = r'''
 # the flat parameters (its own chunk is already there; the engine returns no buffer of its
 # own) and the reduce-scatter into the gradient shard.
 from horovodlike.common import ops as _ops, request
-from horovodlike.torch import sharded, _tensors
+from horovodlike.torch import _tensors
+from horovodlike.torch.sharded import gradients as sharded
 thvd.init()
 R, P = thvd.rank(), thvd.size()
 n = 6

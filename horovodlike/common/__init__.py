@@ -5,6 +5,7 @@ checks this, function-level imports included):
 
     launch_contract                  the names a launcher and its ranks share
     exceptions, jobkey, compression, affinity   nothing above launch_contract
+    serialization                    state trees as bytes, never pickled (no imports)
     engine, store                    the cffi engine; the launcher's rendezvous store
     launch_env, bootstrap            who am I: the launch environment, the blob exchange
     mpi_end                          under mpirun/srun, a failed job ends (MPI_Abort)
@@ -12,6 +13,7 @@ checks this, function-level imports included):
     process_sets                     registered sets; start() = engine + static sets
     request                          what a collective call means (names, roots, splits)
     ops                              collectives on numpy arrays, handles
+    arguments                        the distributed optimizers' argument rules
     objects, dynamic_sets, elastic   object collectives, add/remove sets, elastic rounds
     api                              init(): elastic or plain, the public entry point
     topology                         the data × pipeline × tensor layout and its sets

@@ -132,20 +132,24 @@ def member_index(ps, what):
 
 def reduce_op(op, average=None, what="allreduce", sum_or_average=False):
     """Horovod's op=/average= pair as an engine reduce op: op wins, average= is the
-    deprecated spelling, the default is Average. Adasum is not implemented."""
+    deprecated spelling, the default is Average. Adasum is not implemented.
+    what=None: messages without the caller's name (the optimizers' argument rules,
+    whose messages are the same in every binding)."""
+    prefix = f"{what}: " if what else ""
     if op is not None and average is not None:
-        raise ValueError(f"{what}: pass op= or average=, not both")
+        raise ValueError(f"{prefix}pass op= or average=, not both")
     if average is not None:
         warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
                       DeprecationWarning, stacklevel=4)
         op = Average if average else Sum
     op = Average if op is None else op
     if isinstance(op, bool) or not isinstance(op, int) or op not in OP_NAMES:
-        raise ValueError(f"{what}: unknown reduction op {op!r}; use one of hvd.Average, "
-                         f"hvd.Sum, hvd.Min, hvd.Max, hvd.Product")
+        raise ValueError(f"{prefix}op={op!r} is an unknown reduction op; use one of "
+                         f"hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product")
     if op == Adasum:
-        raise NotImplementedError(f"{what}: op=hvd.Adasum is not implemented in horovodlike; "
-                                  f"use op=hvd.Average (the default) or op=hvd.Sum")
+        raise NotImplementedError(f"{prefix}op=hvd.Adasum is not implemented in "
+                                  f"horovodlike; use op=hvd.Average (the default) or "
+                                  f"op=hvd.Sum")
     if sum_or_average and op not in (Average, Sum):
         raise ValueError(f"{what} supports op=hvd.Average and op=hvd.Sum only, got "
                          f"hvd.{OP_NAMES[op]}")

@@ -7,16 +7,13 @@ sparse_as_dense). `groups`/`num_groups`, as in Horovod, split the step into that
 batches instead. With one rank in the set (or a rank outside it) gradients are returned
 untouched, as Horovod does, so a 1-rank run equals a plain TensorFlow run bit for bit.
 """
-import warnings
-
 import tensorflow as tf
 
-from horovodlike.common import request
+from horovodlike.common import arguments, request
 from horovodlike.common.process_sets import global_process_set
 
 from . import _errors, _graph
-from .compression import Compression
-from .mpi_ops import Average, _process_set, reduce_batch
+from .mpi_ops import _process_set, reduce_batch
 
 
 def var_key(v):
@@ -29,40 +26,35 @@ def var_key(v):
     return id(v)
 
 
-def normalize_groups(num_groups, groups):
-    if num_groups:
-        warnings.warn("num_groups is deprecated (as in Horovod); use groups=",
-                      DeprecationWarning, stacklevel=3)
-        if groups is None:
-            groups = num_groups
-    if groups is not None and not (isinstance(groups, list) or
-                                   (isinstance(groups, int) and groups > 0)):
-        raise ValueError("groups should be a positive integer or a list of lists of "
-                         "tf.Variable")
-    return groups
+def is_variable(v):
+    """What groups= may list: a tf.Variable, or a Keras variable holding one."""
+    return isinstance(v, tf.Variable) or isinstance(getattr(v, "value", None), tf.Variable)
+
+
+def gradient_args(op, compression, gradient_predivide_factor=1.0, backward_passes_per_step=1,
+                  groups=None, num_groups=0, sparse_as_dense=False, sum_or_average=False,
+                  stacklevel=4):
+    """The optimizers' argument rules (horovodlike.common.arguments), raised as they are
+    in every binding: as plain Python errors, not tf.errors."""
+    return arguments.gradient_args(op, compression, gradient_predivide_factor,
+                                   backward_passes_per_step, groups, num_groups,
+                                   sparse_as_dense, is_variable, sum_or_average,
+                                   stacklevel=stacklevel)
 
 
 class GradientReducer:
-    def __init__(self, what, compression=Compression.none, sparse_as_dense=False, op=Average,
-                 gradient_predivide_factor=1.0, groups=None,
-                 process_set=global_process_set, scale_local_gradients=True, num_groups=0):
+    """args: the checked arguments (gradient_args)."""
+
+    def __init__(self, what, args, process_set=global_process_set,
+                 scale_local_gradients=True):
         self.what = what
         with _errors.translated():
-            groups = normalize_groups(num_groups, groups)
-            self.op = request.reduce_op(op, None, what)
             self.process_set = _process_set(process_set)
-            if gradient_predivide_factor != 1.0 and op != Average:
-                raise ValueError("gradient_predivide_factor not supported with op != Average")
-            if gradient_predivide_factor <= 0:
-                raise ValueError("gradient_predivide_factor must be positive")
-        if op == Average:      # the engine applies 1/size for Average on top
-            self.prescale, self.postscale = 1.0 / gradient_predivide_factor, \
-                float(gradient_predivide_factor)
-        else:
-            self.prescale = self.postscale = 1.0
-        self.compression = compression
-        self.sparse_as_dense = sparse_as_dense
-        self.groups = groups
+        self.op = args.op
+        self.prescale, self.postscale = args.prescale, args.postscale
+        self.compression = args.compression
+        self.sparse_as_dense = args.sparse_as_dense
+        self.groups = args.groups
         self.scale_local_gradients = scale_local_gradients
         self.local = set()
 

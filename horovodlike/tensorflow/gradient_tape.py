@@ -6,7 +6,7 @@ from horovodlike.common.process_sets import global_process_set
 
 from . import _graph
 from .compression import Compression
-from .gradient_reducer import GradientReducer
+from .gradient_reducer import GradientReducer, gradient_args
 from .mpi_ops import Average
 
 _classes = {}
@@ -68,9 +68,10 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape expects a tf.GradientTape, got "
                         f"{type(gradtape).__name__}")
-    reducer = GradientReducer("DistributedGradientTape", compression, sparse_as_dense, op,
-                              gradient_predivide_factor, groups, process_set,
-                              scale_local_gradients, num_groups=num_groups)
+    args = gradient_args(op, compression, gradient_predivide_factor, groups=groups,
+                         num_groups=num_groups, sparse_as_dense=sparse_as_dense)
+    reducer = GradientReducer("DistributedGradientTape", args, process_set,
+                              scale_local_gradients)
     tape = object.__new__(_distributed_class(type(gradtape)))
     tape.__dict__.update(gradtape.__dict__)        # the recording, persistence, watches
     tape._hvd_reducer = reducer

@@ -5,8 +5,8 @@ import tensorflow as tf
 from horovodlike.common.process_sets import global_process_set
 
 from .compression import Compression
-from .gradient_reducer import GradientReducer
-from .mpi_ops import Adasum, Average
+from .gradient_reducer import GradientReducer, gradient_args
+from .mpi_ops import Average
 
 _Legacy = getattr(getattr(getattr(tf, "compat", None), "v1", None), "train", None)
 _Legacy = getattr(_Legacy, "Optimizer", None)
@@ -51,13 +51,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True):
-    """Wrap an optimizer so that gradients are combined over ranks before being applied."""
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    """Wrap an optimizer so that gradients are combined over ranks before being applied.
+    The argument rules are every binding's (horovodlike/common/arguments.py)."""
     import keras
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        if op == Adasum:
-            raise ValueError("op == Adasum is not supported yet with Keras")
         from .keras.distributed_optimizer import DistributedOptimizer as _keras_wrap
         return _keras_wrap(optimizer, name=name, compression=compression,
                            sparse_as_dense=sparse_as_dense,
@@ -67,12 +64,13 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
                            num_groups=num_groups, groups=groups, process_set=process_set,
                            scale_local_gradients=scale_local_gradients)
     if _Legacy is not None and isinstance(optimizer, _Legacy):
-        if backward_passes_per_step != 1:
+        args = gradient_args(op, compression, gradient_predivide_factor,
+                             backward_passes_per_step, groups, num_groups, sparse_as_dense)
+        if args.backward_passes_per_step != 1:
             raise NotImplementedError("backward_passes_per_step > 1 is not supported for "
                                       "tf.compat.v1 optimizers")
-        reducer = GradientReducer("DistributedOptimizer", compression, sparse_as_dense, op,
-                                  gradient_predivide_factor, groups, process_set,
-                                  scale_local_gradients, num_groups=num_groups)
+        reducer = GradientReducer("DistributedOptimizer", args, process_set,
+                                  scale_local_gradients)
         return _LegacyDistributedOptimizer(optimizer, reducer, name, use_locking)
     raise ValueError(f"Provided optimizer doesn't inherit from either legacy TensorFlow or "
                      f"Keras optimizer: {optimizer}")

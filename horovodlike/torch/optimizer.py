@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
+from horovodlike.common import arguments
 from horovodlike.common.exceptions import TensorMismatchError
 from horovodlike.common.objects import allgather_object, broadcast_object
 from horovodlike.common.request import split_list
@@ -61,6 +62,11 @@ def check_named_parameters(named_parameters, param_groups):
     return named_parameters
 
 
+def _is_parameter(p):
+    """What groups= may list (arguments.gradient_groups)."""
+    return isinstance(p, torch.Tensor)
+
+
 class _BucketMismatch(Exception):
     """A bucket's mismatch error, to be explained once every handle has finished."""
 
@@ -72,21 +78,22 @@ class _BucketMismatch(Exception):
 class _DistributedOptimizer:
     """Mixed in before the wrapped optimizer's class by DistributedOptimizer()."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=C.Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False, process_set=global_process_set):
+    def __init__(self, params, named_parameters, args, process_set=global_process_set):
+        """args: the checked arguments (horovodlike.common.arguments.GradientArgs)."""
         super().__init__(params)
+        compression = args.compression
         # PowerSGD is not a per-tensor compressor: it has a path of its own in
         # synchronize(); its warm-up steps reduce as with Compression.none.
         self._powersgd = compression if isinstance(compression, PowerSGD) else None
         self._compression = Compression.none if self._powersgd else compression
         named_parameters = check_named_parameters(named_parameters, self.param_groups)
         self._parameter_names = {v: k for k, v in named_parameters}
-        self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
-        self.op = op
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.sparse_as_dense = sparse_as_dense
+        self.backward_passes_per_step = args.backward_passes_per_step
+        self._allreduce_delay = {v: args.backward_passes_per_step for _, v in named_parameters}
+        self.op = args.op
+        self.gradient_predivide_factor = args.gradient_predivide_factor
+        self._prescale, self._postscale = args.prescale, args.postscale
+        self.sparse_as_dense = args.sparse_as_dense
         self.process_set = process_set
 
         self._handles = {}
@@ -94,7 +101,7 @@ class _DistributedOptimizer:
         self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
-        self._groups = self._check_groups(groups)
+        self._groups = args.groups
         self._p_to_group = {}
         self._group_counts = {}
         self._buckets, self._bucket_of = [], {}
@@ -105,29 +112,6 @@ class _DistributedOptimizer:
             self._register_hooks()
 
     # ------------------------------------------------------------- set-up
-
-    @staticmethod
-    def _check_groups(groups):
-        if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
-                              and groups == 0):
-            return None
-        if isinstance(groups, int) and not isinstance(groups, bool):
-            if groups < 0:
-                raise ValueError("groups should be a non-negative integer or a list of lists "
-                                 "of torch.Tensor.")
-            return groups
-        if not isinstance(groups, (list, tuple)):
-            raise ValueError("groups should be a non-negative integer or a list of lists of "
-                             "torch.Tensor.")
-        seen = set()
-        for group in groups:
-            for p in group:
-                if not isinstance(p, torch.Tensor):
-                    raise ValueError("groups must consist of torch.Tensor.")
-                if id(p) in seen:
-                    raise ValueError("A parameter can only appear once in groups.")
-                seen.add(id(p))
-        return [list(g) for g in groups]
 
     def _name(self, p):
         return self._parameter_names.get(p)
@@ -171,11 +155,9 @@ class _DistributedOptimizer:
     # ------------------------------------------------------------- reductions
 
     def _scales(self):
-        if self.op == C.Average:
-            # Split the average over the two scale factors: the engine divides by the
-            # set size on top of postscale for Average.
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
+        """gradient_predivide_factor split over the engine's two scale factors
+        (arguments.predivide_scales)."""
+        return self._prescale, self._postscale
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:
@@ -486,6 +468,7 @@ class _DistributedOptimizer:
         return super().load_state_dict(state_dict)
 
     def set_backward_passes_per_step(self, passes):
+        passes = arguments.backward_passes(passes)
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
@@ -510,37 +493,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         list of lists of parameters; num_groups is its deprecated spelling.
     sparse_as_dense: reduce sparse gradients as dense tensors.
     process_set: the ranks to average over.
+    The argument rules (and their errors) are those of every binding:
+    horovodlike/common/arguments.py.
     """
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("the optimizer is already a DistributedOptimizer")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    op = C.reduce_op(op, None, "DistributedOptimizer")
-    if gradient_predivide_factor != 1.0 and op != C.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive int, got "
-                         f"{backward_passes_per_step!r}")
-    if num_groups:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
-                      "removed in v0.23.0.", DeprecationWarning, stacklevel=2)
-        if groups is None:
-            groups = num_groups
+    args = arguments.gradient_args(op, compression, gradient_predivide_factor,
+                                   backward_passes_per_step, groups, num_groups,
+                                   sparse_as_dense, _is_parameter, whole_step=True)
     resolve(process_set)          # a clear error now for an unregistered set
     if isinstance(compression, PowerSGD):
-        if op != C.Average:
+        if args.op != C.Average:
             raise ValueError("PowerSGD averages the gradients: use op=hvd.Average with "
                              "compression=hvd.PowerSGD(...)")
         compression.bind()
-    elif isinstance(compression, type) and issubclass(compression, PowerSGD):
-        raise TypeError("compression=hvd.PowerSGD needs an instance: "
-                        "compression=hvd.PowerSGD(rank=..., start_iter=...)")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__),
                {"__module__": optimizer.__class__.__module__})
-    wrapped = cls(optimizer.param_groups, named_parameters, compression,
-                  backward_passes_per_step, op, gradient_predivide_factor, groups,
-                  sparse_as_dense, process_set)
+    wrapped = cls(optimizer.param_groups, named_parameters, args, process_set)
     # Keep any state the optimizer already has (e.g. loaded from a checkpoint); Horovod
     # starts the wrapper with empty state.
     for p, s in optimizer.state.items():

@@ -86,6 +86,10 @@ class PowerSGD:
     seed: seeds the first Q (every rank draws the same).
     """
 
+    # A whole-step compressor: only a binding that runs it on the whole step takes it
+    # (horovodlike.common.arguments.compressor).
+    per_tensor = False
+
     def __init__(self, rank=1, start_iter=1000, min_compression_rate=2, error_feedback=True,
                  warm_start=True, orthogonalization_epsilon=0.0, seed=0):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:

@@ -20,8 +20,8 @@ from horovodlike.common.process_sets import global_process_set
 
 from .. import _graph
 from ..compression import Compression
-from ..gradient_reducer import GradientReducer, var_key
-from ..mpi_ops import Average, Sum
+from ..gradient_reducer import GradientReducer, gradient_args, var_key
+from ..mpi_ops import Average
 
 _classes = {}
 
@@ -129,17 +129,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer expects a Keras optimizer "
                         f"(keras.optimizers.Optimizer), got {type(optimizer).__name__}")
-    if op not in (Average, Sum):
-        raise ValueError("op currently only supports Average and Sum")
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive int, got "
-                         f"{backward_passes_per_step!r}")
+    args = gradient_args(op, compression, gradient_predivide_factor, backward_passes_per_step,
+                         groups, num_groups, sparse_as_dense, sum_or_average=True)
+    backward_passes_per_step = args.backward_passes_per_step
     if backward_passes_per_step > 1 and getattr(optimizer, "gradient_accumulation_steps", None):
         raise ValueError("use either Keras' gradient_accumulation_steps or "
                          "backward_passes_per_step, not both")
-    reducer = GradientReducer("DistributedOptimizer", compression, sparse_as_dense, op,
-                              gradient_predivide_factor, groups, process_set,
-                              scale_local_gradients, num_groups=num_groups)
+    reducer = GradientReducer("DistributedOptimizer", args, process_set,
+                              scale_local_gradients)
     base = getattr(type(optimizer), "_hvd_base", type(optimizer))
     cfg = _Config(reducer, backward_passes_per_step, average_aggregated_gradients)
     object.__setattr__(optimizer, "_hvd", cfg)     # untracked: not part of saved state
