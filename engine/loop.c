@@ -226,7 +226,7 @@ static int pump(engine_t *e, int timeout_ms) {
     if (closed >= 0) {
         /* A frame that came before the close (a BYE, an ABORT) still counts. */
         if (handle_buffered(e, closed) < 0 || e->failed) return -1;
-        hvdl__peer_lost(e, closed, "its connection closed");
+        hvdl__peer_lost(e, closed, hvdl__closed_why(e, closed));
         return -1;
     }
     for (int i = 0; i < e->size; i++)
