@@ -364,8 +364,8 @@ static int bad_response(engine_t *e, const char *tensor, const char *why) {
 int hvdl__execute(engine_t *e, response_t *r) {
     double t_exec = hvdl_now();
     const group_t *g = e->sets[r->meta.process_set];
-    slot_t *s = calloc((size_t)r->ntensors + 1, sizeof *s);
-    if (!s) return hvdl__oom(e, "response", r->ntensors);
+    slot_t *s = HVDL_INJECT(e, INJ_EXEC_ALLOC) ? NULL : calloc((size_t)r->ntensors + 1, sizeof *s);
+    if (!s) return hvdl__oom(e, "table of a response's tensors", ((int64_t)r->ntensors + 1) * (int64_t)sizeof *s);
     int rc = 0;
     for (int i = 0; i < r->ntensors && !rc; i++) {
         op_t *o = strmap_del(&e->mine, r->names[i]);

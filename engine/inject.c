@@ -18,6 +18,25 @@
  *   decode_alloc  decoding a control frame: rank 0 a request list, a worker a response
  *                 list (wire.c); reported as this rank's out of memory, never as the
  *                 sender's malformed frame
+ *   frame_alloc   the copy of a received control frame (net.c)
+ *   exec_alloc    the table of a response's tensors, as it is executed (exec.c)
+ *   cache_alloc   a new response-cache entry, on rank 0 and on the workers (cache.c)
+ * The tests take this list from the engine (hvdl_inject_site) and cause each site:
+ * tests/test_engine_inject.py across processes, tests/c in one.
+ *
+ * The engine's other allocations, and why they have no site of their own:
+ *   - a site above stands for them: they sit on its path and fail through the same
+ *     hvdl__oom (the rest of cache_store; the alltoall splits and a joined rank's zeros
+ *     beside exec_alloc; the receive buffer beside frame_alloc; wire.c's other decoding
+ *     allocations beside decode_alloc, all marked with rd_oom);
+ *   - start-up, once, each failing hvdl_start with its own message (api.c, handshake.c,
+ *     shm.c, coordinator and deadlock state, p2p_start, the negotiators' open);
+ *   - a caller's thread, refused at once with HVDL_ERR_SYSTEM "out of memory" (ops.c,
+ *     process_sets.c, point-to-point enqueue), or a point-to-point message completed
+ *     with its own "out of memory" (p2p.c), or tracing, which warns and goes on;
+ *   - not yet: negotiation's own (announce.c, coordinator.c, negotiate_shm.c,
+ *     negotiate_nodes.c, loop.c's response frames), the wait reports (deadlock.c) and
+ *     the hierarchical allgather's and shm share buffers; each reports hvdl__oom.
  *
  * Cost when unset: one comparison per site visit (HVDL_INJECT).
  */
@@ -32,6 +51,8 @@ static const char *const SITES[] = {
     [INJ_CTRL_SEND] = "ctrl_send",         [INJ_FUSION_ALLOC] = "fusion_alloc",
     [INJ_OUTPUT_ALLOC] = "output_alloc",   [INJ_PLAN_ALLOC] = "plan_alloc",
     [INJ_SCATTER_ALLOC] = "scatter_alloc", [INJ_DECODE_ALLOC] = "decode_alloc",
+    [INJ_FRAME_ALLOC] = "frame_alloc",     [INJ_EXEC_ALLOC] = "exec_alloc",
+    [INJ_CACHE_ALLOC] = "cache_alloc",
 };
 _Static_assert(sizeof SITES / sizeof SITES[0] == INJ_NSITES, "an injection site without a name");
 

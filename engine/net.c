@@ -201,8 +201,8 @@ int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_
     int64_t n = next_frame(e, peer, &h, 0, &why);
     if (n < 0) { hvdl__peer_lost(e, peer, why); return -1; }
     if (n == 0) return 0;
-    uint8_t *p = malloc((size_t)h.len + 1);
-    if (!p) return hvdl__oom(e, "control frame", h.len);
+    uint8_t *p = HVDL_INJECT(e, INJ_FRAME_ALLOC) ? NULL : malloc((size_t)h.len + 1);
+    if (!p) return hvdl__oom(e, "control frame", h.len + 1);
     memcpy(p, c->rx.data + sizeof h, (size_t)h.len);
     buf_consume(&c->rx, n);
     *type = (int)h.type;

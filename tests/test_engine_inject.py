@@ -76,6 +76,10 @@ SITE_CASES = {
     # sender's malformed frame: rank 0 decodes request lists, workers response lists.
     "decode_alloc": [(0, {}, "small_allreduce", "-byte request list"),
                      (1, {}, "small_allreduce", "-byte response list")],
+    "frame_alloc": [(2, {}, "small_allreduce", "-byte control frame")],
+    "exec_alloc": [(1, {}, "small_allreduce", "-byte table of a response's tensors")],
+    "cache_alloc": [(1, {}, "small_allreduce", "-byte response-cache entry"),
+                    (0, {}, "small_allreduce", "-byte response-cache entry")],
 }
 
 

@@ -523,6 +523,10 @@ static const inject_case_t INJECT_CASES[] = {
     {"scatter_alloc", 1, no_shm, DO_REDUCESCATTER, "-byte reducescatter buffer"},
     {"decode_alloc", 0, no_shm, DO_SMALL_ALLREDUCE, "-byte request list"},
     {"decode_alloc", 1, no_shm, DO_SMALL_ALLREDUCE, "-byte response list"},
+    {"frame_alloc", 2, small_pieces, DO_SMALL_ALLREDUCE, "-byte control frame"},
+    {"exec_alloc", 1, small_pieces, DO_SMALL_ALLREDUCE, "-byte table of a response's tensors"},
+    {"cache_alloc", 1, no_shm, DO_SMALL_ALLREDUCE, "-byte response-cache entry"},
+    {"cache_alloc", 0, no_shm, DO_SMALL_ALLREDUCE, "-byte response-cache entry"},
 };
 
 /* Every site the engine lists, in-process: each rank reports the victim's cause. */
@@ -530,7 +534,7 @@ static void test_injected_failures(void) {
     enum { N = 3 };
     const int ncases = (int)(sizeof INJECT_CASES / sizeof INJECT_CASES[0]);
     int before = atomic_load(&g_failures);
-    double t0 = hvdl_now();
+    double start = hvdl_now();
     for (int site = 1; hvdl_inject_site(site); site++) {
         const char *name = hvdl_inject_site(site);
         int found = 0;
@@ -538,6 +542,7 @@ static void test_injected_failures(void) {
             const inject_case_t *c = &INJECT_CASES[k];
             if (strcmp(c->site, name)) continue;
             found = 1;
+            double t0 = hvdl_now();
             char spec[64], label[80], want[160], injected[96];
             snprintf(spec, sizeof spec, "%s:%d", c->site, c->victim);
             snprintf(label, sizeof label, "injected %s", spec);
@@ -556,12 +561,15 @@ static void test_injected_failures(void) {
                 CHECK(strstr(msg, want) && strstr(msg, c->reason) && strstr(msg, injected),
                       "%s: rank %d reports '%s', want '%s...%s...%s'", label, r, msg, want, c->reason, injected);
             }
+            /* The cause travels at once; a rank that waited out the peer timeout missed it. */
+            double took = hvdl_now() - t0, bound = w->e[0]->cfg.peer_timeout / 2;
+            CHECK(took < bound, "%s: took %.1f s, more than half the peer timeout", label, took);
             free(out);
             world_stop(w);
         }
         CHECK(found, "injection site %s has no case in tests/c (INJECT_CASES)", name);
     }
-    printf("%-40s %6.2f s %s\n", "every injection site, in-process", hvdl_now() - t0,
+    printf("%-40s %6.2f s %s\n", "every injection site, in-process", hvdl_now() - start,
            atomic_load(&g_failures) > before ? "FAILED" : "ok");
     fflush(stdout);
 }
@@ -621,6 +629,8 @@ static void test_hostile_peer(int how) {
     world_run(w, hostile_body, out);
     char want[64];
     snprintf(want, sizeof want, "rank %d (host localhost) was lost: ", HOSTILE_VICTIM);
+    double took = hvdl_now() - t0, bound = w->e[0]->cfg.peer_timeout / 2;
+    CHECK(took < bound, "%s: took %.1f s, more than half the peer timeout", label, took);
     for (int r = 0; r < N; r++) {
         if (r == HOSTILE_VICTIM) continue;
         const char *msg = out->msg[r];
