@@ -122,6 +122,24 @@ void world_stop(world_t *w) {
     free(w);
 }
 
+hvdl_request make_request(int op, int dtype, int set, const char *name, int ndim, int64_t d0, int64_t d1) {
+    hvdl_request q = {.op = op, .dtype = dtype, .reduce_op = HVDL_SUM, .process_set = set,
+                      .ndim = ndim, .prescale = 1.0, .postscale = 1.0, .name = name};
+    q.shape[0] = d0;
+    q.shape[1] = d1;
+    return q;
+}
+
+void small_pieces(config_t *c) {
+    c->shm_chunk_bytes = 256;      /* shm pieces of a few hundred bytes */
+    c->chunk_bytes = 256;          /* TCP receive-and-reduce staging */
+    c->small_bytes = 64;           /* recursive doubling up to 64 bytes, then the ring */
+    c->cycle_time = 0.0002;
+    c->peer_timeout = 10;          /* a hang becomes a named failure soon */
+}
+
+void no_shm(config_t *c) { small_pieces(c); c->shm = 0; }
+
 /* Enqueue and wait at once, as the blocking Python calls do: flagged so (on one node the
  * waiting thread then does the engine's work itself). */
 int run_op(engine_t *e, const hvdl_request *q, hvdl_result *res, char *msg) {

@@ -46,10 +46,21 @@ extern atomic_int g_failures;
     } while (0)
 void check_failed(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* A request with the usual defaults (sum, scales 1) and the first two dimensions. */
+hvdl_request make_request(int op, int dtype, int set, const char *name, int ndim, int64_t d0, int64_t d1);
+
+/* Settings that keep the tests quick: small shm pieces and TCP staging (so that a few
+ * KiB cross several), a short cycle and peer timeout; no_shm also turns the segment off. */
+void small_pieces(config_t *c);
+void no_shm(config_t *c);
+
 /* Enqueue, then wait (bounded) and release: the op's status; *res filled if given. */
 int run_op(engine_t *e, const hvdl_request *q, hvdl_result *res, char *msg);
 
 /* The algorithm an engine traced for a collective (its timeline, as the Python tests
  * read it): into out, "" if the trace has no such collective. Removes the trace file. */
 void traced_algorithm(const char *trace, const char *tensor, char *out, size_t cap);
+
+/* test_failures.c: the failure paths, each caused for real */
+void run_failure_tests(void);
 #endif
