@@ -172,8 +172,8 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
     }
     if (!r.bad && r.left) rd_fail(&r, "bytes after its last field");
     if (r.bad) {
-        report_clear(&w);
-        return hvdl__malformed(e, from, "wait report", r.why);
+        report_clear(&w);       /* no memory for a name is this rank's failure, not the sender's */
+        return r.oom ? hvdl__oom(e, r.why, r.oom_bytes) : hvdl__malformed(e, from, "wait report", r.why);
     }
     w.have = 1;
     report_clear(&d->reports[from]);
