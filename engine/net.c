@@ -111,8 +111,6 @@ int hvdl__control_readable(engine_t *e, int peer) {
     return 0;
 }
 
-/* Wait up to timeout_ms for control traffic during a collective; -1 once the engine has
- * failed (an ABORT arrived or a peer's control connection died). */
 /* An ABORT may already sit in a receive buffer, read along with the frame being handled
  * (a response whose transfer now waits): the socket will not become readable for it, so
  * a wait looks there too. -1 once the engine has failed. */
@@ -122,6 +120,8 @@ int hvdl__buffered_abort(engine_t *e) {
     return 0;
 }
 
+/* Wait up to timeout_ms for control traffic during a collective; -1 once the engine has
+ * failed (an ABORT arrived or a peer's control connection died). */
 int hvdl__watch_control(engine_t *e, int timeout_ms) {
     if (hvdl__buffered_abort(e)) return -1;
     int fds[e->size], ranks[e->size];
