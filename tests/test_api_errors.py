@@ -424,3 +424,13 @@ finish()
 
 def test_unnamed_ops_from_several_threads_pair_by_thread():
     run_ranks(THREADS, 2, "horovodlikerun", timeout=90).assert_ok()
+
+
+@pytest.mark.parametrize("status", ["HVDL_ERR_SYSTEM", "HVDL_ERR_PEER_LOST", "HVDL_ERR_INVALID"])
+def test_no_error_is_raised_without_a_message(status):
+    """The one place engine errors become exceptions never raises one with no text (a
+    HorovodInternalError("") once came out of start-up), whatever the engine said."""
+    from horovodlike.common import engine
+    err = engine._error(getattr(engine.lib, status), "")
+    name = engine.ffi.string(engine.lib.hvdl_status_name(getattr(engine.lib, status))).decode()
+    assert str(err) and name in str(err), repr(err)

@@ -1,5 +1,7 @@
 """The engine's own C tests (tests/c): several engines as threads in one process, every
-collective and algorithm at 1 to 16 ranks against a reference (see
+collective and algorithm at 1 to 16 ranks against a reference, each world checked to
+run the algorithm it was built for (as the engine traced it), then the failure paths:
+every injection site, a peer dying mid-frame, a bad control frame (see
 tests/c/test_engine.c). Built here with the system C compiler and the engine's flags,
 once plain and once with AddressSanitizer + UndefinedBehaviorSanitizer (leak checking
 on: the C tests free everything they make). Binaries go to a scratch directory."""
@@ -78,7 +80,8 @@ def test_c_engine(tmp_path, sanitized):
     out = res.stdout + res.stderr
     assert res.returncode == 0, f"engine_tests exited {res.returncode}:\n{out[-8000:]}"
     assert "all checks passed" in res.stdout, out[-8000:]
-    # Every world ran the algorithm family it was built for.
-    for line in ("one node, shm, 16 ranks", "one node, tcp only, 16 ranks", "2 nodes x 2"):
+    # Every world ran (and checked) the algorithm it was built for, and every failure path ran.
+    for line in ("one node, shm, 16 ranks", "one node, tcp only, 16 ranks", "2 nodes x 2",
+                 "every injection site, in-process", "a peer dies mid-frame", "a peer sends a bad frame"):
         assert line in res.stdout, out[-4000:]
     assert "hierarchical" in res.stdout and " shm " in res.stdout, res.stdout

@@ -44,6 +44,8 @@ try:
             hvd.synchronize(h)
     elif op == "allgather":
         hvd.allgather(np.ones((r + 1, 3), np.float32), name="gather")
+    elif op == "reducescatter":
+        hvd.reducescatter(np.ones((6, 2), np.float32), name="scatter")
     print("OP_OK", flush=True)
     for i in range(3):                       # whatever was missed above fails here
         hvd.allreduce(np.ones(1 << 18, np.float32), name=f"more{i}")
@@ -52,22 +54,51 @@ except Exception as e:
     print(f"ERR {type(e).__name__}: {e}", flush=True)
 '''
 
+# Every site the engine has (its own list, so that a new site without a case fails
+# test_every_engine_site_has_a_case) -> the failures caused there: failing rank, extra
+# environment, op, the site's own reason.
+SITE_CASES = {
+    "ring_alloc": [(1, {"HOROVODLIKE_SHM": "0"}, "big_allreduce",
+                    "out of memory for a 262144-byte ring staging buffer")],
+    "rd_alloc": [(2, {"HOROVODLIKE_SHM": "0"}, "small_allreduce", "recursive-doubling scratch buffer")],
+    "tcp_send": [(1, {"HOROVODLIKE_SHM": "0"}, "big_allreduce", "sending data to rank 2 failed")],
+    "shm_attach": [(1, {}, "init", "could not set up the shared-memory segment"),
+                   (0, {}, "init", "could not set up the shared-memory segment")],
+    "ctrl_send": [(2, {}, "small_allreduce", "sending a control frame to rank 0 failed"),
+                  (0, {}, "small_allreduce", "sending a control frame to rank")],
+    "fusion_alloc": [(0, {"HOROVODLIKE_SHM": "0", "HOROVOD_CYCLE_TIME": "20"}, "fused", "out of memory for a")],
+    "output_alloc": [(2, {}, "allgather", "out of memory for a 72-byte allgather result")],
+    "plan_alloc": [(0, {}, "small_allreduce", "out of memory for a")],
+    "scatter_alloc": [(1, {"HOROVODLIKE_SHM": "0"}, "reducescatter",
+                       "out of memory for a 48-byte reducescatter buffer")],
+    # Out of memory while decoding a frame is the decoding rank's failure, never the
+    # sender's malformed frame: rank 0 decodes request lists, workers response lists.
+    "decode_alloc": [(0, {}, "small_allreduce", "-byte request list"),
+                     (1, {}, "small_allreduce", "-byte response list")],
+    "frame_alloc": [(2, {}, "small_allreduce", "-byte control frame")],
+    "exec_alloc": [(1, {}, "small_allreduce", "-byte table of a response's tensors")],
+    "cache_alloc": [(1, {}, "small_allreduce", "-byte response-cache entry"),
+                    (0, {}, "small_allreduce", "-byte response-cache entry")],
+}
+
+
+def _engine_sites():
+    from horovodlike._engine import ffi, lib
+    sites, i = [], 1
+    while lib.hvdl_inject_site(i) != ffi.NULL:
+        sites.append(ffi.string(lib.hvdl_inject_site(i)).decode())
+        i += 1
+    return sites
+
+
+ENGINE_SITES = _engine_sites()
 # site, failing rank, extra environment, op, the site's own reason
-CASES = [
-    ("ring_alloc", 1, {"HOROVODLIKE_SHM": "0"}, "big_allreduce",
-     "out of memory for a 262144-byte ring staging buffer"),
-    ("rd_alloc", 2, {"HOROVODLIKE_SHM": "0"}, "small_allreduce",
-     "recursive-doubling scratch buffer"),
-    ("tcp_send", 1, {"HOROVODLIKE_SHM": "0"}, "big_allreduce", "sending data to rank 2 failed"),
-    ("shm_attach", 1, {}, "init", "could not set up the shared-memory segment"),
-    ("shm_attach", 0, {}, "init", "could not set up the shared-memory segment"),
-    ("ctrl_send", 2, {}, "small_allreduce", "sending a control frame to rank 0 failed"),
-    ("ctrl_send", 0, {}, "small_allreduce", "sending a control frame to rank"),
-    ("fusion_alloc", 0, {"HOROVODLIKE_SHM": "0", "HOROVOD_CYCLE_TIME": "20"}, "fused",
-     "out of memory for a"),
-    ("output_alloc", 2, {}, "allgather", "out of memory for a 72-byte allgather result"),
-    ("plan_alloc", 0, {}, "small_allreduce", "out of memory for a"),
-]
+CASES = [(site,) + case for site in ENGINE_SITES for case in SITE_CASES.get(site, [])]
+
+
+def test_every_engine_site_has_a_case():
+    assert ENGINE_SITES and set(ENGINE_SITES) == set(SITE_CASES), \
+        f"the engine's sites {sorted(ENGINE_SITES)} and the cases here {sorted(SITE_CASES)} differ"
 
 
 def _fnv(s):

@@ -36,7 +36,8 @@ struct engine;
 /* Failure injection sites, for tests (inject.c). An algorithm asks HVDL_CTX_INJECT(c, INJ_X),
  * the engine's own files HVDL_INJECT(e, INJ_X); one comparison when injection is off. */
 enum { INJ_NONE, INJ_RING_ALLOC, INJ_RD_ALLOC, INJ_SHM_ATTACH, INJ_TCP_SEND, INJ_CTRL_SEND,
-       INJ_FUSION_ALLOC, INJ_OUTPUT_ALLOC, INJ_PLAN_ALLOC, INJ_NSITES };
+       INJ_FUSION_ALLOC, INJ_OUTPUT_ALLOC, INJ_PLAN_ALLOC, INJ_SCATTER_ALLOC, INJ_DECODE_ALLOC,
+       INJ_FRAME_ALLOC, INJ_EXEC_ALLOC, INJ_CACHE_ALLOC, INJ_NSITES };
 
 /* The context. Everything in it is set at start-up and read-only afterwards, except the
  * scratch buffers, which the algorithms grow, and the segment's phase counters. */

@@ -47,7 +47,7 @@ meta_t hvdl__cache_meta_for(engine_t *e, int id, int rank) {
 static int cache_store(engine_t *e, int id, const char *name, const meta_t *m, const int64_t *dim0) {
     if (id > e->ncache) return -1;          /* ids are dense: a gap means divergence */
     if (id == e->ncache) {
-        cache_entry_t *c = realloc(e->cache, sizeof *c * (size_t)(id + 1));
+        cache_entry_t *c = HVDL_INJECT(e, INJ_CACHE_ALLOC) ? NULL : realloc(e->cache, sizeof *c * (size_t)(id + 1));
         if (!c) return -1;
         memset(c + id, 0, sizeof *c);
         e->cache = c;

@@ -153,7 +153,7 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
     struct deadlock *d = state(e);
     if (!d) return hvdl__oom(e, "wait report", len);
     wait_report_t w = {0};
-    reader_t r = {p, len, 0, NULL};
+    reader_t r = {.p = p, .left = len};
     uint8_t partial = 0;
     rd_get(&r, &w.enqueues, 8);
     rd_get(&r, &w.blocked_for, 8);
@@ -174,8 +174,8 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
     }
     if (!r.bad && r.left) rd_fail(&r, "bytes after its last field");
     if (r.bad) {
-        report_clear(&w);
-        return hvdl__malformed(e, from, "wait report", r.why);
+        report_clear(&w);       /* no memory for a name is this rank's failure, not the sender's */
+        return r.oom ? hvdl__oom(e, r.why, r.oom_bytes) : hvdl__malformed(e, from, "wait report", r.why);
     }
     w.have = 1;
     report_clear(&d->reports[from]);
@@ -185,10 +185,17 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
 
 /* ---- rank 0: the analysis ---- */
 
-static const char *OPS[] = {"allreduce", "allgather", "broadcast", "barrier", "alltoall",
-                            "reducescatter", "join"};
-static const char *A_OPS[] = {"an allreduce", "an allgather", "a broadcast", "a barrier",
-                              "an alltoall", "a reducescatter", "a join"};
+/* The collectives: the op types before HVDL_OP_SEND. */
+static const char *const OPS[] = {
+    [HVDL_OP_ALLREDUCE] = "allreduce", [HVDL_OP_ALLGATHER] = "allgather", [HVDL_OP_BROADCAST] = "broadcast",
+    [HVDL_OP_BARRIER] = "barrier",     [HVDL_OP_ALLTOALL] = "alltoall",   [HVDL_OP_REDUCESCATTER] = "reducescatter",
+    [HVDL_OP_JOIN] = "join"};
+static const char *const A_OPS[] = {
+    [HVDL_OP_ALLREDUCE] = "an allreduce", [HVDL_OP_ALLGATHER] = "an allgather", [HVDL_OP_BROADCAST] = "a broadcast",
+    [HVDL_OP_BARRIER] = "a barrier",      [HVDL_OP_ALLTOALL] = "an alltoall",   [HVDL_OP_REDUCESCATTER] = "a reducescatter",
+    [HVDL_OP_JOIN] = "a join"};
+_Static_assert(sizeof OPS / sizeof OPS[0] == HVDL_OP_SEND, "a collective without a name");
+_Static_assert(sizeof A_OPS / sizeof A_OPS[0] == HVDL_OP_SEND, "a collective without a name");
 
 /* The name the user gave: the bindings negotiate "<kind>.<name>", with "@set<id>" on
  * a process set's ops (request.py). Into out, without the set suffix. */

@@ -13,7 +13,9 @@
  *                   [allgather: n x i64 first dimensions]
  * Integers are in host order: every rank of a job runs on the same architecture. Every
  * count is bounded by the bytes that carry it, and every field is checked
- * (wire_check.c) before anything trusts it.
+ * (wire_check.c) before anything trusts it. Running out of memory while decoding is
+ * this rank's failure, not the sender's: it is marked with rd_oom, and the loop reports
+ * it as such (loop.c), never as a malformed frame.
  */
 #include "wire.h"
 #include <stdlib.h>
@@ -68,14 +70,15 @@ int hvdl__read_requests(engine_t *e, reader_t *r, request_list_t *out) {
             if (!(word >> b & 1)) continue;
             if (out->nhits % 64 == 0) {
                 uint32_t *h = realloc(out->hits, sizeof *h * (size_t)(out->nhits + 64));
-                if (!h) return rd_fail(r, "out of memory");
+                if (!h) return rd_oom(r, "request list", (int64_t)sizeof *h * (out->nhits + 64));
                 out->hits = h;
             }
             out->hits[out->nhits++] = w * 64 + (uint32_t)b;
         }
     }
     if (rd_count(r, &nfull, 4 + (int64_t)sizeof(meta_t) + 4)) return -1;
-    if (nfull && !(out->full = calloc(nfull, sizeof *out->full))) return rd_fail(r, "out of memory");
+    if (nfull && (HVDL_INJECT(e, INJ_DECODE_ALLOC) || !(out->full = calloc(nfull, sizeof *out->full))))
+        return rd_oom(r, "request list", (int64_t)nfull * (int64_t)sizeof *out->full);
     for (uint32_t i = 0; i < nfull && !r->bad; i++) {
         request_t *q = &out->full[out->nfull];
         uint32_t n = 0;
@@ -86,7 +89,7 @@ int hvdl__read_requests(engine_t *e, reader_t *r, request_list_t *out) {
         }
         out->nfull++;
         if (n) {
-            if (!(q->splits = malloc(8 * (size_t)n))) return rd_fail(r, "out of memory");
+            if (!(q->splits = malloc(8 * (size_t)n))) return rd_oom(r, "request's splits", 8 * (int64_t)n);
             rd_get(r, q->splits, 8 * (int64_t)n);
             q->nsplits = n;
         }
@@ -158,7 +161,7 @@ static int read_response(engine_t *e, reader_t *r, response_t *x) {
     if (!g || g->me < 0) return rd_fail(r, "a response for a process set this rank is not in");
     if (nt > HVDL_MAX_FUSED) return rd_fail(r, "more tensors than one response may carry");
     int n = g->n;
-    if (hvdl__response_alloc(x, (int)nt, n, x->meta.op)) return rd_fail(r, "out of memory");
+    if (hvdl__response_alloc(x, (int)nt, n, x->meta.op)) return rd_oom(r, "response", (int64_t)nt * n * 8);
     for (uint32_t i = 0; i < nt && !r->bad; i++) {
         x->ntensors++;
         if (read_tensor(e, r, x, (int)i, n)) break;
@@ -171,8 +174,8 @@ static int read_response(engine_t *e, reader_t *r, response_t *x) {
 int hvdl__read_responses(engine_t *e, reader_t *r, response_t **out, int *count) {
     uint32_t n;
     if (rd_count(r, &n, 4 + (int64_t)sizeof(meta_t) + 4)) return -1;
-    response_t *rs = calloc(n ? n : 1, sizeof *rs);
-    if (!rs) return rd_fail(r, "out of memory");
+    response_t *rs = HVDL_INJECT(e, INJ_DECODE_ALLOC) ? NULL : calloc(n ? n : 1, sizeof *rs);
+    if (!rs) return rd_oom(r, "response list", (int64_t)(n ? n : 1) * (int64_t)sizeof *rs);
     for (uint32_t i = 0; i < n; i++) {
         if (read_response(e, r, &rs[i]) || (i == n - 1 && r->left && rd_fail(r, "bytes after its last field"))) {
             for (uint32_t k = 0; k <= i; k++) hvdl__response_free(&rs[k]);

@@ -26,24 +26,46 @@ static engine_t *g_engine;     /* the only global: the engine Python talks to */
 static pthread_mutex_t g_lifecycle = PTHREAD_MUTEX_INITIALIZER;
 static __thread char tls_error[HVDL_MSG_BYTES];
 
-static const char *STATUS_NAMES[] = {
-    "OK", "INVALID_ARGUMENT", "DUPLICATE_NAME", "MISMATCH", "PEER_LOST", "NOT_INITIALIZED",
-    "SHUT_DOWN", "SYSTEM_ERROR", "TIMEOUT", "NOT_IMPLEMENTED", "STALLED"};
+static const char *const STATUS_NAMES[] = {
+    [HVDL_OK] = "OK",
+    [HVDL_ERR_INVALID] = "INVALID_ARGUMENT",
+    [HVDL_ERR_DUPLICATE_NAME] = "DUPLICATE_NAME",
+    [HVDL_ERR_MISMATCH] = "MISMATCH",
+    [HVDL_ERR_PEER_LOST] = "PEER_LOST",
+    [HVDL_ERR_NOT_INITIALIZED] = "NOT_INITIALIZED",
+    [HVDL_ERR_SHUT_DOWN] = "SHUT_DOWN",
+    [HVDL_ERR_SYSTEM] = "SYSTEM_ERROR",
+    [HVDL_ERR_TIMEOUT] = "TIMEOUT",
+    [HVDL_ERR_NOT_IMPLEMENTED] = "NOT_IMPLEMENTED",
+    [HVDL_ERR_STALLED] = "STALLED",
+};
+_Static_assert(sizeof STATUS_NAMES / sizeof STATUS_NAMES[0] == HVDL_NUM_STATUSES, "a status without a name");
 
+const char *hvdl_status_name(int s) {
+    return s >= 0 && s < HVDL_NUM_STATUSES && STATUS_NAMES[s] ? STATUS_NAMES[s] : "UNKNOWN";
+}
+
+/* Every error has a message: one that would be empty (a site that recorded no cause) is
+ * replaced by the status's name, so that nothing surfaces as a bare error type. */
 int hvdl__err(int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tls_error, sizeof tls_error, fmt, ap);
     va_end(ap);
+    if (status != HVDL_OK && !tls_error[0])
+        snprintf(tls_error, sizeof tls_error, "%s: the engine recorded no cause (a bug in horovodlike)",
+                 hvdl_status_name(status));
     return status;
 }
 
 const char *hvdl_last_error(void) { return tls_error; }
-const char *hvdl_status_name(int s) { return s >= 0 && s <= HVDL_ERR_STALLED ? STATUS_NAMES[s] : "UNKNOWN"; }
 void hvdl_free(void *p) { free(p); }
 
 int hvdl_dtype_size(int dtype) {
-    static const int SIZES[HVDL_NUM_DTYPES] = {1, 1, 2, 4, 8, 2, 2, 4, 8, 1};
+    static const int SIZES[] = {[HVDL_UINT8] = 1,   [HVDL_INT8] = 1,    [HVDL_INT16] = 2,    [HVDL_INT32] = 4,
+                                [HVDL_INT64] = 8,   [HVDL_FLOAT16] = 2, [HVDL_BFLOAT16] = 2, [HVDL_FLOAT32] = 4,
+                                [HVDL_FLOAT64] = 8, [HVDL_BOOL] = 1};
+    _Static_assert(sizeof SIZES / sizeof SIZES[0] == HVDL_NUM_DTYPES, "a dtype without a size");
     return dtype >= 0 && dtype < HVDL_NUM_DTYPES ? SIZES[dtype] : 0;
 }
 
@@ -193,6 +215,15 @@ static int build_nodes(engine_t *e) {
     return 0;
 }
 
+/* A start-up step failed: the cause it recorded (fail.c), or, had it recorded none, the
+ * step by name, so that start-up never fails with an empty message. */
+static int startup_failed(engine_t *e, const char *step) {
+    if (!e->fail_msg[0])
+        return hvdl__err(HVDL_ERR_SYSTEM, "rank %d: start-up failed while %s, with no cause recorded "
+                         "(last system error: %s)", e->rank, step, strerror(errno));
+    return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
+}
+
 int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     if (e->thread_started || e->peers) return hvdl__err(HVDL_ERR_INVALID, "hvdl_start without hvdl_prepare");
     if (size < 1 || rank < 0 || rank >= size) return hvdl__err(HVDL_ERR_INVALID, "rank %d of size %d", rank, size);
@@ -224,8 +255,7 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     e->wake_fd = hvdl_wakefd_open();
     if (!e->tcp || e->wake_fd < 0 || (rank == 0 && hvdl__coordinator_new(e)))
         return hvdl__err(HVDL_ERR_SYSTEM, "engine set-up failed: %s", strerror(errno));
-    if (hvdl__connect_all(e))
-        return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
+    if (hvdl__connect_all(e)) return startup_failed(e, "connecting to the other ranks");
     int nlocal = 0;
     for (int i = 0; i < size; i++) nlocal += !strcmp(e->peers[i].host, e->host);
     /* Spinning pays only where the spinning thread does not hold a core that another
@@ -241,7 +271,7 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
               rank, e->spin_us, e->shm_spin_us, nlocal, cores);
     if (build_nodes(e)) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     if (hvdl__shm_open(e) || hvdl__neg_open(e) || hvdl__nodes_open(e) || hvdl__clock_sync(e))
-        return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
+        return startup_failed(e, "setting up shared memory, negotiation and the clocks");
     hvdl__ctx_fill(e);
     hvdl__liveness_start(e);
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))

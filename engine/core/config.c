@@ -46,10 +46,13 @@ void hvdl__config_read(config_t *c) {
     c->shm_negotiate = env_num("HOROVODLIKE_SHM_NEGOTIATE", 1) != 0;
     c->spin_us = (int)env_num("HOROVODLIKE_SPIN_US", 50);
     c->small_bytes = (int64_t)env_num("HOROVODLIKE_SMALL_BYTES", 64 * 1024);
-    static const char *ALGS[] = {"auto", "shm", "ring", "rd", "hier"};
+    /* the values of the algorithm knobs: the ALG_* up to ALG_HIER (config.h) */
+    static const char *const ALGS[] = {[ALG_AUTO] = "auto", [ALG_SHM] = "shm", [ALG_RING] = "ring",
+                                       [ALG_RD] = "rd", [ALG_HIER] = "hier"};
+    _Static_assert(sizeof ALGS / sizeof ALGS[0] == ALG_HIER + 1, "an algorithm knob value without a name");
     const char *alg = getenv("HOROVODLIKE_ALLREDUCE_ALGORITHM");
     c->algorithm = env_flag("HOROVOD_HIERARCHICAL_ALLREDUCE") ? ALG_HIER : ALG_AUTO;
-    for (int i = 0; alg && *alg && i < 5; i++)
+    for (int i = 0; alg && *alg && i <= ALG_HIER; i++)
         if (!strcasecmp(alg, ALGS[i])) c->algorithm = i;
     const char *ag = getenv("HOROVODLIKE_ALLGATHER_ALGORITHM");
     c->allgather_algorithm = env_flag("HOROVOD_HIERARCHICAL_ALLGATHER") ? ALG_HIER : ALG_AUTO;

@@ -52,6 +52,7 @@ typedef struct agreed {
 /* Algorithms: the first five are also the values of the algorithm knobs; the rest are
  * only ever chosen by exec.c (a response carries the one chosen for it). */
 enum { ALG_AUTO, ALG_SHM, ALG_RING, ALG_RD, ALG_HIER, ALG_CHAIN, ALG_PAIRWISE, ALG_NONE, ALG_COUNT };
+const char *hvdl__alg_name(int alg);     /* exec.c: the name it is traced under */
 
 void hvdl__config_read(config_t *c);
 int hvdl__inject_parse(const char *spec, config_t *c);   /* inject.c: 0, or -1 if malformed */

@@ -20,8 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *UPPER[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "BARRIER", "ALLTOALL",
-                              "REDUCESCATTER", "JOIN"};
+/* The collectives are the op types before HVDL_OP_SEND (the point-to-point ones). */
+static const char *const UPPER[] = {
+    [HVDL_OP_ALLREDUCE] = "ALLREDUCE", [HVDL_OP_ALLGATHER] = "ALLGATHER", [HVDL_OP_BROADCAST] = "BROADCAST",
+    [HVDL_OP_BARRIER] = "BARRIER",     [HVDL_OP_ALLTOALL] = "ALLTOALL",   [HVDL_OP_REDUCESCATTER] = "REDUCESCATTER",
+    [HVDL_OP_JOIN] = "JOIN"};
+_Static_assert(sizeof UPPER / sizeof UPPER[0] == HVDL_OP_SEND, "a collective op type without a trace name");
 
 /* One tensor's buffers as the algorithms see them. */
 typedef struct slot {
@@ -79,8 +83,14 @@ static int choose_algorithm(engine_t *e, const group_t *g, const response_t *r) 
     }
 }
 
-static const char *ALG_NAMES[ALG_COUNT] = {"", "shm", "tcp_ring", "tcp_recursive_doubling", "hierarchical",
-                                           "tcp_chain", "tcp_pairwise", "negotiation"};
+static const char *const ALG_NAMES[] = {
+    [ALG_AUTO] = "",           [ALG_SHM] = "shm",         [ALG_RING] = "tcp_ring",
+    [ALG_RD] = "tcp_recursive_doubling",                   [ALG_HIER] = "hierarchical",
+    [ALG_CHAIN] = "tcp_chain", [ALG_PAIRWISE] = "tcp_pairwise", [ALG_NONE] = "negotiation"};
+_Static_assert(sizeof ALG_NAMES / sizeof ALG_NAMES[0] == ALG_COUNT, "an algorithm without a name");
+
+/* The name an algorithm is traced under (the C tests read it back from the trace). */
+const char *hvdl__alg_name(int alg) { return alg >= 0 && alg < ALG_COUNT && ALG_NAMES[alg] ? ALG_NAMES[alg] : "?"; }
 
 /* In place, result multiplied by post: inside the algorithm where it can be (each
  * finished segment once), after it for recursive doubling (small buffers). */
@@ -228,7 +238,8 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
         return hvdl__reducescatter_shm(&e->ctx, o->input, seg, o->output, m->dtype, op, post);
     }
     /* The ring reduces in place, and the caller's input must stay intact. */
-    if (buf_reserve(&e->fusion, o->nbytes)) return hvdl__oom(e, "reducescatter buffer", o->nbytes);
+    if (HVDL_INJECT(e, INJ_SCATTER_ALLOC) || buf_reserve(&e->fusion, o->nbytes))
+        return hvdl__oom(e, "reducescatter buffer", o->nbytes);
     uint8_t *f = e->fusion.data;
     if (o->nbytes) memcpy(f, o->input, (size_t)o->nbytes);
     hvdl__scale(m->dtype, f, o->nbytes / esz, m->prescale);
@@ -337,7 +348,7 @@ static void trace_response(engine_t *e, const group_t *g, const response_t *r, c
         put_fmt(&a, ", \"fused\": %lld", r->ntensors, 0);
         put_fmt(&a, ", \"fusion_threshold\": %lld", (long long)e->cfg.fusion_threshold, 0);
         buf_put(&a, ", \"algorithm\": ", 15);
-        hvdl__json_str(&a, ALG_NAMES[r->alg]);
+        hvdl__json_str(&a, hvdl__alg_name(r->alg));
         hvdl__tl_span(e, TL_COLLECTIVE, UPPER[r->meta.op], t_exec, t_done, buf_cstr(&a));
     }
     buf_free(&a);
@@ -355,8 +366,8 @@ static int bad_response(engine_t *e, const char *tensor, const char *why) {
 int hvdl__execute(engine_t *e, response_t *r) {
     double t_exec = hvdl_now();
     const group_t *g = e->sets[r->meta.process_set];
-    slot_t *s = calloc((size_t)r->ntensors + 1, sizeof *s);
-    if (!s) return hvdl__oom(e, "response", r->ntensors);
+    slot_t *s = HVDL_INJECT(e, INJ_EXEC_ALLOC) ? NULL : calloc((size_t)r->ntensors + 1, sizeof *s);
+    if (!s) return hvdl__oom(e, "table of a response's tensors", ((int64_t)r->ntensors + 1) * (int64_t)sizeof *s);
     int rc = 0;
     for (int i = 0; i < r->ntensors && !rc; i++) {
         op_t *o = strmap_del(&e->mine, r->names[i]);

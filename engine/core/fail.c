@@ -60,7 +60,11 @@ int hvdl__record_failure(engine_t *e, int status, const char *msg) {
     if (first) {
         e->failed = 1;
         e->fail_status = status;
-        snprintf(e->fail_msg, sizeof e->fail_msg, "%s", msg);
+        /* The one funnel of every cause: an empty one would reach the user as an error
+         * with no text, so it is replaced by what is known. */
+        if (msg && *msg) snprintf(e->fail_msg, sizeof e->fail_msg, "%s", msg);
+        else snprintf(e->fail_msg, sizeof e->fail_msg, "rank %d (host %s) failed (%s) without naming a cause "
+                      "(a bug in horovodlike)", e->rank, e->host, hvdl_status_name(status));
     }
     pthread_mutex_unlock(&e->mu);
     return first;

@@ -14,6 +14,29 @@
  *   fusion_alloc  the fusion buffer (exec.c)
  *   output_alloc  an allgather or alltoall result (exec.c)
  *   plan_alloc    rank 0 planning responses (coordinator.c)
+ *   scatter_alloc the ring reducescatter's staging copy of the input (exec.c)
+ *   decode_alloc  decoding a control frame: rank 0 a request list, a worker a response
+ *                 list (wire.c); reported as this rank's out of memory, never as the
+ *                 sender's malformed frame
+ *   frame_alloc   the copy of a received control frame (net.c)
+ *   exec_alloc    the table of a response's tensors, as it is executed (exec.c)
+ *   cache_alloc   a new response-cache entry, on rank 0 and on the workers (cache.c)
+ * The tests take this list from the engine (hvdl_inject_site) and cause each site:
+ * tests/test_engine_inject.py across processes, tests/c in one.
+ *
+ * The engine's other allocations, and why they have no site of their own:
+ *   - a site above stands for them: they sit on its path and fail through the same
+ *     hvdl__oom (the rest of cache_store; the alltoall splits and a joined rank's zeros
+ *     beside exec_alloc; the receive buffer beside frame_alloc; wire.c's other decoding
+ *     allocations beside decode_alloc, all marked with rd_oom);
+ *   - start-up, once, each failing hvdl_start with its own message (api.c, handshake.c,
+ *     shm.c, coordinator and deadlock state, p2p_start, the negotiators' open);
+ *   - a caller's thread, refused at once with HVDL_ERR_SYSTEM "out of memory" (ops.c,
+ *     process_sets.c, point-to-point enqueue), or a point-to-point message completed
+ *     with its own "out of memory" (p2p.c), or tracing, which warns and goes on;
+ *   - not yet: negotiation's own (announce.c, coordinator.c, negotiate_shm.c,
+ *     negotiate_nodes.c, loop.c's response frames), the wait reports (deadlock.c) and
+ *     the hierarchical allgather's and shm share buffers; each reports hvdl__oom.
  *
  * Cost when unset: one comparison per site visit (HVDL_INJECT).
  */
@@ -21,12 +44,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *SITES[INJ_NSITES] = {"", "ring_alloc", "rd_alloc", "shm_attach", "tcp_send",
-                                        "ctrl_send", "fusion_alloc", "output_alloc", "plan_alloc"};
+static const char *const SITES[] = {
+    [INJ_NONE] = "",
+    [INJ_RING_ALLOC] = "ring_alloc",       [INJ_RD_ALLOC] = "rd_alloc",
+    [INJ_SHM_ATTACH] = "shm_attach",       [INJ_TCP_SEND] = "tcp_send",
+    [INJ_CTRL_SEND] = "ctrl_send",         [INJ_FUSION_ALLOC] = "fusion_alloc",
+    [INJ_OUTPUT_ALLOC] = "output_alloc",   [INJ_PLAN_ALLOC] = "plan_alloc",
+    [INJ_SCATTER_ALLOC] = "scatter_alloc", [INJ_DECODE_ALLOC] = "decode_alloc",
+    [INJ_FRAME_ALLOC] = "frame_alloc",     [INJ_EXEC_ALLOC] = "exec_alloc",
+    [INJ_CACHE_ALLOC] = "cache_alloc",
+};
+_Static_assert(sizeof SITES / sizeof SITES[0] == INJ_NSITES, "an injection site without a name");
 
 const char *hvdl__inject_site_name(int site) {
-    return site > INJ_NONE && site < INJ_NSITES ? SITES[site] : "";
+    return site > INJ_NONE && site < INJ_NSITES && SITES[site] ? SITES[site] : "";
 }
+
+/* The public list, so that the tests cover every site the engine has. */
+const char *hvdl_inject_site(int i) { return i >= 1 && i < INJ_NSITES ? hvdl__inject_site_name(i) : NULL; }
 
 int hvdl__inject_parse(const char *spec, config_t *c) {
     c->inject_site = INJ_NONE;
@@ -35,7 +70,7 @@ int hvdl__inject_parse(const char *spec, config_t *c) {
     size_t len = strcspn(spec, ":");
     int site = INJ_NONE;
     for (int i = INJ_NONE + 1; i < INJ_NSITES; i++)
-        if (strlen(SITES[i]) == len && !strncmp(spec, SITES[i], len)) site = i;
+        if (SITES[i] && strlen(SITES[i]) == len && !strncmp(spec, SITES[i], len)) site = i;
     if (site == INJ_NONE) return -1;
     const char *p = spec + len;
     char *end;

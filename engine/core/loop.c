@@ -141,6 +141,11 @@ static int lead(engine_t *e) {
 
 /* ---- what to do with each frame ---- */
 
+/* Memory ran out while decoding a frame: this rank's failure, whatever the frame held. */
+static int decode_oom(engine_t *e, const reader_t *r) {
+    return e->failed ? -1 : hvdl__oom(e, r->why, r->oom_bytes);
+}
+
 static int take_requests(engine_t *e, int from, reader_t *r) {
     request_list_t l = {0};
     const char *why = NULL;
@@ -148,6 +153,7 @@ static int take_requests(engine_t *e, int from, reader_t *r) {
     if (rc) why = r->why;
     else rc = hvdl__coordinator_take(e, from, &l, &why);
     hvdl__request_list_free(&l);
+    if (rc && r->oom) return decode_oom(e, r);
     if (rc && why) return hvdl__malformed(e, from, "request list", why);
     return rc;
 }
@@ -157,7 +163,7 @@ static int take_responses(engine_t *e, int from, reader_t *r) {
     int n, rc = 0;
     const char *why = NULL;
     if (hvdl__read_responses(e, r, &rs, &n))
-        return e->failed ? -1 : hvdl__malformed(e, from, "response list", r->why);
+        return e->failed ? -1 : r->oom ? decode_oom(e, r) : hvdl__malformed(e, from, "response list", r->why);
     /* The cache follows the responses in order, as rank 0's did when it planned them. */
     for (int i = 0; i < n && !rc; i++) {
         rc = hvdl__cache_apply(e, &rs[i], &why);
@@ -175,7 +181,7 @@ static int take_responses(engine_t *e, int from, reader_t *r) {
 }
 
 static int on_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n) {
-    reader_t r = {p, n, 0, NULL};
+    reader_t r = {.p = p, .left = n};
     switch (type) {
     case MSG_REQUESTS: return take_requests(e, from, &r);
     case MSG_RESPONSES: return take_responses(e, from, &r);
@@ -227,7 +233,7 @@ static int pump(engine_t *e, int timeout_ms) {
     if (closed >= 0) {
         /* A frame that came before the close (a BYE, an ABORT) still counts. */
         if (handle_buffered(e, closed) < 0 || e->failed) return -1;
-        hvdl__peer_lost(e, closed, "its connection closed");
+        hvdl__peer_lost(e, closed, hvdl__closed_why(e, closed));
         return -1;
     }
     for (int i = 0; i < e->size; i++)

@@ -275,7 +275,10 @@ int hvdl__engine_release(engine_t *e, int64_t h, char *msg, hvdl_result *result)
     e->free_head = (int)slot + 1;
     pthread_mutex_unlock(&e->mu);
     int status = o->status;
-    if (msg) snprintf(msg, HVDL_MSG_BYTES, "%s", o->msg ? o->msg : "");
+    /* A failed op always says why: its message was copied when it completed, and where
+     * that copy found no memory, the engine's cause stands in (or the status's name). */
+    if (msg && (o->msg || status == HVDL_OK)) snprintf(msg, HVDL_MSG_BYTES, "%s", o->msg ? o->msg : "");
+    else if (msg) snprintf(msg, HVDL_MSG_BYTES, "%s", e->failed ? e->fail_msg : hvdl_status_name(status));
     if (result) {
         *result = o->result;
     } else {

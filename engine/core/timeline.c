@@ -99,7 +99,10 @@ static void rank_path(const char *path, int rank, char *out, size_t cap) {
 }
 
 static void write_header(engine_t *e, buf_t *h) {
-    static const char *LANES[] = {"", "negotiate", "queue", "memcpy", "collective", "algorithm", "cycles", "p2p"};
+    static const char *const LANES[] = {[0] = "",
+        [TL_NEGOTIATE] = "negotiate", [TL_QUEUE] = "queue",   [TL_MEMCPY] = "memcpy", [TL_COLLECTIVE] = "collective",
+        [TL_ALGORITHM] = "algorithm", [TL_CYCLES] = "cycles", [TL_P2P] = "p2p"};
+    _Static_assert(sizeof LANES / sizeof LANES[0] == TL_LANES, "a timeline lane without a name");
     char tmp[512];
     int n = snprintf(tmp, sizeof tmp, "{\"otherData\": {\"rank\": %d, \"size\": %d, \"hostname\": ",
                      e->rank, e->size);
@@ -112,7 +115,7 @@ static void write_header(engine_t *e, buf_t *h) {
     buf_put(h, tmp, n);
     buf_put(h, e->host, (int64_t)strlen(e->host));
     buf_put(h, ")\"}}", 4);
-    for (int i = 1; i <= TL_P2P; i++) {
+    for (int i = 1; i < TL_LANES; i++) {
         n = snprintf(tmp, sizeof tmp, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
                      "\"args\": {\"name\": \"%s\"}}", e->rank, i, LANES[i]);
         buf_put(h, tmp, n);

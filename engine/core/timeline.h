@@ -11,7 +11,7 @@ struct engine;
 struct buf;
 
 enum { TL_NEGOTIATE = 1, TL_QUEUE = 2, TL_MEMCPY = 3, TL_COLLECTIVE = 4, TL_ALGORITHM = 5,
-       TL_CYCLES = 6, TL_P2P = 7 };
+       TL_CYCLES = 6, TL_P2P = 7, TL_LANES };
 
 #define TL_ON(e) atomic_load_explicit(&(e)->tl_on, memory_order_relaxed)
 

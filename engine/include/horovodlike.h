@@ -44,7 +44,8 @@ enum hvdl_status {
     HVDL_ERR_SYSTEM = 7,           /* an operating-system call failed (message has errno) */
     HVDL_ERR_TIMEOUT = 8,          /* hvdl_wait's deadline passed; the op goes on */
     HVDL_ERR_NOT_IMPLEMENTED = 9,
-    HVDL_ERR_STALLED = 10          /* HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passed */
+    HVDL_ERR_STALLED = 10,         /* HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passed */
+    HVDL_NUM_STATUSES = 11
 };
 
 enum hvdl_dtype {
@@ -171,6 +172,9 @@ int hvdl_timeline_stop(void);
 /* The message of the last failed call made on this thread. */
 const char *hvdl_last_error(void);
 const char *hvdl_status_name(int status);
+/* Failure injection for tests (HOROVODLIKE_TEST_INJECT=site[:rank[:nth]]): the name of
+ * site i, from 1 while i is below the number of sites, then NULL. */
+const char *hvdl_inject_site(int i);
 int hvdl_dtype_size(int dtype);
 void hvdl_free(void *p);
 /* HMAC-SHA256 of msg under key into out (32 bytes), as the connection handshake computes

@@ -134,8 +134,11 @@ struct p2p {
     char stall_msg[HVDL_MSG_BYTES];
 };
 
-static const char *DTYPE_NAMES[HVDL_NUM_DTYPES] = {"uint8", "int8", "int16", "int32", "int64",
-                                                   "float16", "bfloat16", "float32", "float64", "bool"};
+static const char *const DTYPE_NAMES[] = {
+    [HVDL_UINT8] = "uint8",     [HVDL_INT8] = "int8",       [HVDL_INT16] = "int16",     [HVDL_INT32] = "int32",
+    [HVDL_INT64] = "int64",     [HVDL_FLOAT16] = "float16", [HVDL_BFLOAT16] = "bfloat16",
+    [HVDL_FLOAT32] = "float32", [HVDL_FLOAT64] = "float64", [HVDL_BOOL] = "bool"};
+_Static_assert(sizeof DTYPE_NAMES / sizeof DTYPE_NAMES[0] == HVDL_NUM_DTYPES, "a dtype without a name");
 static const char *dtype_name(int d) { return d >= 0 && d < HVDL_NUM_DTYPES ? DTYPE_NAMES[d] : "?"; }
 
 static void push(plist_t *l, pmsg_t *m) {

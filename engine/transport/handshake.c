@@ -143,7 +143,11 @@ static int connect_to(engine_t *e, int peer, int channel, double deadline) {
     }
     for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return -1;
+        if (fd < 0) {
+            hvdl__fail(e, HVDL_ERR_SYSTEM, "cannot open a socket to connect to rank %d (host %s): %s", peer,
+                       p->host, strerror(errno));
+            return -1;
+        }
         hvdl__tune_socket(e, fd);
         if (connect_by(fd, &a, deadline) == 0) {
             /* Connected: the hello either passes or fails the job (no retry, so a
@@ -313,9 +317,10 @@ static void name_missing(engine_t *e) {
 static int accept_expected(engine_t *e, int expected, double deadline) {
     acceptor_t a = {0};
     a.cap = 2 * e->size + 64;
-    if (!(a.v = calloc((size_t)a.cap, sizeof *a.v))) return -1;
+    a.v = calloc((size_t)a.cap, sizeof *a.v);
     struct pollfd *pf = calloc((size_t)a.cap + 1, sizeof *pf);
-    int rc = pf ? 0 : -1;
+    int rc = a.v && pf ? 0 : hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory for the table of %d start-up "
+                                        "connections", a.cap);
     while (!rc && expected > 0) {
         double now = hvdl_now();
         if (now >= deadline) {

@@ -85,6 +85,16 @@ static int scan_frames(engine_t *e, int peer) {
     return bye;
 }
 
+/* Why a peer whose control connection closed is lost: whether it closed after its last
+ * whole frame or in the middle of one (a sender that died while sending). */
+const char *hvdl__closed_why(engine_t *e, int peer) {
+    frame_hdr_t h;
+    int64_t at = 0, n;
+    const char *why = NULL;
+    while ((n = next_frame(e, peer, &h, at, &why)) > 0) at += n;
+    return e->peers[peer].ctrl.rx.len > at ? "its connection closed in the middle of a frame" : "its connection closed";
+}
+
 /* Called during a transfer when a control socket is readable. A peer that said goodbye
  * and then closed is not lost: it finished its share of every response before the
  * goodbye, so the transfer goes on and the loop handles the goodbye afterwards. */
@@ -98,15 +108,25 @@ int hvdl__control_readable(engine_t *e, int peer) {
         return 0;
     }
     if (closed) {
-        hvdl__peer_lost(e, peer, "its connection closed");
+        hvdl__peer_lost(e, peer, hvdl__closed_why(e, peer));
         return -1;
     }
+    return 0;
+}
+
+/* An ABORT may already sit in a receive buffer, read along with the frame being handled
+ * (a response whose transfer now waits): the socket will not become readable for it, so
+ * a wait looks there too. -1 once the engine has failed. */
+int hvdl__buffered_abort(engine_t *e) {
+    for (int i = 0; e->peers && i < e->size; i++)
+        if (e->peers[i].ctrl.rx.len && scan_frames(e, i) < 0) return -1;
     return 0;
 }
 
 /* Wait up to timeout_ms for control traffic during a collective; -1 once the engine has
  * failed (an ABORT arrived or a peer's control connection died). */
 int hvdl__watch_control(engine_t *e, int timeout_ms) {
+    if (hvdl__buffered_abort(e)) return -1;
     int fds[e->size], ranks[e->size];
     int n = hvdl__control_fds(e, fds, ranks, e->size);
     struct pollfd pf[n + 1];
@@ -184,8 +204,8 @@ int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_
     int64_t n = next_frame(e, peer, &h, 0, &why);
     if (n < 0) { hvdl__peer_lost(e, peer, why); return -1; }
     if (n == 0) return 0;
-    uint8_t *p = malloc((size_t)h.len + 1);
-    if (!p) return hvdl__oom(e, "control frame", h.len);
+    uint8_t *p = HVDL_INJECT(e, INJ_FRAME_ALLOC) ? NULL : malloc((size_t)h.len + 1);
+    if (!p) return hvdl__oom(e, "control frame", h.len + 1);
     memcpy(p, c->rx.data + sizeof h, (size_t)h.len);
     buf_consume(&c->rx, n);
     *type = (int)h.type;

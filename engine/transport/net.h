@@ -60,6 +60,8 @@ int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_
 int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd);
 int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap);
 int hvdl__control_readable(engine_t *e, int peer);
+const char *hvdl__closed_why(engine_t *e, int peer);   /* its connection closed: mid-frame or not */
+int hvdl__buffered_abort(engine_t *e);               /* -1: an ABORT was buffered, now failed */
 int hvdl__watch_control(engine_t *e, int timeout_ms);
 int hvdl__startup_abort(engine_t *e, int timeout_ms);   /* -1: an ABORT arrived, now failed */
 

@@ -159,7 +159,7 @@ int hvdl__shm_open(engine_t *e) {
     }
     if (nlocal < 2 || !e->cfg.shm) return 0;
     hvdl_shm_t *s = calloc(1, sizeof *s);
-    if (!s) return -1;
+    if (!s) return hvdl__oom(e, "shared-memory segment record", (int64_t)sizeof *s);
     s->nlocal = nlocal;
     s->me = me;
     /* Oversubscribed ranks take turns on a core: fewer, larger pieces mean fewer turns

@@ -80,6 +80,7 @@ static int tcp_exchange(transport_t *t, const xfer_t *x) {
             continue;
         }
 
+        if (hvdl__buffered_abort(e)) return -1;
         int n = 0;
         if (sent < x->slen) { pf[n] = (struct pollfd){sfd, POLLOUT, 0}; ranks[n++] = -1; }
         if (rcvd < x->rlen) { pf[n] = (struct pollfd){rfd, POLLIN, 0}; ranks[n++] = -1; }

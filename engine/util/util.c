@@ -52,6 +52,14 @@ int rd_fail(reader_t *r, const char *why) {
     return -1;
 }
 
+int rd_oom(reader_t *r, const char *what, int64_t bytes) {
+    if (!r->bad) {
+        r->oom = 1;
+        r->oom_bytes = bytes;
+    }
+    return rd_fail(r, what);
+}
+
 void rd_get(reader_t *r, void *out, int64_t n) {
     if (r->bad || n < 0 || n > r->left) {
         rd_fail(r, "it ends before its last field");
@@ -70,7 +78,7 @@ char *rd_str(reader_t *r) {
     if (r->bad || n > r->left) { rd_fail(r, "a string runs past the end of the frame"); return NULL; }
     if (memchr(r->p, 0, n)) { rd_fail(r, "a string holds a NUL byte"); return NULL; }
     char *s = malloc((size_t)n + 1);
-    if (!s) { rd_fail(r, "out of memory"); return NULL; }
+    if (!s) { rd_oom(r, "string from the wire", (int64_t)n + 1); return NULL; }
     memcpy(s, r->p, n);
     s[n] = 0;
     r->p += n;

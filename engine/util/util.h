@@ -19,17 +19,22 @@ void buf_free(buf_t *b);
 
 /* Reads a wire message; any read past the end sets bad and yields zeros, so a parser
  * checks r.bad once at the end instead of after every field. why keeps the first
- * problem found, for the error message. */
+ * problem found, for the error message. oom says that problem is this rank's, not the
+ * sender's: memory ran out while decoding (why then names what was being allocated,
+ * oom_bytes its size), and the frame may well be fine. */
 typedef struct reader {
     const uint8_t *p;
     int64_t left;
     int bad;
     const char *why;
+    int oom;
+    int64_t oom_bytes;
 } reader_t;
 void rd_get(reader_t *r, void *out, int64_t n);
 uint32_t rd_u32(reader_t *r);
 char *rd_str(reader_t *r);                  /* malloc'd copy, NULL if bad (or holds a NUL) */
 int rd_fail(reader_t *r, const char *why);  /* mark bad with a reason; returns -1 */
+int rd_oom(reader_t *r, const char *what, int64_t bytes);   /* bad, but ours: no memory for what */
 
 /* Open-addressing map from strings (copied) to pointers. */
 typedef struct strmap {

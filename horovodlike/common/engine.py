@@ -42,6 +42,11 @@ def _job_failure(status, message):
 
 
 def _error(status, message):
+    if not message:
+        # The engine's funnels give every error a message; this guards the one place
+        # that turns them into exceptions, so that none is ever raised with no text.
+        message = (f"horovodlike engine error {ffi.string(lib.hvdl_status_name(status)).decode()} "
+                   "without a message (a bug in horovodlike)")
     _job_failure(status, message)
     if status in (lib.HVDL_ERR_INVALID, lib.HVDL_ERR_DUPLICATE_NAME):
         return ValueError(message)

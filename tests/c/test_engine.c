@@ -12,8 +12,14 @@
  *   several "nodes" (distinct   hierarchical allreduce and allgather on the global set;
  *   host names), shared memory  shm algorithms on a set that is one node; TCP otherwise
  *
- * Sizes: empty, one element, odd, and above one shared-memory piece (the settings make
- * pieces small so that this stays quick). Usage: engine_tests [max_ranks]
+ * Each world checks that the engine ran the algorithm expected of it, reading the
+ * algorithm from the engine's own trace. Sizes: empty, one element, odd, and above one
+ * shared-memory piece (the settings make pieces small so that this stays quick).
+ *
+ * Then the failure paths (test_failures.c).
+ *
+ * Usage: engine_tests [max_ranks], in a scratch directory (traces are written there
+ * and removed).
  */
 #include "harness.h"
 #include <stdio.h>
@@ -70,14 +76,6 @@ static void *alloc_data(int dtype, int64_t count) {
     return p;
 }
 
-static hvdl_request request(int op, int dtype, int set, const char *name, int ndim, int64_t d0, int64_t d1) {
-    hvdl_request q = {.op = op, .dtype = dtype, .reduce_op = HVDL_SUM, .process_set = set,
-                      .ndim = ndim, .prescale = 1.0, .postscale = 1.0, .name = name};
-    q.shape[0] = d0;
-    q.shape[1] = d1;
-    return q;
-}
-
 /* What one rank knows about the set it runs in. */
 typedef struct member {
     world_t *w;
@@ -125,7 +123,7 @@ static void test_allreduce(const member_t *m, int fused) {
         out[t] = t % 3 == 0 ? in[t] : alloc_data(c->dtype, count);   /* some in place */
         for (int64_t i = 0; i < count; i++) put(c->dtype, in[t], i, value(m->e->rank, t, i, c->op));
         snprintf(names[t], sizeof names[t], "ar.%d.%d.%d", m->set, fused, t);
-        hvdl_request q = request(HVDL_OP_ALLREDUCE, c->dtype, m->set, names[t], 1, count, 0);
+        hvdl_request q = make_request(HVDL_OP_ALLREDUCE, c->dtype, m->set, names[t], 1, count, 0);
         q.reduce_op = c->op;
         q.prescale = c->prescale;
         q.postscale = c->postscale;
@@ -180,7 +178,7 @@ static void test_allgather(const member_t *m) {
         for (int64_t i = 0; i < rows * W; i++) in[i] = (float)value(m->e->rank, k, i, HVDL_SUM);
         char name[48], msg[HVDL_MSG_BYTES];
         snprintf(name, sizeof name, "ag.%d.%d", m->set, k);
-        hvdl_request q = request(HVDL_OP_ALLGATHER, dtype, m->set, name, 2, rows, W);
+        hvdl_request q = make_request(HVDL_OP_ALLGATHER, dtype, m->set, name, 2, rows, W);
         q.input = in;
         hvdl_result res = {0};
         int rc = run_op(m->e, &q, &res, msg);
@@ -217,7 +215,7 @@ static void test_broadcast(const member_t *m) {
         for (int64_t i = 0; i < count; i++) put(dtype, in, i, value(m->e->rank, t, i, HVDL_SUM) + 6);
         char name[48], msg[HVDL_MSG_BYTES];
         snprintf(name, sizeof name, "bc.%d.%d", m->set, t);
-        hvdl_request q = request(HVDL_OP_BROADCAST, dtype, m->set, name, 1, count, 0);
+        hvdl_request q = make_request(HVDL_OP_BROADCAST, dtype, m->set, name, 1, count, 0);
         q.root_rank = root;
         q.input = in;
         q.output = out;
@@ -258,7 +256,7 @@ static void test_alltoall(const member_t *m) {
             for (int64_t e = 0; e < splits[j] * W; e++) in[at++] = (int32_t)a2a_value(m->e->rank, m->ranks[j], k, e);
         char name[48], msg[HVDL_MSG_BYTES];
         snprintf(name, sizeof name, "a2a.%d.%d", m->set, k);
-        hvdl_request q = request(HVDL_OP_ALLTOALL, dtype, m->set, name, 2, rows, W);
+        hvdl_request q = make_request(HVDL_OP_ALLTOALL, dtype, m->set, name, 2, rows, W);
         q.input = in;
         q.splits = splits;
         hvdl_result res = {0};
@@ -299,7 +297,7 @@ static void test_reducescatter(const member_t *m) {
         float *out = alloc_data(dtype, mine * W);
         char name[48], msg[HVDL_MSG_BYTES];
         snprintf(name, sizeof name, "rs.%d.%d", m->set, t);
-        hvdl_request q = request(HVDL_OP_REDUCESCATTER, dtype, m->set, name, 2, rows, W);
+        hvdl_request q = make_request(HVDL_OP_REDUCESCATTER, dtype, m->set, name, 2, rows, W);
         q.reduce_op = op;
         q.input = in;
         q.output = out;
@@ -321,7 +319,7 @@ static void test_reducescatter(const member_t *m) {
 static void test_barrier(const member_t *m) {
     char name[48], msg[HVDL_MSG_BYTES];
     snprintf(name, sizeof name, "barrier.%d", m->set);
-    hvdl_request q = request(HVDL_OP_BARRIER, HVDL_UINT8, m->set, name, 0, 0, 0);
+    hvdl_request q = make_request(HVDL_OP_BARRIER, HVDL_UINT8, m->set, name, 0, 0, 0);
     CHECK(!run_op(m->e, &q, NULL, msg), "%s: barrier: %s", m->where, msg);
 }
 
@@ -378,36 +376,39 @@ static void test_reduce_kernels(void) {
     printf("%-40s %s\n", "reduce kernels, two sources", atomic_load(&g_failures) ? "FAILED" : "ok");
 }
 
-static void small_pieces(config_t *c) {
-    c->shm_chunk_bytes = 256;      /* shm pieces of a few hundred bytes */
-    c->chunk_bytes = 256;          /* TCP receive-and-reduce staging */
-    c->small_bytes = 64;           /* recursive doubling up to 64 bytes, then the ring */
-    c->cycle_time = 0.0002;
-    c->peer_timeout = 10;          /* a hang becomes a named failure soon */
-}
-static void no_shm(config_t *c) { small_pieces(c); c->shm = 0; }
 static void rd_only(config_t *c) { no_shm(c); c->small_bytes = (int64_t)1 << 40; }
 
-static const char *expected_path(const world_t *w, int set) {
-    const group_t *g = w->e[0]->sets[set];
-    engine_t *e = w->e[g->ranks[0]];
-    if (e->shm && g->n == e->shm->nlocal) return "shm";
-    if (set == 0 && e->cross && e->shm) return "hierarchical";
-    return "tcp";
-}
-
-static void run_world(int size, const char *const *hosts, void (*tweak)(config_t *), const char *kind) {
-    char label[64];
+/* Run every test in a world, and check that the large unfused allreduce of set 0 (and
+ * of set 1, where there is one) ran the algorithm the world was built for: want0 and
+ * want1 are the names the engine traces (exec.c). Rank 0 traces set 0, rank 1 set 1. */
+static void run_world(int size, const char *const *hosts, void (*tweak)(config_t *), const char *kind,
+                      const char *want0, const char *want1) {
+    static int worlds;
+    char label[64], base[64], trace[2][64], got[2][32];
     snprintf(label, sizeof label, "%s, %d ranks", kind, size);
-    world_opts_t o = {hosts, tweak, label};
+    world_opts_t o = {hosts, tweak, label, NULL, 0};
     double t0 = hvdl_now();
     world_t *w = world_start(size, &o);
-    int before = atomic_load(&g_failures);
+    int before = atomic_load(&g_failures), nsets = size >= 3 ? 2 : 1;
+    snprintf(base, sizeof base, "engine_tests.%d.json", ++worlds);
+    for (int set = 0; set < nsets; set++) {
+        CHECK(!hvdl__engine_timeline_start(w->e[set], base, 0), "%s: timeline: %s", label, hvdl_last_error());
+        snprintf(trace[set], sizeof trace[set], "engine_tests.%d.rank%d.json", worlds, set);
+    }
     world_run(w, body, NULL);
-    printf("%-40s set 0: %-12s %6.2f s %s\n", label, expected_path(w, 0), hvdl_now() - t0,
+    world_stop(w);             /* closes the traces */
+    remove(base);              /* rank 0's second name for its trace (timeline.c) */
+    for (int set = 0; set < nsets; set++) {
+        char tensor[32];
+        const char *want = set ? want1 : want0;
+        snprintf(tensor, sizeof tensor, "ar.%d.0.%d", set, NCOUNTS - 1);   /* float32 sum of BIG */
+        traced_algorithm(trace[set], tensor, got[set], sizeof got[set]);
+        CHECK(!strcmp(got[set], want), "%s: set %d's allreduce %s ran '%s', want '%s'", label, set, tensor,
+              got[set], want);
+    }
+    printf("%-40s set 0: %-22s %6.2f s %s\n", label, got[0], hvdl_now() - t0,
            atomic_load(&g_failures) > before ? "FAILED" : "ok");
     fflush(stdout);
-    world_stop(w);
 }
 
 int main(int argc, char **argv) {
@@ -415,23 +416,28 @@ int main(int argc, char **argv) {
     test_reduce_kernels();
     static const int one_node[] = {1, 2, 3, 4, 5, 8, 16};
     for (size_t i = 0; i < sizeof one_node / sizeof *one_node; i++)
-        if (one_node[i] <= max_ranks) run_world(one_node[i], NULL, small_pieces, "one node, shm");
+        if (one_node[i] <= max_ranks)      /* a rank alone on its node has no segment */
+            run_world(one_node[i], NULL, small_pieces, "one node, shm", one_node[i] > 1 ? "shm" : "tcp_ring", "tcp_ring");
     static const int tcp_sizes[] = {2, 3, 4, 7, 16};
     for (size_t i = 0; i < sizeof tcp_sizes / sizeof *tcp_sizes; i++)
-        if (tcp_sizes[i] <= max_ranks) run_world(tcp_sizes[i], NULL, no_shm, "one node, tcp only");
+        if (tcp_sizes[i] <= max_ranks) run_world(tcp_sizes[i], NULL, no_shm, "one node, tcp only", "tcp_ring", "tcp_ring");
     static const int rd_sizes[] = {3, 6};      /* not powers of two: ranks fold in and out */
     for (size_t i = 0; i < sizeof rd_sizes / sizeof *rd_sizes; i++)
-        if (rd_sizes[i] <= max_ranks) run_world(rd_sizes[i], NULL, rd_only, "one node, recursive doubling");
+        if (rd_sizes[i] <= max_ranks)
+            run_world(rd_sizes[i], NULL, rd_only, "one node, recursive doubling", "tcp_recursive_doubling",
+                      "tcp_recursive_doubling");
     /* fake nodes: two of two, two of three, three of two (hierarchical); three and one
      * (not homogeneous: shm on the big node for nothing but its own sets, TCP otherwise) */
     static const char *const a2b2[] = {"nodeA", "nodeA", "nodeB", "nodeB"};
     static const char *const a3b3[] = {"nodeA", "nodeA", "nodeA", "nodeB", "nodeB", "nodeB"};
     static const char *const a2b2c2[] = {"nodeA", "nodeB", "nodeC", "nodeA", "nodeB", "nodeC"};
     static const char *const a3b1[] = {"nodeA", "nodeB", "nodeA", "nodeA"};
-    if (max_ranks >= 4) run_world(4, a2b2, small_pieces, "2 nodes x 2");
-    if (max_ranks >= 6) run_world(6, a3b3, small_pieces, "2 nodes x 3");
-    if (max_ranks >= 6) run_world(6, a2b2c2, small_pieces, "3 nodes x 2, interleaved");
-    if (max_ranks >= 4) run_world(4, a3b1, small_pieces, "nodes of 3 and 1");
+    /* set 1 (every other rank from 1) is never one node: TCP */
+    if (max_ranks >= 4) run_world(4, a2b2, small_pieces, "2 nodes x 2", "hierarchical", "tcp_ring");
+    if (max_ranks >= 6) run_world(6, a3b3, small_pieces, "2 nodes x 3", "hierarchical", "tcp_ring");
+    if (max_ranks >= 6) run_world(6, a2b2c2, small_pieces, "3 nodes x 2, interleaved", "hierarchical", "tcp_ring");
+    if (max_ranks >= 4) run_world(4, a3b1, small_pieces, "nodes of 3 and 1", "tcp_ring", "tcp_ring");
+    run_failure_tests();
     int f = atomic_load(&g_failures);
     printf(f ? "%d check(s) failed\n" : "all checks passed\n", f);
     return f ? 1 : 0;
