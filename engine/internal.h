@@ -369,6 +369,7 @@ int hvdl__write_response(engine_t *e, buf_t *b, const response_t *r);
 int hvdl__read_responses(engine_t *e, reader_t *r, response_t **out, int *count);
 int hvdl__response_alloc(response_t *r, int ntensors, int n, int op);
 void hvdl__response_free(response_t *r);
+#include "frames.h"          /* and the small frames: goodbye, clock sync, the nodes' */
 
 /* wire_check.c: what peers send is checked before it is trusted (NULL = fine, else why) */
 const char *hvdl__meta_problem(engine_t *e, const meta_t *m);

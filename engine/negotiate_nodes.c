@@ -44,7 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NEG_IDS 4096                 /* as negotiate_shm.c: the words a segment holds */
+#define NEG_IDS HVDL_NEG_IDS
 #define NEG_MAX_RANKS 40
 #define MASK ((1ull << NEG_MAX_RANKS) - 1)
 #define ROUND_SHIFT NEG_MAX_RANKS
@@ -238,7 +238,8 @@ static int close_on(engine_t *e, int k, int id) {
         uint64_t mask = n->arrive ? close_word(n, id, round_now(n, id)) : 0;
         return mask ? record_bits(e, k, id, mask, 0) : 0;
     }
-    uint32_t msg[2] = {(uint32_t)id, (uint32_t)round_now(n, id)};
+    uint8_t msg[HVDL_NODE_CLOSE_BYTES];
+    hvdl__put_node_close(msg, &(node_close_t){id, (uint32_t)round_now(n, id)});
     return hvdl__send_frame(e, n->node_ranks[k][0], MSG_NODE_CLOSE, msg, sizeof msg);
 }
 
@@ -298,11 +299,11 @@ int hvdl__nodes_take_done(engine_t *e, int from, const uint8_t *p, int64_t len) 
     struct nodeneg *n = e->nodes;
     int k = from >= 0 && from < e->size ? e->node[from] : -1;
     if (!n || k < 0 || !n->has_words[k]) return hvdl__malformed(e, from, "node agreement", "its node has no words");
-    if (len % 4 || len > 4 * NEG_IDS) return hvdl__malformed(e, from, "node agreement", "a bad length");
-    int count = (int)(len / 4);
+    reader_t r = {p, len, 0, NULL};
     int32_t ids[NEG_IDS];
     uint64_t seen[NEG_IDS / 64] = {0};
-    memcpy(ids, p, (size_t)len);
+    int count;
+    if (hvdl__read_words(&r, (uint32_t *)ids, &count)) return hvdl__malformed(e, from, "node agreement", r.why);
     for (int i = 0; i < count; i++) {
         if (ids[i] < 0 || ids[i] >= e->ncache || ids[i] >= NEG_IDS || !hvdl__cacheable(&e->cache[ids[i]].meta))
             return hvdl__malformed(e, from, "node agreement", "a cache id that does not exist");
@@ -318,17 +319,13 @@ int hvdl__nodes_take_posted(engine_t *e, int from, const uint8_t *p, int64_t len
     int k = from >= 0 && from < e->size ? e->node[from] : -1;
     if (!n || k < 0 || !n->has_words[k] || n->node_ranks[k][0] != from)
         return hvdl__malformed(e, from, "word report", "it leads no node with words");
-    int32_t id;
-    uint64_t mask;
-    double waited;
-    if (len != 24) return hvdl__malformed(e, from, "word report", "a bad length");
-    memcpy(&id, p, 4);
-    memcpy(&mask, p + 8, 8);
-    memcpy(&waited, p + 16, 8);
-    if (id < 0 || id >= e->ncache || id >= NEG_IDS || (mask & ~full_mask(n->node_n[k])) ||
-        !(waited >= 0 && waited < 1e9))
+    reader_t r = {p, len, 0, NULL};
+    node_posted_t m;
+    if (hvdl__read_node_posted(&r, &m)) return hvdl__malformed(e, from, "word report", r.why);
+    if (m.id < 0 || m.id >= e->ncache || m.id >= NEG_IDS || (m.mask & ~full_mask(n->node_n[k])) ||
+        !(m.waited >= 0 && m.waited < 1e9))
         return hvdl__malformed(e, from, "word report", "a cache id, rank mask or time out of range");
-    return record_bits(e, k, id, mask, waited);
+    return record_bits(e, k, m.id, m.mask, m.waited);
 }
 
 /* ---- the node's side: completing, reporting, obeying rank 0 ---- */
@@ -338,17 +335,15 @@ int hvdl__nodes_complete(engine_t *e, const int *ids, int count) {
     n->frames++;
     n->agreed += count;
     if (e->rank == 0) return node_done(e, e->node[0], (const int32_t *)ids, count);
-    return hvdl__send_frame(e, 0, MSG_NODE_DONE, ids, 4 * (int64_t)count);
+    uint8_t msg[4 * NEG_IDS];        /* ids this rank completed: distinct, below NEG_IDS */
+    return hvdl__send_frame(e, 0, MSG_NODE_DONE, msg, hvdl__put_words(msg, ids, count));
 }
 
 static int report(engine_t *e, int id, uint64_t mask, double waited) {
     if (!mask) return 0;
     if (e->rank == 0) return record_bits(e, e->node[0], id, mask, waited);
-    uint8_t msg[24] = {0};
-    int32_t v = id;
-    memcpy(msg, &v, 4);
-    memcpy(msg + 8, &mask, 8);
-    memcpy(msg + 16, &waited, 8);
+    uint8_t msg[HVDL_NODE_POSTED_BYTES];
+    hvdl__put_node_posted(msg, &(node_posted_t){id, mask, waited});
     return hvdl__send_frame(e, 0, MSG_NODE_POSTED, msg, sizeof msg);
 }
 
@@ -373,24 +368,23 @@ static void reopen_all(struct nodeneg *n, const uint32_t *rounds, int count) {
 int hvdl__nodes_take_close(engine_t *e, const uint8_t *p, int64_t len) {
     struct nodeneg *n = e->nodes;
     if (!n || !n->arrive || n->me != 0) return hvdl__malformed(e, 0, "word closing", "this rank leads no segment");
-    if (len != 8) return hvdl__malformed(e, 0, "word closing", "a bad length");
-    int32_t id;
-    uint32_t round;
-    memcpy(&id, p, 4);
-    memcpy(&round, p + 4, 4);
-    if (id == -1) return close_all(e);
-    if (id < 0 || id >= NEG_IDS || round >= ROUND_MOD)
+    reader_t r = {p, len, 0, NULL};
+    node_close_t m;
+    if (hvdl__read_node_close(&r, &m)) return hvdl__malformed(e, 0, "word closing", r.why);
+    if (m.id == HVDL_CLOSE_ALL) return close_all(e);
+    if (m.id < 0 || m.id >= NEG_IDS || m.round >= ROUND_MOD)
         return hvdl__malformed(e, 0, "word closing", "a cache id or round out of range");
-    return report(e, id, close_word(n, id, round), 0);
+    return report(e, m.id, close_word(n, m.id, m.round), 0);
 }
 
 int hvdl__nodes_take_reopen(engine_t *e, const uint8_t *p, int64_t len) {
     struct nodeneg *n = e->nodes;
     if (!n || !n->arrive || n->me != 0) return hvdl__malformed(e, 0, "word reopening", "this rank leads no segment");
-    if (len % 4 || len > 4 * NEG_IDS) return hvdl__malformed(e, 0, "word reopening", "a bad length");
+    reader_t r = {p, len, 0, NULL};
     uint32_t rounds[NEG_IDS];
-    memcpy(rounds, p, (size_t)len);
-    reopen_all(n, rounds, (int)(len / 4));
+    int count;
+    if (hvdl__read_words(&r, rounds, &count)) return hvdl__malformed(e, 0, "word reopening", r.why);
+    reopen_all(n, rounds, count);
     return 0;
 }
 
@@ -400,7 +394,8 @@ int hvdl__nodes_join(engine_t *e) {
     struct nodeneg *n = e->nodes;
     if (!n || n->join_closed) return 0;
     n->join_closed = 1;
-    int32_t all[2] = {-1, 0};
+    uint8_t all[HVDL_NODE_CLOSE_BYTES];
+    hvdl__put_node_close(all, &(node_close_t){HVDL_CLOSE_ALL, 0});
     for (int k = 0; k < e->nnodes; k++) {
         if (!n->has_words[k]) continue;
         if (k == e->node[0] ? n->arrive && close_all(e)
@@ -421,8 +416,10 @@ int hvdl__nodes_settle(engine_t *e, const response_t *r, int anyone_joined) {
         if (!n->has_words[k]) continue;
         if (k == e->node[0]) {
             if (n->arrive) reopen_all(n, n->rounds, NEG_IDS);
-        } else if (hvdl__send_frame(e, n->node_ranks[k][0], MSG_NODE_REOPEN, n->rounds, 4 * NEG_IDS)) {
-            return -1;
+        } else {
+            uint8_t msg[4 * NEG_IDS];
+            if (hvdl__send_frame(e, n->node_ranks[k][0], MSG_NODE_REOPEN, msg, hvdl__put_words(msg, n->rounds, NEG_IDS)))
+                return -1;
         }
     }
     return 0;

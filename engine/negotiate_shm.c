@@ -51,7 +51,7 @@
 #include <string.h>
 
 #define LINE 64
-#define NEG_IDS 4096           /* cache ids negotiated here; higher ones go through rank 0 */
+#define NEG_IDS HVDL_NEG_IDS   /* cache ids negotiated here; higher ones go through rank 0 */
 #define NEG_LOG 4096           /* entries in the response log */
 #define NEG_MAX_IDS 28         /* tensors one entry fuses (an entry is two cache lines) */
 /* An arrival word: the posted ranks' bits, the round (how many times the id completed

@@ -81,3 +81,4 @@ def test_c_engine(tmp_path, sanitized):
     for line in ("one node, shm, 16 ranks", "one node, tcp only, 16 ranks", "2 nodes x 2"):
         assert line in res.stdout, out[-4000:]
     assert "hierarchical" in res.stdout and " shm " in res.stdout, res.stdout
+    assert "small control frames" in res.stdout, res.stdout

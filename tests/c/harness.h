@@ -40,4 +40,7 @@ void check_failed(const char *file, int line, const char *fmt, ...) __attribute_
 
 /* Enqueue, then wait (bounded) and release: the op's status; *res filled if given. */
 int run_op(engine_t *e, const hvdl_request *q, hvdl_result *res, char *msg);
+
+/* test_frames.c: the small control frames' encoders and decoders (wire.c) */
+void test_frames(void);
 #endif
