@@ -43,7 +43,7 @@ static int begin_shutdown(engine_t *e, int from) {
      * others wait on and `from` never submitted (frames.h) */
     char missing[HVDL_BYE_TEXT];
     hvdl__never_submitted(e, from, missing, sizeof missing);
-    bye_t b = {.who = from, .has_pos = 1, .pos = hvdl__neg_position(e), .text = missing,
+    bye_t b = {.who = from, .has_pos = 1, .pos = e->negotiation->position(e), .text = missing,
                .ntext = (int)strlen(missing)};
     record_why(e, from, missing, (size_t)b.ntext);
     uint8_t msg[HVDL_BYE_MAX];
@@ -69,7 +69,7 @@ int hvdl__bye_received(engine_t *e, int from, const uint8_t *p, int64_t n) {
         return begin_shutdown(e, from);
     }
     if (b.has_pos && b.who >= 0 && b.who < e->size) record_why(e, b.who, b.text, (size_t)b.ntext);
-    int rc = hvdl__neg_finish_to(e, b.pos);   /* what rank 0 finished before it stopped */
+    int rc = e->negotiation->finish_to(e, b.pos);   /* what rank 0 finished before it stopped */
     e->stopped = 1;          /* rank 0 says everyone stops */
     return rc;
 }
