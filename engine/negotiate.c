@@ -31,8 +31,9 @@ void hvdl__took_init(took_t *t) {
 int hvdl__took_add(engine_t *e, took_t *t, int rank, int id, double since) {
     if (t->n == t->cap) {
         int want = 2 * t->cap;
-        took_bit_t *v = t->v == t->inline_v ? malloc(sizeof *v * (size_t)want) : realloc(t->v, sizeof *v * (size_t)want);
-        if (!v) return hvdl__oom(e, "requests taken over from the segment", (int64_t)sizeof *v * want);
+        size_t bytes = sizeof *t->v * (size_t)want;
+        took_bit_t *v = t->v == t->inline_v ? malloc(bytes) : realloc(t->v, bytes);
+        if (!v) return hvdl__oom(e, "requests taken over from the segment", (int64_t)bytes);
         if (t->v == t->inline_v) memcpy(v, t->inline_v, sizeof t->inline_v);
         t->v = v;
         t->cap = want;

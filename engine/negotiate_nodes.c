@@ -19,8 +19,9 @@
  * a segment it cannot touch.
  *
  * Everything rank 0 checks still holds, because posted bits reach it whenever it needs
- * them (as the took_t of negotiation.h: the coordinator records them), exactly once (a bit is either in a completed word, reported by its completer,
- * or taken out by one swap that closes the word, reported by the node's leader):
+ * them (as a took_t, negotiation.h, that the coordinator records), exactly once (a bit
+ * is either in a completed word, reported by its completer, or taken out by one swap
+ * that closes the word, reported by the node's leader):
  *   a request for a cached name from rank q that reaches rank 0 otherwise (its
  *     metadata changed, or its word was closed) closes that name's word on q's node
  *     for the round (MSG_NODE_CLOSE to the node's leader, its lowest rank), and the
@@ -412,8 +413,8 @@ static int settle(engine_t *e, const response_t *r, int anyone_joined, took_t *t
             if (n->arrive) reopen_all(n, n->rounds, NEG_IDS);
         } else {
             uint8_t msg[4 * NEG_IDS];
-            if (hvdl__send_frame(e, n->node_ranks[k][0], MSG_NODE_REOPEN, msg, hvdl__put_words(msg, n->rounds, NEG_IDS)))
-                return -1;
+            int64_t len = hvdl__put_words(msg, n->rounds, NEG_IDS);
+            if (hvdl__send_frame(e, n->node_ranks[k][0], MSG_NODE_REOPEN, msg, len)) return -1;
         }
     }
     return 0;

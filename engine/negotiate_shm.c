@@ -324,7 +324,9 @@ static int order(engine_t *e, const response_t *r) {
 }
 
 /* A word stuck partly set: rank 0 takes it over, dated from when it first saw it. */
-static int stuck(engine_t *e, int id, uint64_t w, double since, double now, took_t *t) { return close_id(e, id, since, t); }
+static int stuck(engine_t *e, int id, uint64_t w, double since, double now, took_t *t) {
+    return close_id(e, id, since, t);
+}
 
 static int stall_scan(engine_t *e, double now, took_t *t) {
     struct neg *n = e->neg;
