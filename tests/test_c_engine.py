@@ -85,3 +85,4 @@ def test_c_engine(tmp_path, sanitized):
                  "every injection site, in-process", "a peer dies mid-frame", "a peer sends a bad frame"):
         assert line in res.stdout, out[-4000:]
     assert "hierarchical" in res.stdout and " shm " in res.stdout, res.stdout
+    assert "small control frames" in res.stdout, res.stdout

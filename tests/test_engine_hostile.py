@@ -510,6 +510,10 @@ MALFORMED_TO_ROOT = {
     "node-agreement-on-one-node": frame(MSG_NODE_DONE, struct.pack("<i", 0)),
     "word-report-on-one-node": frame(MSG_NODE_POSTED, bytes(24)),
     "word-order-from-a-worker": frame(MSG_NODE_CLOSE, struct.pack("<iI", 0, 0)),
+    # a goodbye is a worker's rank alone (engine/frames.h)
+    "goodbye-cut-short": frame(MSG_BYE, b"\x01\x00"),
+    "goodbye-with-rank0s-fields": frame(MSG_BYE, struct.pack("<iQ", 1, 0)),
+    "goodbye-longer-than-its-fields": frame(MSG_BYE, struct.pack("<iQ", 1, 0) + b"x" * 600),
 }
 
 
@@ -606,6 +610,7 @@ MALFORMED_TO_WORKER = {
     "node-agreement-to-a-worker": (MSG_NODE_DONE, struct.pack("<i", 0)),
     "word-order-without-a-segment": (MSG_NODE_CLOSE, struct.pack("<iI", 0, 0)),
     "word-reopening-without-a-segment": (MSG_NODE_REOPEN, struct.pack("<I", 0)),
+    "goodbye-position-cut-short": (MSG_BYE, struct.pack("<iI", 1, 0)),
 }
 
 

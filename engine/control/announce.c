@@ -12,10 +12,20 @@
 #include "loop.h"
 #include "fail.h"
 #include "wire.h"
-#include "segment.h"
+#include "negotiation.h"
 #include "net.h"
 #include <stdlib.h>
 #include <string.h>
+
+/* Ids this rank completed in its segment: the negotiation publishes them (rank 0, on
+ * several nodes: the bits it takes, which its coordinator records). */
+static int complete(engine_t *e, const int *done, int ndone) {
+    took_t t;
+    hvdl__took_init(&t);
+    int rc = e->negotiation->complete(e, done, ndone, &t) || hvdl__coordinator_take_bits(e, &t);
+    hvdl__took_free(&t);
+    return rc ? -1 : 0;
+}
 
 int hvdl__announce(engine_t *e) {
     buf_t full = {0};
@@ -27,12 +37,13 @@ int hvdl__announce(engine_t *e) {
     while ((o = hvdl__queue_pop(&e->unsent))) {
         if (strmap_put(&e->mine, o->name, o)) { rc = hvdl__oom(e, "request table", (int64_t)strlen(o->name)); break; }
         hvdl__tl_count_step(e, o->name);
-        if (o->meta.op == HVDL_OP_JOIN) e->joined = 1;
-        if (o->meta.op == HVDL_OP_JOIN && e->nodes) {
-            /* on several nodes, what this rank posted goes ahead of its join */
-            if (ndone && (rc = hvdl__nodes_complete(e, done, ndone))) break;
+        if (o->meta.op == HVDL_OP_JOIN) {
+            e->joined = 1;
+            /* what this rank posted goes ahead of its join: what it completed, and (on
+             * several nodes) its bits still waiting in words, taken back */
+            if (ndone && (rc = complete(e, done, ndone))) break;
             ndone = 0;
-            int k = hvdl__nodes_withdraw(e, bits);
+            int k = e->negotiation->withdraw(e, bits);
             nbits += k;
             for (int id = 0; e->rank == 0 && k && id < e->ncache; id++) {
                 if (!(bits[id / 64] >> (id % 64) & 1)) continue;
@@ -48,7 +59,7 @@ int hvdl__announce(engine_t *e) {
             meta_t cached = hvdl__cache_meta_for(e, id, e->rank);
             if (!hvdl__cache_meta_equal(&cached, &o->meta)) id = -1;
         }
-        int posted = id < 0 ? 0 : e->neg ? hvdl__neg_post(e, id) : hvdl__nodes_post(e, id);
+        int posted = id < 0 ? 0 : e->negotiation->post(e, id);
         if (posted == 2) {
             if (!done && !(done = malloc(sizeof(int) * (size_t)e->ncache))) {
                 rc = hvdl__oom(e, "completed requests", 4 * (int64_t)e->ncache);
@@ -72,7 +83,7 @@ int hvdl__announce(engine_t *e) {
         }
         nfull++;
     }
-    if (!rc && ndone) rc = e->neg ? hvdl__neg_complete(e, done, ndone) : hvdl__nodes_complete(e, done, ndone);
+    if (!rc && ndone) rc = complete(e, done, ndone);
     if (!rc && e->rank != 0 && (nbits || nfull)) {
         buf_t msg = {0};
         rc = hvdl__write_requests(&msg, bits, nwords, nfull, &full)

@@ -94,6 +94,7 @@ int hvdl__coordinator_pending(engine_t *e);
 /* fusion.c: which ready tensors travel together */
 pending_t *hvdl__fusion_take(engine_t *e, int *count);   /* a chain through ->next */
 int hvdl__fusable(const meta_t *a, const meta_t *b);
+int hvdl__fuses(const engine_t *e, const meta_t *first, const meta_t *next, int64_t *bytes);
 int64_t hvdl__meta_bytes(const meta_t *m);
 
 /* stall.c: rank 0 names the ranks that did not submit a name others did */

@@ -15,15 +15,15 @@
  *     (cache.c). It returns the plan: the loop sends it and then executes it.
  *
  * Stalls (names some ranks submitted and others did not) are watched by stall.c; any
- * rank's shutdown is every rank's (shutdown.c). In a one-node job, cached requests are
- * agreed in the segment (negotiate_shm.c) unless a request for the name reaches the
- * coordinator: it then takes the name over, with the bits already posted. On several
- * nodes, each node agrees in its segment and rank 0 records a node's ranks at once
- * (negotiate_nodes.c), taking a node's word over when a request reaches it otherwise.
+ * rank's shutdown is every rank's (shutdown.c). Where cached requests are agreed in
+ * node segments (negotiation.h: negotiate_shm.c on one node, negotiate_nodes.c on
+ * several), a request that reaches the coordinator otherwise closes its word's round,
+ * and the negotiation hands back the bits it took (took_t): the coordinator records them
+ * as the requests of their ranks. The negotiation never calls back in here.
  */
 #include "fail.h"
 #include "wire.h"
-#include "segment.h"
+#include "negotiation.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,8 +179,12 @@ static void rescan(engine_t *e) {
         if (pm->vals && pm->vals[i]) maybe_ready(e, pm->vals[i]);
 }
 
-int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
-                       const int64_t *splits, int nsplits) {
+/* Record from's request. `taken`: it was posted in a segment and taken over by rank 0
+ * (negotiation.h), so its word is already closed; otherwise the request reached rank 0
+ * as a frame or in memory, and the negotiation closes the round of its word where other
+ * ranks may have posted, returning their bits, which are recorded after from's own. */
+static int record(engine_t *e, int from, const char *name, const meta_t *m, const int64_t *splits, int nsplits,
+                  int taken) {
     coordinator_t *c = e->coord;
     pending_t *p = strmap_get(&c->pending, name);
     if (!p) {
@@ -194,34 +198,65 @@ int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
         }
         p->ref = from;
         p->first_at = hvdl_now();
-        /* Ranks that posted this name in the segment are now waiting here too. */
-        if (hvdl__neg_close_name(e, name)) return -1;
     }
-    /* On several nodes: from's node mates may have posted this name in their segment. */
-    if (!p->have[from] && hvdl__nodes_took_request(e, from, p, m)) return -1;
     if (p->have[from]) return 0;   /* refused at enqueue; never twice in flight */
+    took_t t;
+    hvdl__took_init(&t);
+    if (!taken && e->negotiation->close(e, from, p, m, &t)) {
+        hvdl__took_free(&t);
+        return -1;
+    }
     p->have[from] = 1;
     p->have_at[from] = hvdl_now();
     p->metas[from] = *m;
     p->count++;
     if (splits) {
-        if (!p->splits && !(p->splits = calloc((size_t)e->size * (size_t)e->size, 8)))
+        if (!p->splits && !(p->splits = calloc((size_t)e->size * (size_t)e->size, 8))) {
+            hvdl__took_free(&t);
             return hvdl__oom(e, "alltoall split table", 8 * (int64_t)e->size * e->size);
+        }
         memcpy(p->splits + (int64_t)from * e->size, splits, 8 * (size_t)nsplits);
     }
     if (m->op == HVDL_OP_JOIN && m->process_set == 0) {
         c->joined[from] = 1;
         c->last_joined = from;
-        /* the joined rank will post nothing */
-        if (hvdl__neg_close_all(e) || hvdl__nodes_join(e)) return -1;
+        /* the joined rank will post nothing: every word closes, and what was posted in
+         * them is recorded before the join counts */
+        if (e->negotiation->join(e, &t) || hvdl__coordinator_take_bits(e, &t)) {
+            hvdl__took_free(&t);
+            return -1;
+        }
         maybe_ready(e, p);
         rescan(e);    /* a join may complete others' allreduces */
         return 0;
     }
     maybe_ready(e, p);
-    return 0;
+    return hvdl__coordinator_take_bits(e, &t);
 }
 
+int hvdl__coord_record(engine_t *e, int from, const char *name, const meta_t *m,
+                       const int64_t *splits, int nsplits) {
+    return record(e, from, name, m, splits, nsplits, 0);
+}
+
+/* Requests rank 0 took over from a segment: each as its rank's cached request. A bit of
+ * a rank that has joined since is skipped where the negotiation says so (took_t). */
+int hvdl__coordinator_take_bits(engine_t *e, took_t *t) {
+    int rc = 0;
+    for (int i = 0; i < t->n && !rc; i++) {
+        const took_bit_t *b = &t->v[i];
+        const char *name = e->cache[b->id].name;
+        if (b->rank >= 0 && !(t->skip_joined && e->coord->joined[b->rank])) {
+            meta_t m = hvdl__cache_meta_for(e, b->id, b->rank);
+            rc = record(e, b->rank, name, &m, NULL, 0, 1);
+        }
+        /* a stall: the name has waited since its word was first seen stuck */
+        pending_t *p = rc || b->since <= 0 ? NULL : strmap_get(&e->coord->pending, name);
+        if (p && p->first_at > b->since) p->first_at = b->since;
+    }
+    hvdl__took_free(t);
+    return rc;
+}
 
 /* A worker's request list: unchanged requests by cache id, then the full ones. */
 int hvdl__coordinator_take(engine_t *e, int from, const request_list_t *l, const char **why) {
@@ -301,8 +336,12 @@ int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
         }
         int n;
         pending_t *group = hvdl__fusion_take(e, &n);
+        took_t t;
+        hvdl__took_init(&t);
         rc = build_response(e, &rs[nresp], group, n) || hvdl__cache_assign(e, &rs[nresp]) ||
-             hvdl__neg_settle(e, &rs[nresp]) || hvdl__nodes_settle(e, &rs[nresp], anyone_joined(c, e->size));
+             e->negotiation->settle(e, &rs[nresp], anyone_joined(c, e->size), &t) ||
+             hvdl__coordinator_take_bits(e, &t);
+        hvdl__took_free(&t);
         nresp++;
         for (pending_t *p = group, *next; p; p = next) { next = p->next; pending_free(p); }
     }

@@ -5,7 +5,8 @@
  * incompatible tensor keeps its place in the ready list for the next response. Every
  * other op travels alone. The tensors past HVDL_MAX_FUSED are not delayed: they go in the
  * next response of the same plan, in the same frame. exec.c packs a fused response into
- * the fusion buffer on the data side.
+ * the fusion buffer on the data side. The one-node segment's log fuses the ids a rank
+ * completes by the same rule (hvdl__fuses).
  */
 #include "control.h"
 
@@ -13,6 +14,16 @@ int hvdl__fusable(const meta_t *a, const meta_t *b) {
     return a->op == HVDL_OP_ALLREDUCE && b->op == HVDL_OP_ALLREDUCE && a->dtype == b->dtype &&
            a->reduce_op == b->reduce_op && a->prescale == b->prescale &&
            a->postscale == b->postscale && a->process_set == b->process_set;
+}
+
+/* The fusion rule, once: whether `next` joins the group that `first` starts, whose
+ * tensors so far take *bytes (added to when it does). The count limit is the caller's:
+ * a response's HVDL_MAX_FUSED, a segment log entry's ids. */
+int hvdl__fuses(const engine_t *e, const meta_t *first, const meta_t *next, int64_t *bytes) {
+    int64_t nb = hvdl__meta_bytes(next);
+    if (!hvdl__fusable(first, next) || *bytes + nb > e->cfg.fusion_threshold) return 0;
+    *bytes += nb;
+    return 1;
 }
 
 int64_t hvdl__meta_bytes(const meta_t *m) {
@@ -32,14 +43,12 @@ pending_t *hvdl__fusion_take(engine_t *e, int *count) {
     int64_t bytes = hvdl__meta_bytes(fm);
     for (pending_t **pp = &c->ready_head; !first->error && *pp && n < HVDL_MAX_FUSED;) {
         pending_t *p = *pp;
-        int64_t nb = hvdl__meta_bytes(&p->metas[p->ref]);
-        if (!p->error && hvdl__fusable(fm, &p->metas[p->ref]) && bytes + nb <= e->cfg.fusion_threshold) {
+        if (!p->error && hvdl__fuses(e, fm, &p->metas[p->ref], &bytes)) {
             *pp = p->next;
             p->next = NULL;
             last->next = p;
             last = p;
             n++;
-            bytes += nb;
         } else {
             pp = &p->next;
         }

@@ -18,8 +18,9 @@
  * finished on rank 0 finishes everywhere), as it would have executed the responses
  * that came before the goodbye on rank 0's connection.
  */
+#include "wire.h"
 #include "fail.h"
-#include "segment.h"
+#include "negotiation.h"
 #include "net.h"
 #include <poll.h>
 #include <stdio.h>
@@ -42,37 +43,36 @@ static int begin_shutdown(engine_t *e, int from) {
     c->shutdown_from = from;
     e->stopped = 1;          /* first: a peer that already left is no loss now */
     /* who asked, (one node) how far rank 0 executed the segment's log, and the ops that
-     * others wait on and `from` never submitted */
-    uint8_t msg[12 + 512];
-    int32_t who = from;
-    uint64_t pos = hvdl__neg_position(e);
-    memcpy(msg, &who, 4);
-    memcpy(msg + 4, &pos, 8);
-    hvdl__never_submitted(e, from, (char *)msg + 12, sizeof msg - 12);
-    size_t n = strlen((char *)msg + 12);
-    record_why(e, from, (char *)msg + 12, n);
+     * others wait on and `from` never submitted (frames.h) */
+    char missing[HVDL_BYE_TEXT];
+    hvdl__never_submitted(e, from, missing, sizeof missing);
+    bye_t b = {.who = from, .has_pos = 1, .pos = e->negotiation->position(e), .text = missing,
+               .ntext = (int)strlen(missing)};
+    record_why(e, from, missing, (size_t)b.ntext);
+    uint8_t msg[HVDL_BYE_MAX];
+    int64_t len = hvdl__put_bye(msg, &b);
     for (int w = 1; w < e->size; w++)
-        if (!e->peers[w].ctrl.eof) hvdl__send_frame(e, w, MSG_BYE, msg, 12 + (int64_t)n);
+        if (!e->peers[w].ctrl.eof) hvdl__send_frame(e, w, MSG_BYE, msg, len);
     return 0;
 }
 
 int hvdl__say_bye(engine_t *e) {
     if (e->rank == 0) return begin_shutdown(e, 0);
-    int32_t me = e->rank;
-    return hvdl__send_frame(e, 0, MSG_BYE, &me, sizeof me);
+    bye_t b = {.who = e->rank};
+    uint8_t msg[HVDL_BYE_MAX];
+    return hvdl__send_frame(e, 0, MSG_BYE, msg, hvdl__put_bye(msg, &b));
 }
 
 int hvdl__bye_received(engine_t *e, int from, const uint8_t *p, int64_t n) {
-    if (e->rank == 0) return begin_shutdown(e, from);
-    uint64_t pos = 0;
-    int32_t who = -1;
-    if (n >= 12) {
-        memcpy(&who, p, 4);
-        memcpy(&pos, p + 4, 8);
+    reader_t r = {.p = p, .left = n};
+    bye_t b;
+    if (hvdl__read_bye(&r, &b)) return hvdl__malformed(e, from, "goodbye", r.why);
+    if (e->rank == 0) {
+        if (b.has_pos) return hvdl__malformed(e, from, "goodbye", "more than a worker's rank");
+        return begin_shutdown(e, from);
     }
-    /* the ops' names, as text: at most 512 bytes, and any byte is harmless in %.*s */
-    if (who >= 0 && who < e->size) record_why(e, who, (const char *)p + 12, n > 524 ? 512 : n > 12 ? (size_t)(n - 12) : 0);
-    int rc = hvdl__neg_finish_to(e, pos);   /* what rank 0 finished before it stopped */
+    if (b.has_pos && b.who >= 0 && b.who < e->size) record_why(e, b.who, b.text, (size_t)b.ntext);
+    int rc = e->negotiation->finish_to(e, b.pos);   /* what rank 0 finished before it stopped */
     e->stopped = 1;          /* rank 0 says everyone stops */
     return rc;
 }

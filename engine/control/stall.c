@@ -5,7 +5,7 @@
  * job with that message on every rank. Checked at most once a second.
  */
 #include "fail.h"
-#include "segment.h"
+#include "negotiation.h"
 #include "net.h"
 #include <stdio.h>
 #include <string.h>
@@ -14,13 +14,22 @@ void hvdl__stall_check(engine_t *e, double now) {
     coordinator_t *c = e->coord;
     if (!c || !e->cfg.stall_check || now - c->last_stall_check < 1.0) return;
     c->last_stall_check = now;
-    hvdl__neg_stall_scan(e, now);   /* words stuck partly set in the segment become pending */
+    took_t t;
+    hvdl__took_init(&t);
+    /* words stuck partly set in a segment become pending (negotiation.h) */
+    if (e->negotiation->stall_scan(e, now, &t) || hvdl__coordinator_take_bits(e, &t)) {
+        hvdl__took_free(&t);
+        return;
+    }
     for (int i = 0; i < c->pending.cap; i++) {
         pending_t *p = c->pending.vals ? c->pending.vals[i] : NULL;
         if (!p || now - p->first_at < e->cfg.stall_warning) continue;
         /* on several nodes, bits posted in the segments come to rank 0 first */
-        int asked = hvdl__nodes_before_stall(e, p);
-        if (asked < 0) return;
+        int asked = e->negotiation->before_stall(e, p, &t);
+        if (asked < 0 || hvdl__coordinator_take_bits(e, &t)) {
+            hvdl__took_free(&t);
+            return;
+        }
         if (asked || strmap_get(&c->pending, p->name) != p) continue;   /* next check; or it is ready */
         const group_t *g = e->sets[p->metas[p->ref].process_set];
         char missing[512] = "";

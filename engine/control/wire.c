@@ -11,6 +11,7 @@
  *   tensor        u32 cache id (a hit: name and metadata come from the cache)
  *                 | 0xffffffff, str name, i32 id to store under or -1, meta,
  *                   [allgather: n x i64 first dimensions]
+ * The small frames (goodbye, clock sync, the nodes' frames) are laid out in frames.h.
  * Integers are in host order: every rank of a job runs on the same architecture. Every
  * count is bounded by the bytes that carry it, and every field is checked
  * (wire_check.c) before anything trusts it. Running out of memory while decoding is
@@ -211,4 +212,88 @@ void hvdl__response_free(response_t *r) {
     free(r->error);
     free(r->ready_at);
     memset(r, 0, sizeof *r);
+}
+
+/* ---- the small frames (frames.h) ---- */
+
+/* The frame must end where its fields do. */
+static int rd_end(reader_t *r) {
+    if (!r->bad && r->left) return rd_fail(r, "bytes after its last field");
+    return r->bad ? -1 : 0;
+}
+
+int64_t hvdl__put_bye(uint8_t *out, const bye_t *b) {
+    memcpy(out, &b->who, 4);
+    if (!b->has_pos) return 4;
+    int n = b->ntext < 0 ? 0 : b->ntext > HVDL_BYE_TEXT ? HVDL_BYE_TEXT : b->ntext;
+    memcpy(out + 4, &b->pos, 8);
+    if (n) memcpy(out + 12, b->text, (size_t)n);
+    return 12 + n;
+}
+
+int hvdl__read_bye(reader_t *r, bye_t *out) {
+    memset(out, 0, sizeof *out);
+    if (r->left > HVDL_BYE_MAX) return rd_fail(r, "a goodbye longer than its fields");
+    rd_get(r, &out->who, 4);
+    if (!r->bad && r->left) {
+        out->has_pos = 1;
+        rd_get(r, &out->pos, 8);
+        if (!r->bad) {               /* the rest is text: any byte is harmless in %.*s */
+            out->text = (const char *)r->p;
+            out->ntext = (int)r->left;
+            r->p += r->left;
+            r->left = 0;
+        }
+    }
+    return rd_end(r);
+}
+
+int hvdl__read_ping(reader_t *r) { return rd_end(r); }
+
+void hvdl__put_pong(uint8_t *out, double wall_us) { memcpy(out, &wall_us, HVDL_PONG_BYTES); }
+
+int hvdl__read_pong(reader_t *r, double *wall_us) {
+    rd_get(r, wall_us, HVDL_PONG_BYTES);
+    return rd_end(r);
+}
+
+int64_t hvdl__put_words(uint8_t *out, const void *values, int n) {
+    if (n > 0) memcpy(out, values, 4 * (size_t)n);
+    return 4 * (int64_t)n;
+}
+
+int hvdl__read_words(reader_t *r, uint32_t *out, int *n) {
+    *n = 0;
+    if (r->left % 4) return rd_fail(r, "a length that is not a whole number of 4-byte values");
+    if (r->left > 4 * (int64_t)HVDL_NEG_IDS) return rd_fail(r, "more values than a segment has cache ids");
+    *n = (int)(r->left / 4);
+    rd_get(r, out, r->left);
+    return rd_end(r);
+}
+
+void hvdl__put_node_posted(uint8_t *out, const node_posted_t *m) {
+    memset(out, 0, HVDL_NODE_POSTED_BYTES);
+    memcpy(out, &m->id, 4);
+    memcpy(out + 8, &m->mask, 8);
+    memcpy(out + 16, &m->waited, 8);
+}
+
+int hvdl__read_node_posted(reader_t *r, node_posted_t *out) {
+    uint32_t pad;
+    rd_get(r, &out->id, 4);
+    rd_get(r, &pad, 4);              /* ignored, as it always was */
+    rd_get(r, &out->mask, 8);
+    rd_get(r, &out->waited, 8);
+    return rd_end(r);
+}
+
+void hvdl__put_node_close(uint8_t *out, const node_close_t *m) {
+    memcpy(out, &m->id, 4);
+    memcpy(out + 4, &m->round, 4);
+}
+
+int hvdl__read_node_close(reader_t *r, node_close_t *out) {
+    rd_get(r, &out->id, 4);
+    rd_get(r, &out->round, 4);
+    return rd_end(r);
 }

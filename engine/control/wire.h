@@ -21,4 +21,5 @@ const char *hvdl__meta_problem(engine_t *e, const meta_t *m);
 const char *hvdl__splits_problem(const meta_t *m, const int64_t *splits, uint32_t n, int nmembers);
 const char *hvdl__response_problem(engine_t *e, const group_t *g, const response_t *r, op_t *const *ops);
 
+#include "frames.h"          /* and the small frames: goodbye, clock sync, the nodes' */
 #endif

@@ -8,7 +8,7 @@
  */
 #include "loop.h"
 #include "liveness.h"
-#include "segment.h"
+#include "negotiation.h"
 #include "net.h"
 #include "shm.h"
 #include "p2p.h"
@@ -73,8 +73,7 @@ void hvdl__engine_free(engine_t *e) {
     if (!e) return;
     hvdl__p2p_free(e);
     hvdl__close_all(e);
-    hvdl__neg_free(e);
-    hvdl__nodes_free(e);
+    e->negotiation->free(e);
     hvdl__shm_close(e);
     if (e->cross) { free(e->cross->ranks); free(e->cross); }
     free(e->node);
@@ -110,6 +109,7 @@ engine_t *hvdl__engine_new(void) {
     engine_t *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->listen_fd = e->wake_fd = -1;
+    e->negotiation = &hvdl__negotiate_frames;   /* until start-up chooses (negotiation.h) */
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->drive, NULL);
     pthread_mutex_init(&e->tl_mu, NULL);
@@ -270,7 +270,7 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     hvdl__log(HVDL_LOG_INFO, "rank %d waits spin %d us, shm barriers %d us (%d local ranks, %ld cores)",
               rank, e->spin_us, e->shm_spin_us, nlocal, cores);
     if (build_nodes(e)) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
-    if (hvdl__shm_open(e) || hvdl__neg_open(e) || hvdl__nodes_open(e) || hvdl__clock_sync(e))
+    if (hvdl__shm_open(e) || hvdl__negotiation_open(e) || hvdl__clock_sync(e))
         return startup_failed(e, "setting up shared memory, negotiation and the clocks");
     hvdl__ctx_fill(e);
     hvdl__liveness_start(e);

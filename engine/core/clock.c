@@ -6,6 +6,7 @@
  * before the loop starts; costs a few ms. An ABORT that arrives instead (a rank failed
  * during start-up and said why) fails this rank with that cause.
  */
+#include "wire.h"
 #include "fail.h"
 #include "net.h"
 #include <stdlib.h>
@@ -29,21 +30,31 @@ static int read_header(engine_t *e, int peer, frame_hdr_t *h, double deadline) {
     return hvdl__abort_received(e, peer, msg, h->len);
 }
 
+/* The payload of a frame whose header h was read: at most cap bytes, else -1. */
+static int read_payload(engine_t *e, int peer, const frame_hdr_t *h, uint8_t *buf, int64_t cap,
+                        reader_t *r, double deadline) {
+    if (h->len < 0 || h->len > cap || hvdl__io_full(e->peers[peer].ctrl.fd, buf, (size_t)h->len, 0, deadline))
+        return -1;
+    *r = (reader_t){.p = buf, .left = h->len};
+    return 0;
+}
+
 int hvdl__clock_sync(engine_t *e) {
     enum { ROUNDS = 5 };
     double deadline = hvdl_now() + e->cfg.start_timeout;
     frame_hdr_t h;
+    uint8_t buf[HVDL_PONG_BYTES];
+    reader_t r;
     if (e->rank == 0) {
         for (int w = 1; w < e->size; w++) {
             for (int k = 0; k < ROUNDS; k++) {
-                double now;
-                if (read_header(e, w, &h, deadline) || h.type != MSG_PING || h.len != 0)
+                if (read_header(e, w, &h, deadline) || h.type != MSG_PING ||
+                    read_payload(e, w, &h, buf, 0, &r, deadline) || hvdl__read_ping(&r))
                     goto lost;
-                now = wall_us();
-                frame_hdr_t pong = {WIRE_MAGIC, MSG_PONG, sizeof now};
-                uint8_t msg[sizeof pong + sizeof now];
+                frame_hdr_t pong = {WIRE_MAGIC, MSG_PONG, HVDL_PONG_BYTES};
+                uint8_t msg[sizeof pong + HVDL_PONG_BYTES];
                 memcpy(msg, &pong, sizeof pong);
-                memcpy(msg + sizeof pong, &now, sizeof now);
+                hvdl__put_pong(msg + sizeof pong, wall_us());
                 if (hvdl__io_full(e->peers[w].ctrl.fd, msg, sizeof msg, 1, deadline)) goto lost;
                 continue;
             lost:
@@ -57,11 +68,11 @@ int hvdl__clock_sync(engine_t *e) {
     }
     double best_rtt = 1e18;
     for (int k = 0; k < ROUNDS; k++) {
-        frame_hdr_t ping = {WIRE_MAGIC, MSG_PING, 0};
+        frame_hdr_t ping = {WIRE_MAGIC, MSG_PING, 0};     /* a ping is empty (frames.h) */
         double t0 = wall_us(), remote;
         if (hvdl__io_full(e->peers[0].ctrl.fd, &ping, sizeof ping, 1, deadline) ||
             read_header(e, 0, &h, deadline) || h.type != MSG_PONG ||
-            h.len != sizeof remote || hvdl__io_full(e->peers[0].ctrl.fd, &remote, sizeof remote, 0, deadline)) {
+            read_payload(e, 0, &h, buf, sizeof buf, &r, deadline) || hvdl__read_pong(&r, &remote)) {
             if (e->failed) return -1;
             hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank 0 (host %s) failed the start-up clock sync", e->peers[0].host);
             return -1;

@@ -68,8 +68,8 @@ typedef struct engine {
     struct peer *peers;       /* per rank (transport/net.h) */
     transport_t *tcp;
     hvdl_shm_t *shm;         /* NULL when this rank is alone on its node */
-    struct neg *neg;         /* negotiation in the segment (negotiate_shm.c), or NULL */
-    struct nodeneg *nodes;   /* hierarchical negotiation (negotiate_nodes.c), or NULL */
+    const struct negotiation *negotiation;   /* chosen once at start-up (negotiation.h) */
+    void *neg;               /* its state, or NULL */
     const sigset_t *poll_mask;   /* the loop's sleep unblocks its doorbell (or NULL) */
     int spin_us;             /* the loop's and a caller's waits look before sleeping (api.c) */
     int shm_spin_us;         /* a shm barrier looks before sleeping (ctx.spin_us) */

@@ -406,3 +406,37 @@ int hvdl__execute(engine_t *e, response_t *r) {
     free(s);
     return rc;
 }
+
+/* A response agreed in the segment (negotiate_shm.c): cache ids alone, which this rank
+ * turns into the response rank 0 would have sent, from its cache. posted_at (rank 0,
+ * for the trace): per cache id, when each rank posted it, or NULL. */
+int hvdl__execute_cached(engine_t *e, const int32_t *ids, int n, const double *posted_at) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= e->ncache)
+            return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log names cache id %d, "
+                                  "which this rank does not have", ids[i]);
+    response_t r = {0};
+    const char *why = NULL;
+    int rc = hvdl__response_alloc(&r, n, e->size, e->cache[ids[0]].meta.op) ? hvdl__oom(e, "response", n) : 0;
+    for (int i = 0; !rc && i < n; i++, r.ntensors++) {
+        r.cached[i] = 1;
+        r.cache_id[i] = ids[i];
+    }
+    if (!rc && hvdl__cache_apply(e, &r, &why))
+        rc = why ? hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds %s", why) : -1;
+    if (!rc && posted_at && TL_ON(e)) {            /* when each rank posted: the trace */
+        if (!(r.ready_at = calloc((size_t)r.ntensors * (size_t)e->size, sizeof(double))))
+            rc = hvdl__oom(e, "response trace", 8 * (int64_t)r.ntensors * e->size);
+        for (int i = 0; !rc && i < r.ntensors; i++)
+            memcpy(r.ready_at + (size_t)i * (size_t)e->size, posted_at + (size_t)ids[i] * (size_t)e->size,
+                   sizeof(double) * (size_t)e->size);
+    }
+    if (!rc) {
+        r.kind = RESP_OK;
+        r.meta = r.metas[0];
+        r.received_at = hvdl_now();
+        rc = hvdl__execute(e, &r);
+    }
+    hvdl__response_free(&r);
+    return rc;
+}

@@ -12,8 +12,9 @@
  *                      ready into responses; the loop sends each worker its share of
  *                      the plan (wire.c encodes) and then executes rank 0's (exec.c)
  *   hvdl__stall_check  (stall.c) rank 0 names ranks that hold others up
- *   hvdl__neg_run      (negotiate_shm.c) a one-node job executes the responses of the
+ *   negotiation run    (negotiation.h) a one-node job executes the responses of the
  *                      segment's log in order: those agreed there and rank 0's
+ *   negotiation scan   a node's leader (several nodes) reports words stuck partly set
  *   liveness           (liveness.c) heartbeats and the check on peers
  *   pump               wait (net.c) for an enqueue or a control frame, and do what each
  *                      frame says: requests to the coordinator, responses through the
@@ -33,7 +34,7 @@
 #include "fail.h"
 #include "wire.h"
 #include "liveness.h"
-#include "segment.h"
+#include "negotiation.h"
 #include "net.h"
 #include "shm.h"
 #include "p2p.h"
@@ -82,9 +83,9 @@ static int sleep_ms(engine_t *e, double now) {
         double left = e->first_unsent_at + e->cfg.cycle_time - now;
         return left <= 0 ? 0 : (int)(left * 1000) + 1;
     }
-    if (hvdl__neg_deferred(e)) return 1;        /* a log entry waits for room */
-    /* rank 0 watches for stalls: pending names, and words partly set in the segment */
-    int ms = (hvdl__coordinator_pending(e) || (e->neg && e->rank == 0) || hvdl__nodes_leads(e)) &&
+    if (e->negotiation->deferred(e)) return 1;  /* a log entry waits for room */
+    /* rank 0 watches for stalls: pending names, and words partly set in a segment */
+    int ms = (hvdl__coordinator_pending(e) || e->negotiation->watches(e)) &&
              e->cfg.stall_check ? 1000 : -1;
     int dl = hvdl__deadlock_ms(e);            /* callers blocked on ops in flight */
     if (dl >= 0 && (ms < 0 || dl < ms)) ms = dl;
@@ -123,16 +124,20 @@ static int send_plan(engine_t *e, const response_t *rs, int n) {
     return rc;
 }
 
-/* Rank 0: plan, send the plan, then execute rank 0's share of it, in order (in a
- * one-node job, in the segment's log: each response takes its place there). */
+/* A response this rank takes part in (mine), or rank 0 planned: the negotiation gives it
+ * its place (a one-node job: in the segment's log, which runs it in turn), or it runs now. */
+static int place(engine_t *e, response_t *r, int mine) {
+    int k = e->negotiation->place(e, r, mine);
+    return k < 0 ? -1 : !k && mine ? hvdl__execute(e, r) : 0;
+}
+
+/* Rank 0: plan, send the plan, then execute rank 0's share of it, in order. */
 static int lead(engine_t *e) {
     response_t *rs = NULL;
     int n = 0, rc = hvdl__coordinator_plan(e, &rs, &n);
     if (!rc && n) rc = send_plan(e, rs, n);
     for (int i = 0; i < n; i++) {
-        int mine = is_member(e->sets[rs[i].meta.process_set], 0);
-        if (!rc && e->neg) rc = hvdl__neg_order(e, &rs[i]) || (mine && hvdl__neg_queue(e, &rs[i]));
-        else if (!rc && mine) rc = hvdl__execute(e, &rs[i]);
+        if (!rc) rc = place(e, &rs[i], is_member(e->sets[rs[i].meta.process_set], 0));
         hvdl__response_free(&rs[i]);
     }
     free(rs);
@@ -167,17 +172,35 @@ static int take_responses(engine_t *e, int from, reader_t *r) {
     /* The cache follows the responses in order, as rank 0's did when it planned them. */
     for (int i = 0; i < n && !rc; i++) {
         rc = hvdl__cache_apply(e, &rs[i], &why);
-        if (!rc) hvdl__nodes_count(e, &rs[i]);    /* the rounds of hierarchical negotiation */
+        if (!rc) e->negotiation->applied(e, &rs[i]);   /* the rounds of the nodes' words */
     }
     if (rc && why) hvdl__malformed(e, from, "response list", why);
     double now = hvdl_now();
     for (int i = 0; i < n; i++) {
         rs[i].received_at = now;
-        if (!rc) rc = e->neg ? hvdl__neg_queue(e, &rs[i]) : hvdl__execute(e, &rs[i]);
+        if (!rc) rc = place(e, &rs[i], 1);
         hvdl__response_free(&rs[i]);
     }
     free(rs);
     return rc;
+}
+
+/* The nodes' frames: orders to a node's leader, or (rank 0) bits its coordinator records. */
+static int take_node_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n) {
+    took_t t;
+    hvdl__took_init(&t);
+    int rc = e->negotiation->frame(e, from, type, p, n, &t) || hvdl__coordinator_take_bits(e, &t);
+    hvdl__took_free(&t);
+    return rc ? -1 : 0;
+}
+
+/* A node's leader scans its words, each turn (negotiation.h says when it is due). */
+static int scan_words(engine_t *e, double now) {
+    took_t t;
+    hvdl__took_init(&t);
+    int rc = e->negotiation->scan(e, now, &t) || hvdl__coordinator_take_bits(e, &t);
+    hvdl__took_free(&t);
+    return rc ? -1 : 0;
 }
 
 static int on_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n) {
@@ -188,10 +211,8 @@ static int on_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n
     case MSG_BYE: return hvdl__bye_received(e, from, p, n);
     case MSG_HEARTBEAT: return 0;         /* its arrival was the point (liveness.c) */
     case MSG_ABORT: return hvdl__abort_received(e, from, p, n);
-    case MSG_NODE_DONE: return hvdl__nodes_take_done(e, from, p, n);
-    case MSG_NODE_POSTED: return hvdl__nodes_take_posted(e, from, p, n);
-    case MSG_NODE_CLOSE: return hvdl__nodes_take_close(e, p, n);
-    case MSG_NODE_REOPEN: return hvdl__nodes_take_reopen(e, p, n);
+    case MSG_NODE_DONE: case MSG_NODE_POSTED: case MSG_NODE_CLOSE: case MSG_NODE_REOPEN:
+        return take_node_frame(e, from, type, p, n);
     case MSG_WAITS: return hvdl__deadlock_take(e, from, p, n);
     default:      /* net.c lets through only the types this rank may receive */
         return hvdl__malformed(e, from, "control frame", "a type this rank does not take");
@@ -251,7 +272,7 @@ int hvdl__drive(engine_t *e) {
     if (pthread_mutex_trylock(&e->drive)) return 0;   /* the loop thread is at work */
     int wake = 0;
     if (!e->failed && !e->stopped) {
-        hvdl__neg_watch_begin(e);
+        e->negotiation->watch_begin(e);
         wake = take_incoming(e, 0);                     /* a shutdown is the loop's */
         double now = hvdl_now();
         if (!wake && e->unsent.head && (e->mine.count == 0 || now - e->first_unsent_at >= e->cfg.cycle_time)) {
@@ -260,7 +281,7 @@ int hvdl__drive(engine_t *e) {
             wake = hvdl__announce(e);
         }
         if (!wake && e->rank == 0) wake = lead(e);
-        if (!wake && e->neg) wake = hvdl__neg_run(e);
+        if (!wake) wake = e->negotiation->run(e);
     }
     pthread_mutex_unlock(&e->drive);
     if (wake || e->failed) hvdl__wake(e);
@@ -274,7 +295,7 @@ void hvdl__drive_enter(engine_t *e) { atomic_fetch_add(&e->watchers, 1); }
  * timeout chosen before the callers' work). */
 void hvdl__drive_leave(engine_t *e) {
     pthread_mutex_lock(&e->drive);
-    int wake = atomic_fetch_sub(&e->watchers, 1) == 1 && (hvdl__neg_watch_end(e) || e->unsent.head);
+    int wake = atomic_fetch_sub(&e->watchers, 1) == 1 && (e->negotiation->watch_end(e) || e->unsent.head);
     pthread_mutex_unlock(&e->drive);
     if (wake) hvdl__wake(e);
 }
@@ -282,7 +303,7 @@ void hvdl__drive_leave(engine_t *e) {
 void *hvdl__loop(void *arg) {
     engine_t *e = arg;
     pthread_mutex_lock(&e->drive);        /* let go only while waiting (net.c) */
-    hvdl__neg_thread_start(e);
+    e->negotiation->thread_start(e);
     while (!e->failed && !e->stopped) {
         int bye = take_incoming(e, 1);
         double now = hvdl_now();
@@ -302,8 +323,8 @@ void *hvdl__loop(void *arg) {
             if (lead(e)) break;
             hvdl__stall_check(e, now);
         }
-        if (e->neg && hvdl__neg_run(e)) break;      /* the segment's log, in order */
-        if (hvdl__nodes_scan(e, now)) break;        /* a node leader's stuck words */
+        if (e->negotiation->run(e)) break;          /* the segment's log, in order */
+        if (scan_words(e, now)) break;              /* a node leader's stuck words */
         if (hvdl__p2p_tend(e)) break;              /* a p2p connection broke */
         if (hvdl__deadlock_tick(e, now)) break;     /* callers blocked for good */
         if (hvdl__liveness_check(e, hvdl_now())) break;
@@ -326,8 +347,7 @@ void *hvdl__loop(void *arg) {
     if (!failed && !e->stopped)
         hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: the background loop stopped without recording why");
     if (e->stopped && !e->failed) hvdl__goodbye(e);
-    hvdl__neg_thread_end(e);
-    hvdl__nodes_thread_end(e);
+    e->negotiation->thread_end(e);
     hvdl__shm_report(e);
     pthread_mutex_unlock(&e->drive);
     return NULL;

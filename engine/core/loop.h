@@ -22,6 +22,7 @@ void hvdl__drive_leave(engine_t *e);
 
 /* exec.c: choose the algorithm, move the data, complete the handles */
 int hvdl__execute(engine_t *e, struct response *r);
+int hvdl__execute_cached(engine_t *e, const int32_t *ids, int n, const double *posted_at);
 
 /* context.c: the algorithms' view of this engine, once start-up has connected the peers
  * and opened the segment */

@@ -7,6 +7,7 @@
  * small allreduce finishes within microseconds) and then block on a condition variable:
  * with 8 ranks on 2 cores, a waiter that spins steals the core its peers need.
  */
+#include "negotiation.h"
 #include "loop.h"
 #include "p2p.h"
 #include <sched.h>
@@ -162,7 +163,7 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     o->output = q->output;
     o->nbytes = nbytes;
     o->enqueued_at = hvdl_now();
-    o->caller_waits = e->neg && (q->flags & HVDL_CALLER_WAITS);
+    o->caller_waits = e->negotiation->callers_drive && (q->flags & HVDL_CALLER_WAITS);
 
     pthread_mutex_lock(&e->mu);
     if (e->failed) rc = hvdl__err(e->fail_status, "%s", e->fail_msg);
@@ -228,17 +229,18 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
      * a large op's caller looks too: it executes the op itself when the other ranks
      * arrive, instead of waiting for the engine thread to be woken and then being woken
      * by it (measured: docs/benchmarks.md, "The waiting caller does the engine's work"). */
-    if (e->neg && yield) look_us = e->shm_spin_us;
+    if (e->negotiation->callers_drive && yield) look_us = e->shm_spin_us;
     double until = hvdl_now() + look_us * 1e-6;
     int drove = 0;           /* a drive took the op from the incoming queue */
-    if (e->neg) hvdl__drive_enter(e);
+    int drives = e->negotiation->callers_drive;
+    if (drives) hvdl__drive_enter(e);
     while (!atomic_load(&o->done)) {
-        if (e->neg) drove |= hvdl__drive(e);
+        if (drives) drove |= hvdl__drive(e);
         if (atomic_load(&o->done) || hvdl_now() >= until) break;
         if (yield) sched_yield();
         else for (int k = 0; k < 32; k++) hvdl_pause();
     }
-    if (e->neg) hvdl__drive_leave(e);
+    if (drives) hvdl__drive_leave(e);
     if (atomic_load(&o->done)) return HVDL_OK;
     /* Not done: the loop thread takes over. It was not woken for a flagged op, and may
      * have gone to sleep without seeing it. */

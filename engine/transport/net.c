@@ -13,7 +13,7 @@
 #define _GNU_SOURCE
 #include "fail.h"
 #include "liveness.h"
-#include "segment.h"
+#include "negotiation.h"
 #include "net.h"
 #include <errno.h>
 #include <poll.h>
@@ -230,12 +230,12 @@ int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
     int ready = 0;
     /* A one-node job's log (negotiate_shm.c) rings this rank's doorbell while it sleeps,
      * ending the sleep with EINTR; it says first that it sleeps, then looks once more. */
-    if (hvdl__neg_sleep_begin(e)) return -1;
+    if (e->negotiation->sleep_begin(e)) return -1;
     /* While it waits, a caller waiting for its op may run the loop's work (loop.c). */
     pthread_mutex_unlock(&e->drive);
     if (e->spin_us > 0 && timeout_ms != 0) {
         double until = hvdl_now() + e->spin_us * 1e-6;
-        while (!(ready = poll(pf, (nfds_t)n + 1, 0)) && !hvdl__neg_has_work(e) && hvdl_now() < until)
+        while (!(ready = poll(pf, (nfds_t)n + 1, 0)) && !e->negotiation->has_work(e) && hvdl_now() < until)
             for (int k = 0; k < 32; k++) hvdl_pause();
     }
     /* Sleep even if the spin saw a new log entry: it may be waiting for its response
@@ -243,7 +243,7 @@ int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
      * doorbell (or a caller watching executes it), so the poll returns at once. */
     if (!ready) ready = hvdl_poll_masked(pf, (nfds_t)n + 1, timeout_ms, e->poll_mask);
     pthread_mutex_lock(&e->drive);
-    hvdl__neg_sleep_end(e);
+    e->negotiation->sleep_end(e);
     if (ready <= 0 || e->failed) return -1;
     for (int i = 0; i < n; i++)
         if (pf[i].revents && hvdl__ctrl_read(e, ranks[i])) return ranks[i];

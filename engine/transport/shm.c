@@ -49,7 +49,7 @@
 #define _GNU_SOURCE
 #include "fail.h"
 #include "liveness.h"
-#include "segment.h"
+#include "negotiation.h"
 #include "net.h"
 #include <errno.h>
 #include <fcntl.h>

@@ -63,4 +63,7 @@ void traced_algorithm(const char *trace, const char *tensor, char *out, size_t c
 
 /* test_failures.c: the failure paths, each caused for real */
 void run_failure_tests(void);
+
+/* test_frames.c: the small control frames' encoders and decoders (wire.c) */
+void test_frames(void);
 #endif

@@ -22,12 +22,12 @@
  *
  * Everything rank 0 checks still holds, because rank 0 takes over an id whenever it is
  * involved: when a request for a cached name reaches the coordinator (a full request,
- * whose metadata changed; a bit sent because the word was closed), the coordinator
- * closes the word and records the bits already posted as requests of their ranks
- * (hvdl__neg_close_id). A mismatch is then reported naming the ranks, as before. Rank
- * 0's stall check takes over a word that stays partly set in one round for the stall
- * warning time (dating the stall from when it first saw it), so the stall inspector
- * warns, names the missing ranks and shuts down as before. A join closes every word
+ * whose metadata changed; a bit sent because the word was closed), the word closes and
+ * the bits already posted come back to the coordinator, which records them as requests
+ * of their ranks (close_id; took_t, negotiation.h). A mismatch is then reported naming
+ * the ranks, as before. Rank 0's stall check takes over a word that stays partly set in
+ * one round for the stall warning time (dating the stall from when it first saw it), so
+ * the stall inspector warns, names the missing ranks and shuts down as before. A join closes every word
  * until the join ends (the joined rank never posts, and only rank 0 knows to contribute
  * its zeros). A word reopens when its response is planned. A rank's view of a name's cache entry is always
  * current when it posts (an entry changes only through a response for that name, which
@@ -40,6 +40,9 @@
  * at all when every rank's loop, or a caller waiting for its op (loop.c, hvdl__drive),
  * is looking. Rank 0's stall scan reads min(cache size, 4096) words once a second.
  *
+ * Negotiation decides, execution executes: the log says what runs next, and exec.c runs
+ * it (hvdl__execute for rank 0's responses, hvdl__execute_cached for ids agreed here).
+ *
  * The log is a ring of NEG_LOG entries; an entry is written only once every rank has
  * executed the one NEG_LOG before it. A rank that finds no room keeps the entry
  * (deferred) and publishes it when there is room, never blocking: the ranks it waits
@@ -49,21 +52,22 @@
 #include "fail.h"
 #include "wire.h"
 #include "shm.h"
+#include "negotiation.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define LINE 64
-#define NEG_IDS 4096           /* cache ids negotiated here; higher ones go through rank 0 */
+#define NEG_IDS HVDL_NEG_IDS   /* cache ids negotiated here; higher ones go through rank 0 */
 #define NEG_LOG 4096           /* entries in the response log */
 #define NEG_MAX_IDS 28         /* tensors one entry fuses (an entry is two cache lines) */
-/* An arrival word: the posted ranks' bits, the round (how many times the id completed
- * here, so that a stall scan can tell a stuck round from a new one) and CLOSED. */
-#define NEG_MAX_RANKS 40
-#define MASK ((1ull << NEG_MAX_RANKS) - 1)
-#define ROUND_ONE (1ull << NEG_MAX_RANKS)
+/* An arrival word (negotiation.h): the posted ranks' bits, the round (how many times the
+ * id completed here, so that a stall scan can tell a stuck round from a new one) and
+ * CLOSED (rank 0 has the id: posts go through it). */
+#define MASK HVDL_NEG_MASK
+#define ROUND_ONE (1ull << HVDL_NEG_MAX_RANKS)
 #define ROUND (((1ull << 63) - 1) & ~MASK)
-#define CLOSED (1ull << 63)    /* rank 0 has the id: posts go through it */
+#define CLOSED HVDL_NEG_CLOSED
 enum { NEG_CACHED = 1, NEG_COORD = 2 };
 
 typedef struct neg_rank {      /* one cache line per local rank */
@@ -97,8 +101,7 @@ struct neg {
     int qhead, qlen, qcap;
     deferred_t *defer;         /* claimed entries waiting for room */
     int ndefer, capdefer;
-    uint64_t *seen;            /* rank 0: each word as the stall scan first saw it */
-    double *seen_at;           /* ... and when */
+    words_scan_t scan;         /* rank 0: each word as the stall scan first saw it, and when */
     int join_closed;           /* rank 0: a join closed every word */
     sigset_t sleep_mask;
     int loop_asleep;           /* the loop thread waits (and has let go of e->drive) */
@@ -111,15 +114,17 @@ size_t hvdl__neg_bytes(int nlocal) {
            sizeof(double) * NEG_IDS * (size_t)nlocal;
 }
 
-int hvdl__neg_open(engine_t *e) {
+extern const negotiation_t hvdl__negotiate_shm;
+
+int hvdl__negotiate_shm_open(engine_t *e) {
     hvdl_shm_t *s = e->shm;
-    if (!s || !e->cfg.shm_negotiate || s->nlocal != e->size || e->size > NEG_MAX_RANKS) return 0;
+    if (!s || !e->cfg.shm_negotiate || s->nlocal != e->size || e->size > HVDL_NEG_MAX_RANKS) return 0;
     if (hvdl_doorbell_install())
         return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "cannot negotiate in shared memory: signal SIGRTMIN+7 "
                               "already has a handler in this process; set HOROVODLIKE_SHM_NEGOTIATE=0 on every rank");
     struct neg *n = calloc(1, sizeof *n);
-    if (!n || (e->rank == 0 && (!(n->seen = calloc(NEG_IDS, 8)) || !(n->seen_at = calloc(NEG_IDS, 8))))) {
-        if (n) free(n->seen);
+    if (!n || (e->rank == 0 && (!(n->scan.seen = calloc(NEG_IDS, 8)) || !(n->scan.seen_at = calloc(NEG_IDS, 8))))) {
+        if (n) free(n->scan.seen);
         free(n);
         return hvdl__oom(e, "shared-memory negotiation", (int64_t)sizeof *n + 8 * NEG_IDS);
     }
@@ -132,25 +137,24 @@ int hvdl__neg_open(engine_t *e) {
     n->nlocal = s->nlocal;
     n->me = s->me;
     e->neg = n;
-    return 0;
+    e->negotiation = &hvdl__negotiate_shm;
+    return 1;
 }
 
-void hvdl__neg_free(engine_t *e) {
+static void neg_free(engine_t *e) {
     struct neg *n = e->neg;
-    if (!n) return;
     for (int i = n->qhead; i < n->qlen; i++) hvdl__response_free(&n->q[i]);
     free(n->q);
     free(n->defer);
-    free(n->seen);
-    free(n->seen_at);
+    free(n->scan.seen);
+    free(n->scan.seen_at);
     free(n);
     e->neg = NULL;
 }
 
 /* The loop thread, as it starts: its doorbell, and ppoll's mask (net.c). */
-void hvdl__neg_thread_start(engine_t *e) {
+static void thread_start(engine_t *e) {
     struct neg *n = e->neg;
-    if (!n) return;
     hvdl_doorbell_block(&n->sleep_mask);
     e->poll_mask = &n->sleep_mask;
     atomic_store(&n->ranks[n->me].pid, (int32_t)getpid());
@@ -158,9 +162,8 @@ void hvdl__neg_thread_start(engine_t *e) {
 }
 
 /* The loop thread, as it ends. */
-void hvdl__neg_thread_end(engine_t *e) {
+static void thread_end(engine_t *e) {
     struct neg *n = e->neg;
-    if (!n) return;
     atomic_store(&n->ranks[n->me].tid, 0);
     hvdl__log(HVDL_LOG_DEBUG, "rank %d agreed on %lld tensors in shared memory and executed %lld "
               "responses planned by rank 0; waiting callers executed %lld log entries", e->rank,
@@ -231,9 +234,9 @@ static int append(engine_t *e, const neg_entry_t *ent) {
 
 /* ---- announcing ---- */
 
-int hvdl__neg_post(engine_t *e, int id) {
+static int post(engine_t *e, int id) {
     struct neg *n = e->neg;
-    if (!n || id < 0 || id >= NEG_IDS) return 0;
+    if (id < 0 || id >= NEG_IDS) return 0;
     uint64_t bit = 1ull << n->me, full = (1ull << n->nlocal) - 1;
     _Atomic uint64_t *w = &n->arrive[id];
     /* For rank 0's trace (ready_us). Published by the CAS below; read by rank 0 before
@@ -249,7 +252,8 @@ int hvdl__neg_post(engine_t *e, int id) {
     }
 }
 
-int hvdl__neg_complete(engine_t *e, const int *ids, int k) {
+/* The ids this rank completed, fused by fusion.c's rule into log entries. */
+static int complete(engine_t *e, const int *ids, int k, took_t *t) {
     neg_entry_t ent;
     for (int i = 0; i < k;) {
         memset(&ent, 0, sizeof ent);
@@ -257,11 +261,8 @@ int hvdl__neg_complete(engine_t *e, const int *ids, int k) {
         const meta_t *first = &e->cache[ids[i]].meta;
         int64_t bytes = hvdl__meta_bytes(first);
         ent.u.ids[ent.n++] = ids[i++];
-        while (i < k && ent.n < NEG_MAX_IDS && hvdl__fusable(first, &e->cache[ids[i]].meta) &&
-               bytes + hvdl__meta_bytes(&e->cache[ids[i]].meta) <= e->cfg.fusion_threshold) {
-            bytes += hvdl__meta_bytes(&e->cache[ids[i]].meta);
+        while (i < k && ent.n < NEG_MAX_IDS && hvdl__fuses(e, first, &e->cache[ids[i]].meta, &bytes))
             ent.u.ids[ent.n++] = ids[i++];
-        }
         if (append(e, &ent)) return -1;
     }
     return 0;
@@ -269,36 +270,29 @@ int hvdl__neg_complete(engine_t *e, const int *ids, int k) {
 
 /* ---- rank 0's side ---- */
 
-int hvdl__neg_close_id(engine_t *e, int id) {
+/* Rank 0 takes the id over: its posted bits come back in t, dated `since` (0: not). */
+static int close_id(engine_t *e, int id, double since, took_t *t) {
     struct neg *n = e->neg;
-    if (!n || id < 0 || id >= NEG_IDS || id >= e->ncache) return 0;
+    if (id < 0 || id >= NEG_IDS || id >= e->ncache) return 0;
     /* A post's CAS either came first (its bit is in old, or it completed the word, and
      * then old has no bits and its entry is in the log) or fails and finds CLOSED. */
     uint64_t old = atomic_fetch_or(&n->arrive[id], CLOSED) & MASK;
     atomic_fetch_and(&n->arrive[id], ~MASK);     /* only rank 0 changes a closed word */
-    for (int q = 0; q < n->nlocal; q++) {
-        if (!(old >> q & 1)) continue;
-        meta_t m = hvdl__cache_meta_for(e, id, q);     /* one node: local index = rank */
-        if (hvdl__coord_record(e, q, e->cache[id].name, &m, NULL, 0)) return -1;
-    }
-    return 0;
+    for (int q = 0; q < n->nlocal; q++)          /* one node: local index = rank */
+        if ((old >> q & 1) && hvdl__took_add(e, t, q, id, since)) return -1;
+    return since > 0 && !old ? hvdl__took_add(e, t, -1, id, since) : 0;
 }
 
-int hvdl__neg_close_name(engine_t *e, const char *name) {
-    return e->neg ? hvdl__neg_close_id(e, hvdl__cache_lookup(e, name)) : 0;
+/* A request for p's name reached the coordinator: the first one takes the word over. */
+static int close_request(engine_t *e, int from, pending_t *p, const meta_t *m, took_t *t) {
+    return p->count ? 0 : close_id(e, hvdl__cache_lookup(e, p->name), 0, t);
 }
 
-int hvdl__neg_close_all(engine_t *e) {
-    if (!e->neg) return 0;
-    e->neg->join_closed = 1;
+static int close_all(engine_t *e, took_t *t) {
+    struct neg *n = e->neg;
+    n->join_closed = 1;
     for (int id = 0; id < e->ncache && id < NEG_IDS; id++)
-        if (hvdl__neg_close_id(e, id)) return -1;
-    return 0;
-}
-
-static int anyone_joined(engine_t *e) {
-    for (int r = 0; r < e->size; r++)
-        if (e->coord->joined[r]) return 1;
+        if (close_id(e, id, 0, t)) return -1;
     return 0;
 }
 
@@ -306,15 +300,13 @@ static void reopen(struct neg *n, int id) {
     atomic_fetch_and(&n->arrive[id], ~CLOSED);
 }
 
-int hvdl__neg_settle(engine_t *e, const response_t *r) {
+static int settle(engine_t *e, const response_t *r, int joined, took_t *t) {
     struct neg *n = e->neg;
-    if (!n) return 0;
-    int joined = anyone_joined(e);
     for (int i = 0; i < r->ntensors; i++) {
         int id = hvdl__cache_lookup(e, r->names[i]);
         if (id < 0 || id >= NEG_IDS) continue;
         if (joined) {                 /* a new id, or a word some rank has just posted to */
-            if (hvdl__neg_close_id(e, id)) return -1;
+            if (close_id(e, id, 0, t)) return -1;
         } else {
             reopen(n, id);
         }
@@ -327,37 +319,30 @@ int hvdl__neg_settle(engine_t *e, const response_t *r) {
     return 0;
 }
 
-int hvdl__neg_order(engine_t *e, const response_t *r) {
+/* Rank 0: r's place in the log. */
+static int order(engine_t *e, const response_t *r) {
     const group_t *g = e->sets[r->meta.process_set];
     neg_entry_t ent = {.kind = NEG_COORD, .n = r->meta.process_set};
     for (int i = 0; g && i < g->n; i++) ent.u.members |= 1ull << g->ranks[i];
     return append(e, &ent);
 }
 
-void hvdl__neg_stall_scan(engine_t *e, double now) {
-    struct neg *n = e->neg;
-    if (!n) return;
-    double after = e->cfg.stall_warning;
-    if (e->cfg.stall_shutdown > 0 && e->cfg.stall_shutdown < after) after = e->cfg.stall_shutdown;
-    for (int id = 0; id < e->ncache && id < NEG_IDS; id++) {
-        uint64_t w = atomic_load(&n->arrive[id]);
-        if (!(w & MASK) || (w & CLOSED)) {
-            n->seen[id] = 0;
-        } else if (n->seen[id] != w) {         /* a new round, or a rank has arrived */
-            n->seen[id] = w;
-            n->seen_at[id] = now;
-        } else if (now - n->seen_at[id] >= after) {
-            if (hvdl__neg_close_id(e, id)) return;                      /* failed */
-            pending_t *p = strmap_get(&e->coord->pending, e->cache[id].name);
-            if (p && p->first_at > n->seen_at[id]) p->first_at = n->seen_at[id];
-            n->seen[id] = 0;
-        }
-    }
+/* A word stuck partly set: rank 0 takes it over, dated from when it first saw it. */
+static int stuck(engine_t *e, int id, uint64_t w, double since, double now, took_t *t) {
+    return close_id(e, id, since, t);
 }
+
+static int stall_scan(engine_t *e, double now, took_t *t) {
+    struct neg *n = e->neg;
+    return hvdl__words_scan(e, &n->scan, n->arrive, now, hvdl__stall_after(e), stuck, t);
+}
+
+static int watches(engine_t *e) { return e->rank == 0; }
 
 /* ---- executing the log ---- */
 
-int hvdl__neg_queue(engine_t *e, response_t *r) {
+/* Responses from rank 0 wait for their place in the log. */
+static int queue(engine_t *e, response_t *r) {
     struct neg *n = e->neg;
     if (n->qhead == n->qlen) n->qhead = n->qlen = 0;
     if (grow(e, (void **)&n->q, &n->qcap, n->qlen, sizeof *n->q, "response queue")) return -1;
@@ -366,37 +351,11 @@ int hvdl__neg_queue(engine_t *e, response_t *r) {
     return 0;
 }
 
-static int run_cached(engine_t *e, const neg_entry_t *ent) {
-    for (int i = 0; i < ent->n; i++)
-        if (ent->u.ids[i] < 0 || ent->u.ids[i] >= e->ncache)
-            return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log names cache id %d, "
-                                  "which this rank does not have", ent->u.ids[i]);
-    response_t r = {0};
-    const char *why = NULL;
-    int rc = hvdl__response_alloc(&r, ent->n, e->size, e->cache[ent->u.ids[0]].meta.op)
-                 ? hvdl__oom(e, "response", ent->n) : 0;
-    for (int i = 0; !rc && i < ent->n; i++, r.ntensors++) {
-        r.cached[i] = 1;
-        r.cache_id[i] = ent->u.ids[i];
-    }
-    if (!rc && hvdl__cache_apply(e, &r, &why))
-        rc = why ? hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds %s", why) : -1;
-    if (!rc && e->rank == 0 && TL_ON(e)) {         /* when each rank posted: the trace */
-        if (!(r.ready_at = calloc((size_t)r.ntensors * (size_t)e->size, sizeof(double))))
-            rc = hvdl__oom(e, "response trace", 8 * (int64_t)r.ntensors * e->size);
-        for (int i = 0; !rc && i < r.ntensors; i++)
-            memcpy(r.ready_at + (size_t)i * (size_t)e->size,
-                   e->neg->posted_at + (size_t)ent->u.ids[i] * (size_t)e->size, sizeof(double) * (size_t)e->size);
-    }
-    if (!rc) {
-        r.kind = RESP_OK;
-        r.meta = r.metas[0];
-        r.received_at = hvdl_now();
-        e->neg->fast += r.ntensors;
-        rc = hvdl__execute(e, &r);
-    }
-    hvdl__response_free(&r);
-    return rc;
+/* Rank 0 orders each response it planned in the log (mine: it runs it too); a worker's
+ * waits there for its place. */
+static int place(engine_t *e, response_t *r, int mine) {
+    if (e->rank == 0 && order(e, r)) return -1;
+    return mine && queue(e, r) ? -1 : 1;
 }
 
 /* The entry at n->next if this rank can execute it now, else NULL. */
@@ -424,7 +383,8 @@ static int run_until(engine_t *e, uint64_t until) {
             rc = hvdl__execute(e, &r);
             hvdl__response_free(&r);
         } else if (ent.kind == NEG_CACHED && ent.n >= 1 && ent.n <= NEG_MAX_IDS) {
-            rc = run_cached(e, &ent);
+            n->fast += ent.n;
+            rc = hvdl__execute_cached(e, ent.u.ids, ent.n, e->rank == 0 ? n->posted_at : NULL);
         } else if (ent.kind != NEG_COORD) {
             rc = hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds a malformed "
                                 "entry (kind %d, %d tensors)", ent.kind, ent.n);
@@ -438,17 +398,15 @@ static int run_until(engine_t *e, uint64_t until) {
     return 0;
 }
 
-int hvdl__neg_run(engine_t *e) { return run_until(e, UINT64_MAX); }
+static int run(engine_t *e) { return run_until(e, UINT64_MAX); }
 
-uint64_t hvdl__neg_position(engine_t *e) { return e->neg ? e->neg->next : 0; }
+static uint64_t position(engine_t *e) { struct neg *n = e->neg; return n->next; }
 
 /* A worker stopped by rank 0, which had executed the log up to `pos`: what rank 0 has
  * executed, this rank has too, except what needs no peer (a barrier's entry) or does
  * not involve rank 0 (a set without it, whose members all come here). Those run now,
  * so that an op finished on rank 0 before the shutdown is finished everywhere. */
-int hvdl__neg_finish_to(engine_t *e, uint64_t pos) {
-    return e->neg ? run_until(e, pos) : 0;
-}
+static int finish_to(engine_t *e, uint64_t pos) { return run_until(e, pos); }
 
 /* ---- sleeping, and a caller watching instead ----
  *
@@ -458,9 +416,8 @@ int hvdl__neg_finish_to(engine_t *e, uint64_t pos) {
  * the loop still sleeps, waking the loop itself if work came meanwhile. All of these run
  * with e->drive held; only the doorbell's ring reads the flag from outside. */
 
-int hvdl__neg_sleep_begin(engine_t *e) {
+static int sleep_begin(engine_t *e) {
     struct neg *n = e->neg;
-    if (!n) return 0;
     n->loop_asleep = 1;
     if (atomic_load(&e->watchers)) return 0;        /* a caller watches the log (loop.c) */
     atomic_store(&n->ranks[n->me].sleeping, 1);     /* seq_cst: before reading the log */
@@ -470,20 +427,21 @@ int hvdl__neg_sleep_begin(engine_t *e) {
     return 1;
 }
 
-void hvdl__neg_sleep_end(engine_t *e) {
-    if (!e->neg) return;
-    e->neg->loop_asleep = 0;
-    atomic_store(&e->neg->ranks[e->neg->me].sleeping, 0);
+static void sleep_end(engine_t *e) {
+    struct neg *n = e->neg;
+    n->loop_asleep = 0;
+    atomic_store(&n->ranks[n->me].sleeping, 0);
 }
 
-void hvdl__neg_watch_begin(engine_t *e) {
-    if (e->neg) atomic_store(&e->neg->ranks[e->neg->me].sleeping, 0);
+static void watch_begin(engine_t *e) {
+    struct neg *n = e->neg;
+    atomic_store(&n->ranks[n->me].sleeping, 0);
 }
 
 /* 1 if the loop sleeps and has work it does not know of: the caller wakes it. */
-int hvdl__neg_watch_end(engine_t *e) {
+static int watch_end(engine_t *e) {
     struct neg *n = e->neg;
-    if (!n || !n->loop_asleep) return 0;
+    if (!n->loop_asleep) return 0;
     atomic_store(&n->ranks[n->me].sleeping, 1);     /* seq_cst: before reading the log */
     return next_entry(e) || n->ndefer;
 }
@@ -491,11 +449,40 @@ int hvdl__neg_watch_end(engine_t *e) {
 /* Without e->drive (the loop's look before sleeping, net.c): an entry is published past
  * what this rank has executed. It may be one that waits for its response frame, so it
  * only ends the look, never the sleep that reads the frame. */
-int hvdl__neg_has_work(engine_t *e) {
+static int has_work(engine_t *e) {
     struct neg *n = e->neg;
-    if (!n) return 0;
     uint64_t next = atomic_load_explicit(&n->ranks[n->me].consumed, memory_order_acquire);
     return atomic_load_explicit(&n->log[next % NEG_LOG].stamp, memory_order_acquire) == next + 1;
 }
 
-int hvdl__neg_deferred(engine_t *e) { return e->neg && e->neg->ndefer; }
+static int deferred(engine_t *e) { struct neg *n = e->neg; return n->ndefer; }
+
+const negotiation_t hvdl__negotiate_shm = {
+    .name = "one node's segment",
+    .free = neg_free,
+    .thread_start = thread_start,
+    .thread_end = thread_end,
+    .post = post,
+    .complete = complete,
+    .withdraw = hvdl__neg_withdraw_none,      /* a joined rank's bits are taken at its join */
+    .close = close_request,
+    .join = close_all,
+    .settle = settle,
+    .stall_scan = stall_scan,
+    .before_stall = hvdl__neg_before_stall_none,
+    .scan = hvdl__neg_scan_none,
+    .watches = watches,
+    .applied = hvdl__neg_applied_none,
+    .place = place,
+    .run = run,
+    .deferred = deferred,
+    .position = position,
+    .finish_to = finish_to,
+    .frame = hvdl__neg_refuse_frame,
+    .callers_drive = 1,
+    .sleep_begin = sleep_begin,
+    .sleep_end = sleep_end,
+    .has_work = has_work,
+    .watch_begin = watch_begin,
+    .watch_end = watch_end,
+};
