@@ -577,7 +577,7 @@ static void stall_check(engine_t *e, double now) {
                      "has not sent it%s%s%s", m->op->name, e->rank, i, now - m->started, i,
                      k ? " (it sent, unmatched: " : "", sent, k ? "; do the names match?)" : "");
             if (stall_shutdown(e, m, now, what)) return;
-            hvdl__log(HVDL_LOG_WARNING, "stall: %s", what);
+            hvdl__log(e, HVDL_LOG_WARNING, "stall: %s", what);
         }
         pthread_mutex_lock(&q->smu);
         pmsg_t *m = q->sends.head;
@@ -593,7 +593,7 @@ static void stall_check(engine_t *e, double now) {
         }
         pthread_mutex_unlock(&q->smu);
         if (warn == 2) return;
-        if (warn) hvdl__log(HVDL_LOG_WARNING, "stall: %s", what);
+        if (warn) hvdl__log(e, HVDL_LOG_WARNING, "stall: %s", what);
     }
 }
 

@@ -130,7 +130,7 @@ void hvdl__nodes_free(engine_t *e) {
 void hvdl__nodes_thread_end(engine_t *e) {
     struct nodeneg *n = e->nodes;
     if (n)
-        hvdl__log(HVDL_LOG_DEBUG, "rank %d completed its node's agreement on %lld tensors in %lld "
+        hvdl__log(e, HVDL_LOG_DEBUG, "rank %d completed its node's agreement on %lld tensors in %lld "
                   "announcements; rank 0 recorded %lld node agreements and took %lld words over", e->rank,
                   (long long)n->agreed, (long long)n->frames, (long long)n->recorded, (long long)n->taken);
 }

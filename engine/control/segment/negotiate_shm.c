@@ -162,7 +162,7 @@ void hvdl__neg_thread_end(engine_t *e) {
     struct neg *n = e->neg;
     if (!n) return;
     atomic_store(&n->ranks[n->me].tid, 0);
-    hvdl__log(HVDL_LOG_DEBUG, "rank %d agreed on %lld tensors in shared memory and executed %lld "
+    hvdl__log(e, HVDL_LOG_DEBUG, "rank %d agreed on %lld tensors in shared memory and executed %lld "
               "responses planned by rank 0; waiting callers executed %lld log entries", e->rank,
               (long long)n->fast, (long long)n->planned, (long long)n->by_callers);
 }
