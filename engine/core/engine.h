@@ -105,7 +105,7 @@ typedef struct engine {
     /* The thread that starts and shuts the engine down (api.c; Python's under its
      * lifecycle lock). */
     pthread_t thread;
-    int thread_started;
+    atomic_int thread_started;   /* read as a flag by callers' enqueues (seq_cst) */
     /* Held by whoever runs the loop's work: the loop thread, except while it waits, or
      * a caller waiting for its op (hvdl__drive). Lock order: drive, then mu. */
     pthread_mutex_t drive;
