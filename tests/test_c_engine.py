@@ -8,7 +8,7 @@ work (the tests' blocking calls do, on one node) and the p2p thread, 1 to 16 eng
 once. Any report fails the run; tests/c/tsan.supp holds the suppressions, each with the
 proof that its race is benign (none today). TSan sees races in the process's own memory:
 each engine maps its node's segment at its own address, so accesses to the segment's
-data by two engines are not compared (its words are atomics and futexes throughout).
+data by two engines are not compared (the segment orders them by atomics and futexes).
 Binaries go to a scratch directory."""
 import concurrent.futures
 import glob

@@ -23,7 +23,7 @@
  *     caller's core spent on reduction it would otherwise have waited out;
  *   - atomics: flags read across threads without a lock. Plain `e->failed`-style reads
  *     and writes of an atomic are seq_cst; where an access is weaker, it says why.
- * Lock order: drive, then mu, then tl_mu. The tests/c run under ThreadSanitizer checks
+ * Lock order: drive, then mu (timeline.c orders its own). The tests/c run under TSan checks
  * these rules (tests/test_c_engine.py).
  */
 #ifndef HVDL_ENGINE_H
@@ -79,8 +79,9 @@ struct cache_entry;   /* control/control.h */
 typedef struct engine {
     /* Set up by prepare and start before the loop thread starts (the caller's thread that
      * starts it), read-only afterwards: any thread reads them without a lock. What hangs
-     * off the pointers has owners of its own: the peers' control buffers and the
-     * segment's negotiation state are drive's, a peer's p2p_fd the p2p thread's. */
+     * off the pointers has owners of its own: the peers' control buffers, the
+     * segment's negotiation state and ctx's scratch buffers are drive's, a peer's
+     * p2p_fd the p2p thread's. */
     config_t cfg;
     int rank, size;
     char host[128];
