@@ -22,13 +22,15 @@
 #include "transport.h"
 
 /* A process set as the algorithms see it: members' global ranks, sorted, and this
- * rank's index among them (-1 if not a member). Immutable once registered. */
+ * rank's index among them (-1 if not a member). Immutable once registered, but for
+ * removed: set under the engine's mu by hvdl_remove_process_set, read by enqueue
+ * checks on any thread (atomic, seq_cst: set once, and a load costs a plain load). */
 typedef struct group {
     int id;
     int n;
     int me;
     int *ranks;
-    int removed;
+    atomic_int removed;
 } group_t;
 
 struct engine;

@@ -110,7 +110,7 @@ void hvdl__goodbye(engine_t *e) {
         snprintf(msg, sizeof msg, "rank %d (host %s) was lost: it did not finish shutting "
                  "down within %.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is "
                  "stopped or hung", w, e->peers[w].host, e->cfg.peer_timeout);
-        hvdl__log(HVDL_LOG_ERROR, "%s", msg);
+        hvdl__log(e, HVDL_LOG_ERROR, "%s", msg);
         hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg);   /* hvdl_shutdown reports it */
     }
 }

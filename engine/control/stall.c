@@ -52,7 +52,7 @@ void hvdl__stall_check(engine_t *e, double now) {
         }
         if (now - p->warned_at < e->cfg.stall_warning) continue;
         p->warned_at = now;
-        hvdl__log(HVDL_LOG_WARNING, "stall: '%s' has waited %.0f s; ranks [%s] have not submitted it. "
+        hvdl__log(e, HVDL_LOG_WARNING, "stall: '%s' has waited %.0f s; ranks [%s] have not submitted it. "
                   "One or more ranks may be behind or took a different code path.",
                   p->name, now - p->first_at, missing);
     }

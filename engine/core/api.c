@@ -110,6 +110,7 @@ engine_t *hvdl__engine_new(void) {
     if (!e) return NULL;
     e->listen_fd = e->wake_fd = -1;
     e->negotiation = &hvdl__negotiate_frames;   /* until start-up chooses (negotiation.h) */
+    e->rank = -1;            /* until start: what its log lines say */
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->drive, NULL);
     pthread_mutex_init(&e->tl_mu, NULL);
@@ -229,7 +230,6 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     if (size < 1 || rank < 0 || rank >= size) return hvdl__err(HVDL_ERR_INVALID, "rank %d of size %d", rank, size);
     e->rank = rank;
     e->size = size;
-    hvdl__log_set_rank(rank);
     e->peers = calloc((size_t)size, sizeof *e->peers);
     if (!e->peers) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     for (int i = 0; i < size; i++) {
@@ -267,7 +267,7 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     e->spin_us = 2 * nlocal > cores ? 0 : e->cfg.spin_us;
     e->shm_spin_us = nlocal > cores ? 0 : e->cfg.spin_us;
-    hvdl__log(HVDL_LOG_INFO, "rank %d waits spin %d us, shm barriers %d us (%d local ranks, %ld cores)",
+    hvdl__log(e, HVDL_LOG_INFO, "rank %d waits spin %d us, shm barriers %d us (%d local ranks, %ld cores)",
               rank, e->spin_us, e->shm_spin_us, nlocal, cores);
     if (build_nodes(e)) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     if (hvdl__shm_open(e) || hvdl__negotiation_open(e) || hvdl__clock_sync(e))
@@ -275,8 +275,8 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     hvdl__ctx_fill(e);
     hvdl__liveness_start(e);
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
-        hvdl__log(HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
-    hvdl__config_log(&e->cfg, rank);
+        hvdl__log(e, HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
+    hvdl__config_log(e, &e->cfg, rank);
     /* Signals sent to the process (Ctrl-C, kill) must reach a thread that does not block
      * them; if the engine's thread took one, Python's handler would wait for the main
      * thread to wake up by itself (a sleep of a minute: the launcher SIGKILLs first). So

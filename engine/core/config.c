@@ -11,7 +11,7 @@ static double env_num(const char *name, double dflt) {
     char *end;
     double d = strtod(v, &end);
     if (*end) {
-        hvdl__log(HVDL_LOG_WARNING, "ignoring %s=%s: not a number", name, v);
+        hvdl__log(NULL, HVDL_LOG_WARNING, "ignoring %s=%s: not a number", name, v);
         return dflt;
     }
     return d;
@@ -71,10 +71,10 @@ void hvdl__config_read(config_t *c) {
     if (c->start_timeout > 86400) c->start_timeout = 86400;
     const char *inject = getenv("HOROVODLIKE_TEST_INJECT");
     if (inject && *inject && hvdl__inject_parse(inject, c))
-        hvdl__log(HVDL_LOG_ERROR, "HOROVODLIKE_TEST_INJECT=%s is not site[:rank[:nth]] with a known "
+        hvdl__log(NULL, HVDL_LOG_ERROR, "HOROVODLIKE_TEST_INJECT=%s is not site[:rank[:nth]] with a known "
                   "site; no failure will be injected", inject);
     else if (inject && *inject)
-        hvdl__log(HVDL_LOG_WARNING, "HOROVODLIKE_TEST_INJECT=%s: this job will fail on purpose "
+        hvdl__log(NULL, HVDL_LOG_WARNING, "HOROVODLIKE_TEST_INJECT=%s: this job will fail on purpose "
                   "(for testing only)", inject);
     if (c->fusion_threshold < 0) c->fusion_threshold = 0;
     if (c->cycle_time < 0) c->cycle_time = 0;
@@ -83,8 +83,8 @@ void hvdl__config_read(config_t *c) {
     c->chunk_bytes = c->chunk_bytes < 4096 ? 4096 : c->chunk_bytes & ~(int64_t)63;
 }
 
-void hvdl__config_log(const config_t *c, int rank) {
-    hvdl__log(HVDL_LOG_INFO,
+void hvdl__config_log(const struct engine *e, const config_t *c, int rank) {
+    hvdl__log(e, HVDL_LOG_INFO,
               "rank %d config: fusion_threshold=%lld cycle_time_ms=%.3f cache_capacity=%d "
               "stall_check=%d stall_warning_s=%.0f stall_shutdown_s=%.0f peer_timeout_s=%.0f "
               "chunk_bytes=%lld shm=%d shm_chunk_bytes=%lld",

@@ -56,7 +56,9 @@ const char *hvdl__alg_name(int alg);     /* exec.c: the name it is traced under 
 
 void hvdl__config_read(config_t *c);
 int hvdl__inject_parse(const char *spec, config_t *c);   /* inject.c: 0, or -1 if malformed */
-void hvdl__config_log(const config_t *c, int rank);
+struct engine;
+/* api.c at start: the settings, in e's log */
+void hvdl__config_log(const struct engine *e, const config_t *c, int rank);
 void hvdl__config_agreed(const config_t *c, agreed_t *out);
 /* 0 if a and b agree; else writes "VARIABLE (x here, y there)" to msg and returns 1. */
 int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap);

@@ -5,6 +5,26 @@
  * global: all state hangs off one struct engine, so the C tests (tests/c) run several
  * engines as threads in one process; api.c holds the one pointer Python uses. The
  * algorithms see a narrow view of it (context.h) and never include this header.
+ *
+ * Threads and who owns what. Four kinds of thread touch an engine: the callers (the
+ * framework's threads: enqueue, wait, release, process sets), the background loop
+ * (loop.c), the point-to-point thread (p2p.c), and the thread that starts and shuts it
+ * down. Each group of fields below says which lock or thread owns it:
+ *   - set up before the loop starts, read-only while it runs: read by any thread;
+ *   - mu: the queues and tables callers and the loop share, and the failure record;
+ *   - drive: the loop's work (negotiation, planning, execution, control frames). Its
+ *     holder is the loop thread, except while that waits (net.c lets go around its
+ *     poll), or a caller waiting for its op, which runs the work that needs no waiting
+ *     itself (hvdl__drive, loop.c). So the loop's state, and the reduction in a
+ *     shared-memory collective, may run on a training thread. The trade: on one node a
+ *     small op then needs no thread hand-off at all; a stream of blocking 4 KiB
+ *     allreduces took 31-32 us an op against 67-77 us with the loop thread doing the work
+ *     (docs/benchmarks.md, "The waiting caller does the engine's work"). The cost is a
+ *     caller's core spent on reduction it would otherwise have waited out;
+ *   - atomics: flags read across threads without a lock. Plain `e->failed`-style reads
+ *     and writes of an atomic are seq_cst; where an access is weaker, it says why.
+ * Lock order: drive, then mu (timeline.c orders its own). The tests/c run under TSan checks
+ * these rules (tests/test_c_engine.py).
  */
 #ifndef HVDL_ENGINE_H
 #define HVDL_ENGINE_H
@@ -57,6 +77,11 @@ struct peer;          /* transport/net.h */
 struct cache_entry;   /* control/control.h */
 
 typedef struct engine {
+    /* Set up by prepare and start before the loop thread starts (the caller's thread that
+     * starts it), read-only afterwards: any thread reads them without a lock. What hangs
+     * off the pointers has owners of its own: the peers' control buffers, the
+     * segment's negotiation state and ctx's scratch buffers are drive's, a peer's
+     * p2p_fd the p2p thread's. */
     config_t cfg;
     int rank, size;
     char host[128];
@@ -78,13 +103,15 @@ typedef struct engine {
     int *node;               /* node index of every rank (ctx.node) */
     ctx_t ctx;               /* what the algorithms see of this engine (context.h) */
 
+    /* The thread that starts and shuts the engine down (api.c; Python's under its
+     * lifecycle lock). */
     pthread_t thread;
-    int thread_started;
+    atomic_int thread_started;   /* read as a flag by callers' enqueues (seq_cst) */
     /* Held by whoever runs the loop's work: the loop thread, except while it waits, or
      * a caller waiting for its op (hvdl__drive). Lock order: drive, then mu. */
     pthread_mutex_t drive;
     atomic_int watchers;     /* callers between hvdl__drive_enter and _leave */
-    int wake_fd;             /* eventfd: an enqueue or shutdown wakes the loop */
+    int wake_fd;             /* eventfd (set at start): an enqueue or shutdown wakes the loop */
 
     /* Guarded by mu. Lock rule: the loop never holds mu while doing I/O. */
     pthread_mutex_t mu;
@@ -96,21 +123,29 @@ typedef struct engine {
     int nslots;
     int free_head;
     int *free_next;
-    int failed;              /* sticky: a lost peer or a stall shutdown */
+    atomic_int failed;       /* sticky: a lost peer or a stall shutdown. Written under mu
+                              * with fail_status and fail_msg (read those under mu); read
+                              * as a flag anywhere (seq_cst: set once, and a load costs a
+                              * plain load on x86-64) */
     int fail_status;
     char fail_msg[HVDL_MSG_BYTES];
     int shutdown_requested;
     uint64_t enqueues;       /* ops enqueued so far, and when the last was (deadlock.c) */
     double last_enqueue_at;
-    atomic_int waiters;      /* callers asleep in hvdl_wait */
-    struct deadlock *dl;     /* loop-owned (deadlock.c) */
+    atomic_int waiters;      /* callers asleep in hvdl_wait (atomic: read without mu) */
     char bye_why[HVDL_MSG_BYTES];   /* who shut down, without submitting what (shutdown.c) */
 
-    /* Owned by the background thread alone. */
+    /* Owned by whoever holds drive: the loop thread, or a caller running the loop's work
+     * (hvdl__drive). Never by two threads at once, never without drive once the loop
+     * runs. The parts a caller never runs (waiting for frames, the stall check,
+     * heartbeats, deadlock detection) are still under drive, held then by the loop. */
+    struct deadlock *dl;     /* deadlock.c */
     op_queue_t unsent;       /* picked up, not yet told to the coordinator */
     double first_unsent_at;
     int bye_sent;
-    int stopped;             /* a shutdown was sent (rank 0) or received (workers) */
+    atomic_int stopped;      /* a shutdown was sent (rank 0) or received (workers); written
+                              * under drive (or by shutdown once the loop has ended), read
+                              * as a flag by any thread (seq_cst, as failed) */
     strmap_t mine;           /* name -> op_t*, ops this rank has announced */
     struct cache_entry *cache;   /* id -> entry; identical on every rank */
     int ncache;
@@ -124,7 +159,8 @@ typedef struct engine {
     double next_tick;        /* when liveness.c next sends heartbeats and checks peers */
     int in_tick;
 
-    /* Tracing (timeline.c). tl_on is the one branch every event site pays. */
+    /* Tracing (timeline.c). tl_on is the one branch every event site pays; tl_mu guards
+     * the writer (tl), which any thread may append to. */
     atomic_int tl_on;
     atomic_int tl_mark_cycles;   /* HOROVOD_TIMELINE_MARK_CYCLES: CYCLE_START instants */
     pthread_mutex_t tl_mu;
@@ -132,15 +168,17 @@ typedef struct engine {
     double t0;               /* hvdl_now() at start: trace ts are relative to it */
     double t0_epoch_us;      /* the same moment on the wall clock */
     double clock_offset_us;  /* rank 0's wall clock minus ours, measured at start */
-    int64_t step;            /* training steps seen (loop-owned) */
-    char *first_name;        /* the first name submitted twice: marks steps */
-    strmap_t seen_names;     /* names seen before first_name was found */
+    int64_t step;            /* training steps seen (under drive: announce counts them) */
+    char *first_name;        /* the first name submitted twice: marks steps (drive) */
+    strmap_t seen_names;     /* names seen before first_name was found (drive) */
 
-    /* Process sets: registered under mu by the API, read by the loop. Entries are never
-     * freed or moved while the engine lives, so the loop may read them without mu. */
-    group_t *sets[HVDL_MAX_SETS];
+    /* Process sets: registered under mu by the API, read by the loop and callers without
+     * it. Entries are never freed or moved while the engine lives; each slot is an
+     * atomic pointer stored with release once its entry is filled in (process_sets.c),
+     * so a reader that sees the pointer sees the entry. */
+    group_t *_Atomic sets[HVDL_MAX_SETS];
     atomic_int sets_changed;
-    struct p2p *p2p;         /* point-to-point messages: their own thread (p2p.c) */
+    struct p2p *p2p;         /* point-to-point messages: their own thread (p2p.c), set at start */
 } engine_t;
 
 /* api.c: one engine's life, and the error funnel of every public call. The public API

@@ -78,7 +78,7 @@ static int release(engine_t *e) {
      * level, with the round it starts next (common/elastic.py). */
     int recovered = e->cfg.elastic && e->fail_status == HVDL_ERR_PEER_LOST;
     if (e->fail_status != HVDL_ERR_SHUT_DOWN)
-        hvdl__log(recovered ? HVDL_LOG_DEBUG : HVDL_LOG_ERROR, "%s", e->fail_msg);
+        hvdl__log(e, recovered ? HVDL_LOG_DEBUG : HVDL_LOG_ERROR, "%s", e->fail_msg);
     return -1;
 }
 

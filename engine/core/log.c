@@ -1,23 +1,23 @@
-#include "log.h"
+#include "engine.h"
 #include <stdarg.h>
 #include <stdio.h>
 
-/* Process-wide on purpose: logging is the one thing every engine in a process shares. */
-static int g_level = HVDL_LOG_WARNING;
-static int g_rank = -1;
+/* The level is process-wide: every engine of a process reads the same HOROVOD_LOG_LEVEL.
+ * Relaxed: it only filters lines, and nothing else is read on its strength. The rank is
+ * each engine's own (e->rank, set at start before any thread of the engine runs). */
+static atomic_int g_level = HVDL_LOG_WARNING;
 static const char *NAMES[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR"};
 
-void hvdl__log_set_level(int level) { g_level = level; }
-void hvdl__log_set_rank(int rank) { g_rank = rank; }
+void hvdl__log_set_level(int level) { atomic_store_explicit(&g_level, level, memory_order_relaxed); }
 
-void hvdl__log(int level, const char *fmt, ...) {
-    if (level < g_level) return;
+void hvdl__log(const engine_t *e, int level, const char *fmt, ...) {
+    if (level < atomic_load_explicit(&g_level, memory_order_relaxed)) return;
     char line[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     /* One write per line so ranks' lines do not interleave mid-line. */
-    fprintf(stderr, "[horovodlike rank %d] %s: %s\n", g_rank, NAMES[level > 4 ? 4 : level], line);
+    fprintf(stderr, "[horovodlike rank %d] %s: %s\n", e ? e->rank : -1, NAMES[level > 4 ? 4 : level], line);
     fflush(stderr);
 }

@@ -2,7 +2,9 @@
 #ifndef HVDL_LOG_H
 #define HVDL_LOG_H
 enum { HVDL_LOG_TRACE, HVDL_LOG_DEBUG, HVDL_LOG_INFO, HVDL_LOG_WARNING, HVDL_LOG_ERROR };
+struct engine;
 void hvdl__log_set_level(int level);
-void hvdl__log_set_rank(int rank);
-void hvdl__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A line of engine e, prefixed with e's rank: several engines in one process (tests/c)
+ * each log as themselves. NULL: no engine has a rank yet (settings being read), -1. */
+void hvdl__log(const struct engine *e, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 #endif

@@ -262,26 +262,59 @@ static int pump(engine_t *e, int timeout_ms) {
     return 0;
 }
 
+/* One cycle of the engine's work, run by the loop thread (by_caller 0) or by a caller
+ * waiting for its op while the loop thread is not at work (by_caller 1, hvdl__drive). A
+ * nonzero return ends the loop; a caller wakes the loop thread instead. What differs:
+ *   - only the loop drains its wake-up (so it always learns of a shutdown), and only the
+ *     loop says goodbye: a caller that finds shutdown asked hands it to the loop;
+ *   - the loop marks every cycle on the timeline; a caller, which looks far more often,
+ *     only the cycles where it announces;
+ *   - a caller never does the waiting work: the stall check, a node leader's scan, the
+ *     p2p connections, deadlock detection, heartbeats, and waiting for frames and
+ *     handling them (pump): what a caller's sends and collectives buffer, the loop
+ *     handles.
+ * The steps shared are one code path, in one order, so that a driving caller completes a
+ * small op exactly as the loop would (the small-op latency depends on it). */
+static int run_cycle(engine_t *e, int by_caller) {
+    int bye = take_incoming(e, !by_caller);
+    if (bye && by_caller) return 1;                   /* a shutdown is the loop's */
+    double now = hvdl_now();
+    /* An engine with nothing awaiting a response announces at once: there is nothing
+     * to fuse with, and waiting would only add latency. Requests that arrive while
+     * others are in flight wait out the cycle and travel (and fuse) together. */
+    int announce = e->unsent.head && (bye || e->mine.count == 0 || now - e->first_unsent_at >= e->cfg.cycle_time);
+    if ((announce || !by_caller) && hvdl__tl_mark_cycles(e))
+        hvdl__tl_instant(e, TL_CYCLES, "CYCLE_START", now, NULL);
+    if (announce && hvdl__announce(e)) return 1;
+    if (bye && !e->bye_sent) {
+        e->bye_sent = 1;
+        if (hvdl__say_bye(e)) return 1;
+    }
+    if (e->rank == 0) {
+        if (lead(e)) return 1;
+        if (!by_caller) hvdl__stall_check(e, now);
+    }
+    if (e->negotiation->run(e)) return 1;             /* the segment's log, in order */
+    if (by_caller) return 0;
+    if (scan_words(e, now)) return 1;                 /* a node leader's stuck words */
+    if (hvdl__p2p_tend(e)) return 1;                  /* a p2p connection broke */
+    if (hvdl__deadlock_tick(e, now)) return 1;        /* callers blocked for good */
+    if (hvdl__liveness_check(e, hvdl_now())) return 1;
+    if (e->failed || e->stopped) return 1;
+    return pump(e, sleep_ms(e, hvdl_now()));
+}
+
 /* A caller waiting for its op runs the loop's work itself when the loop thread is not
- * running it (it sleeps, or waits in hvdl__wait_control): new ops, announcing, rank 0's
- * plan and the segment's log. What needs waiting (frames, the stall check, heartbeats)
- * stays with the loop thread. On one node a small op then needs no wake-up at all: the
- * last caller to arrive completes the request in the segment and executes it, and a
- * caller already waiting sees the log's entry and executes it too. */
+ * running it (it sleeps, or waits in hvdl__wait_control): run_cycle's part that needs no
+ * waiting. On one node a small op then needs no wake-up at all: the last caller to
+ * arrive completes the request in the segment and executes it, and a caller already
+ * waiting sees the log's entry and executes it too. */
 int hvdl__drive(engine_t *e) {
     if (pthread_mutex_trylock(&e->drive)) return 0;   /* the loop thread is at work */
     int wake = 0;
     if (!e->failed && !e->stopped) {
         e->negotiation->watch_begin(e);
-        wake = take_incoming(e, 0);                     /* a shutdown is the loop's */
-        double now = hvdl_now();
-        if (!wake && e->unsent.head && (e->mine.count == 0 || now - e->first_unsent_at >= e->cfg.cycle_time)) {
-            /* the cycle this caller runs: marked where it announces, not at every look */
-            if (hvdl__tl_mark_cycles(e)) hvdl__tl_instant(e, TL_CYCLES, "CYCLE_START", now, NULL);
-            wake = hvdl__announce(e);
-        }
-        if (!wake && e->rank == 0) wake = lead(e);
-        if (!wake) wake = e->negotiation->run(e);
+        wake = run_cycle(e, 1);
     }
     pthread_mutex_unlock(&e->drive);
     if (wake || e->failed) hvdl__wake(e);
@@ -304,33 +337,8 @@ void *hvdl__loop(void *arg) {
     engine_t *e = arg;
     pthread_mutex_lock(&e->drive);        /* let go only while waiting (net.c) */
     e->negotiation->thread_start(e);
-    while (!e->failed && !e->stopped) {
-        int bye = take_incoming(e, 1);
-        double now = hvdl_now();
-        if (hvdl__tl_mark_cycles(e)) hvdl__tl_instant(e, TL_CYCLES, "CYCLE_START", now, NULL);
-        /* An engine with nothing awaiting a response announces at once: there is nothing
-         * to fuse with, and waiting would only add latency. Requests that arrive while
-         * others are in flight wait out the cycle and travel (and fuse) together. */
-        int idle = e->mine.count == 0;
-        if (e->unsent.head && (bye || idle || now - e->first_unsent_at >= e->cfg.cycle_time) &&
-            hvdl__announce(e))
-            break;
-        if (bye && !e->bye_sent) {
-            e->bye_sent = 1;
-            if (hvdl__say_bye(e)) break;
-        }
-        if (e->rank == 0) {
-            if (lead(e)) break;
-            hvdl__stall_check(e, now);
-        }
-        if (e->negotiation->run(e)) break;          /* the segment's log, in order */
-        if (scan_words(e, now)) break;              /* a node leader's stuck words */
-        if (hvdl__p2p_tend(e)) break;              /* a p2p connection broke */
-        if (hvdl__deadlock_tick(e, now)) break;     /* callers blocked for good */
-        if (hvdl__liveness_check(e, hvdl_now())) break;
-        if (e->failed || e->stopped) break;
-        if (pump(e, sleep_ms(e, hvdl_now()))) break;
-    }
+    while (!e->failed && !e->stopped)
+        if (run_cycle(e, 0)) break;
     /* From here on enqueue refuses (it checks this flag under mu), so every op that made
      * it in is completed below and none can slip in after. Only a real shutdown is
      * reported as one: every other exit has recorded its cause (fail.c). */

@@ -1,7 +1,9 @@
 /*
- * Process sets: registered by the API under the engine's mutex, read by the loop. An
- * entry is never freed or moved while the engine lives (removal only marks it), so the
- * loop reads the table without the lock.
+ * Process sets: registered by the API under the engine's mutex, read by the loop (and by
+ * a caller driving its work) without it. An entry is never freed or moved while the
+ * engine lives (removal only marks it), and each slot of the table is an atomic pointer
+ * published with release after the entry is filled in, so a reader that sees the
+ * pointer sees the whole entry.
  */
 #include "engine.h"
 #include <sched.h>
@@ -30,7 +32,8 @@ int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n) {
         if (ranks[i] == e->rank) g->me = i;
     pthread_mutex_lock(&e->mu);
     int taken = e->sets[id] != NULL;
-    if (!taken) e->sets[id] = g;
+    /* release: g's fields, written above, are visible to whoever loads the pointer */
+    if (!taken) atomic_store_explicit(&e->sets[id], g, memory_order_release);
     pthread_mutex_unlock(&e->mu);
     if (taken) {
         free(g->ranks);

@@ -1,6 +1,7 @@
 /*
- * The timeline writer. Events are formatted by the engine thread into a pending buffer
- * (under a mutex, no I/O); a writer thread appends each batch to the file together with
+ * The timeline writer. Events are formatted by the thread that records them (the engine
+ * thread, or a caller running the engine's work) into a pending buffer (under a mutex,
+ * no I/O); a writer thread appends each batch to the file together with
  * the closing "\n]}" in one pwrite at the end of the previous batch, so the file is valid
  * JSON after every write and a crash leaves at most the last batch to lose. The write
  * holds an exclusive flock: a reader that takes a shared flock (the viewer does) can

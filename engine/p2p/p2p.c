@@ -97,7 +97,9 @@ typedef struct plist { pmsg_t *head, *tail; } plist_t;
 
 typedef struct ppeer {
     int fd;
-    int closed;
+    /* Set by the p2p thread (its reads) and by a caller whose send breaks (under smu),
+     * read by both: atomic (seq_cst: set once, and a load costs a plain load). */
+    atomic_int closed;
     /* Sends are written by the caller when its message is the only one queued (no
      * wake-up at all), else by the p2p thread; smu orders them and guards the queue. */
     pthread_mutex_t smu;
@@ -115,6 +117,9 @@ typedef struct ppeer {
     uint8_t *rx_dst;         /* where the payload goes (NULL: discarded) */
 } ppeer_t;
 
+/* Set up at start (thread, started, wake_fd, peers' fds), then owned as each field says:
+ * mu for the incoming ops and stop, each peer's smu for its send queue, the p2p thread
+ * for the rest of a peer (receiving), atomics for what the loop thread reads. */
 struct p2p {
     pthread_t thread;
     int started;
@@ -482,7 +487,9 @@ static void read_peer(engine_t *e, int peer) {
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
         if (n <= 0) {                               /* closed or broken */
             q->closed = 1;
+            pthread_mutex_lock(&q->smu);            /* callers queue sends under it */
             int waiting = q->recvs.head || q->sends.head || q->rx_into;
+            pthread_mutex_unlock(&q->smu);
             if (waiting) {
                 char why[200];
                 snprintf(why, sizeof why, "its point-to-point connection closed%s%s",
@@ -580,7 +587,7 @@ static void stall_check(engine_t *e, double now) {
                      "has not sent it%s%s%s", m->op->name, e->rank, i, now - m->started, i,
                      k ? " (it sent, unmatched: " : "", sent, k ? "; do the names match?)" : "");
             if (stall_shutdown(e, m, now, what)) return;
-            hvdl__log(HVDL_LOG_WARNING, "stall: %s", what);
+            hvdl__log(e, HVDL_LOG_WARNING, "stall: %s", what);
         }
         pthread_mutex_lock(&q->smu);
         pmsg_t *m = q->sends.head;
@@ -596,7 +603,7 @@ static void stall_check(engine_t *e, double now) {
         }
         pthread_mutex_unlock(&q->smu);
         if (warn == 2) return;
-        if (warn) hvdl__log(HVDL_LOG_WARNING, "stall: %s", what);
+        if (warn) hvdl__log(e, HVDL_LOG_WARNING, "stall: %s", what);
     }
 }
 

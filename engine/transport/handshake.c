@@ -185,11 +185,12 @@ typedef struct acceptor {
     pending_conn_t *v;
     int n, cap;
     int rejected;                       /* how many were turned away (logs are capped) */
+    const engine_t *e;                  /* whose log says so */
 } acceptor_t;
 
 static void drop(acceptor_t *a, int i, const char *why) {
     if (why && a->rejected++ < 8)
-        hvdl__log(HVDL_LOG_WARNING, "rejected a connection from %s: %s", a->v[i].who, why);
+        hvdl__log(a->e, HVDL_LOG_WARNING, "rejected a connection from %s: %s", a->v[i].who, why);
     close(a->v[i].fd);
     a->v[i] = a->v[--a->n];
 }
@@ -315,7 +316,7 @@ static void name_missing(engine_t *e) {
 
 /* Accept until every expected connection has passed its hello; reject anything else. */
 static int accept_expected(engine_t *e, int expected, double deadline) {
-    acceptor_t a = {0};
+    acceptor_t a = {.e = e};
     a.cap = 2 * e->size + 64;
     a.v = calloc((size_t)a.cap, sizeof *a.v);
     struct pollfd *pf = calloc((size_t)a.cap + 1, sizeof *pf);

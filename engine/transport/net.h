@@ -7,7 +7,11 @@
 #define HVDL_NET_H
 #include "engine.h"
 
-/* Per-peer connection state (net.c). Control frames arrive on ctrl; data on data. */
+/* Per-peer connection state (net.c). Control frames arrive on ctrl; data on data.
+ * Owners: what the blob says (host .. agreed) is written at start and read-only after;
+ * data_fd and ctrl belong to whoever holds the engine's drive lock (the loop thread, or
+ * a caller running its work: engine.h), which reads, sends and executes; p2p_fd is the
+ * p2p thread's and its callers' (p2p.c). */
 typedef struct conn {
     int fd;
     buf_t rx;                /* bytes read but not yet parsed into frames */

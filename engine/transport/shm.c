@@ -220,14 +220,14 @@ fail:
 void hvdl__shm_report(engine_t *e) {
     hvdl_shm_t *s = e->shm;
     if (s && s->waits)
-        hvdl__log(HVDL_LOG_DEBUG, "rank %d's shared-memory barriers: %lld waits, %.1f us each on "
+        hvdl__log(e, HVDL_LOG_DEBUG, "rank %d's shared-memory barriers: %lld waits, %.1f us each on "
                   "average; %lld slept, woken %.1f us after the release on average (at most %.0f us)",
                   e->rank, (long long)s->waits, s->waited_s * 1e6 / (double)s->waits,
                   (long long)s->slept, s->slept ? s->wake_s * 1e6 / (double)s->slept : 0.0,
                   s->wake_max_s * 1e6);
     if (s && s->two_shots) {
         double k = 1e6 / (double)s->two_shots;
-        hvdl__log(HVDL_LOG_DEBUG, "rank %d's two-shot allreduces: %lld, on average %.1f us copying in, "
+        hvdl__log(e, HVDL_LOG_DEBUG, "rank %d's two-shot allreduces: %lld, on average %.1f us copying in, "
                   "%.1f us reducing, %.1f us copying out", e->rank, (long long)s->two_shots,
                   s->copy_in_s * k, s->reduce_s * k, s->copy_out_s * k);
     }

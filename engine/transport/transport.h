@@ -38,6 +38,8 @@ typedef struct hvdl_shm {
     int64_t chunk;           /* bytes per rank per piece that broadcast and allgather copy */
     int64_t rchunk;          /* ... that the reductions use, at most chunk (shm.c) */
     int64_t slot_bytes;
+    /* The fields above are set when the segment opens; those below belong to the thread
+     * that runs the collective (the one holding the engine's drive lock). */
     uint32_t phase;          /* phases posted; identical on every local rank */
     uint32_t epoch;          /* pieces written; picks the slot of the double buffer */
     /* What the barriers cost this rank, logged when the segment closes (debug level):

@@ -28,8 +28,10 @@ static inline void hvdl_pause(void) {
 }
 
 /* Reduce kernels built twice on x86-64 (AVX2/FMA/F16C and baseline), the best picked
- * at load time; elsewhere the one baseline build (aarch64's baseline has NEON). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * at load time; elsewhere the one baseline build (aarch64's baseline has NEON). Not
+ * under ThreadSanitizer: the picker (an ifunc resolver) runs while the program is being
+ * relocated, before TSan's runtime is up, and its instrumented entry crashes. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define HVDL_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define HVDL_TARGET_CLONES

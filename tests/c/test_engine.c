@@ -323,6 +323,37 @@ static void test_barrier(const member_t *m) {
     CHECK(!run_op(m->e, &q, NULL, msg), "%s: barrier: %s", m->where, msg);
 }
 
+/* Point-to-point, a ring on the set: each member sends to the next and receives from
+ * the one before, through the p2p thread (and, under TSan, against the callers). */
+static void test_p2p(const member_t *m) {
+    if (m->n < 2) return;
+    enum { N = 1000 };
+    int32_t out[N], in[N];
+    for (int i = 0; i < N; i++) out[i] = m->e->rank * 100000 + i;
+    char name[48], msg[HVDL_MSG_BYTES];
+    snprintf(name, sizeof name, "p2p.%d", m->set);
+    int from = m->ranks[(m->me + m->n - 1) % m->n];
+    hvdl_request r = make_request(HVDL_OP_RECV, HVDL_INT32, m->set, name, 1, N, 0);
+    r.root_rank = from;
+    r.flags = HVDL_RECV_INTO;
+    r.output = in;
+    int64_t h;
+    int rc = hvdl__engine_enqueue(m->e, &r, &h);
+    CHECK(!rc, "%s: recv %s: %s", m->where, name, hvdl_last_error());
+    if (rc) return;
+    hvdl_request q = make_request(HVDL_OP_SEND, HVDL_INT32, m->set, name, 1, N, 0);
+    q.root_rank = m->ranks[(m->me + 1) % m->n];
+    q.input = out;
+    CHECK(!run_op(m->e, &q, NULL, msg), "%s: send %s: %s", m->where, name, msg);
+    rc = hvdl__engine_wait(m->e, h, 60) || hvdl__engine_release(m->e, h, msg, NULL);
+    CHECK(!rc, "%s: recv %s: %s", m->where, name, msg);
+    for (int i = 0; !rc && i < N; i++)
+        if (in[i] != from * 100000 + i) {
+            CHECK(0, "%s rank %d: recv %s [%d] = %d, want %d", m->where, m->e->rank, name, i, in[i], from * 100000 + i);
+            break;
+        }
+}
+
 /* ---- worlds ---- */
 
 /* Set 0 is everyone; set 1 (worlds of 3+ ranks) is every other rank from 1, which is
@@ -330,6 +361,12 @@ static void test_barrier(const member_t *m) {
 static void body(world_t *w, int rank, void *arg) {
     engine_t *e = w->e[rank];
     int nsets = 1;
+    /* the timeline, started while the engine runs, cycles marked: on rank 2, whose trace
+     * run_world does not read (ranks 0 and 1 trace from the start) */
+    if (w->size == 3 && rank == 2) {
+        CHECK(!hvdl__engine_timeline_start(e, "timeline.json", 1), "%s: timeline: %s", w->label,
+              hvdl_last_error());   /* each rank writes timeline.rank<r>.json beside it */
+    }
     if (w->size >= 3) {
         int odd[w->size], n = 0;
         for (int r = 1; r < w->size; r += 2) odd[n++] = r;
@@ -349,6 +386,7 @@ static void body(world_t *w, int rank, void *arg) {
         test_alltoall(&m);
         test_reducescatter(&m);
         test_barrier(&m);
+        test_p2p(&m);
     }
 }
 

@@ -134,7 +134,7 @@ static void nodes_free(engine_t *e) {
 /* The loop thread, as it ends: what went through the segments (the tests count it). */
 static void thread_end(engine_t *e) {
     struct nodeneg *n = e->neg;
-    hvdl__log(HVDL_LOG_DEBUG, "rank %d completed its node's agreement on %lld tensors in %lld "
+    hvdl__log(e, HVDL_LOG_DEBUG, "rank %d completed its node's agreement on %lld tensors in %lld "
                   "announcements; rank 0 recorded %lld node agreements and took %lld words over", e->rank,
                   (long long)n->agreed, (long long)n->frames, (long long)n->recorded, (long long)n->taken);
 }

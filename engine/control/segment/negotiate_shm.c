@@ -165,7 +165,7 @@ static void thread_start(engine_t *e) {
 static void thread_end(engine_t *e) {
     struct neg *n = e->neg;
     atomic_store(&n->ranks[n->me].tid, 0);
-    hvdl__log(HVDL_LOG_DEBUG, "rank %d agreed on %lld tensors in shared memory and executed %lld "
+    hvdl__log(e, HVDL_LOG_DEBUG, "rank %d agreed on %lld tensors in shared memory and executed %lld "
               "responses planned by rank 0; waiting callers executed %lld log entries", e->rank,
               (long long)n->fast, (long long)n->planned, (long long)n->by_callers);
 }
