@@ -68,7 +68,10 @@ int hvdl__allgather_hier(ctx_t *c, void *out, const int64_t *block_bytes) {
     int64_t aoff = 0;
     for (int j = 0; j < L; j++) {
         pj[j] = 0;
-        for (int k = 0; k < N; k++) { part(node_bytes[k], L, j, &off, &len); pj[j] += len; }
+        for (int k = 0; k < N; k++) {
+            part(node_bytes[k], L, j, &off, &len);
+            pj[j] += len;
+        }
         if (j < me) aoff += pj[j];
     }
     memcpy(all + aoff, cross, (size_t)pj[me]);

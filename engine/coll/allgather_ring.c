@@ -22,8 +22,9 @@ int hvdl__allgather_ring(ctx_t *c, const group_t *g, void *out, const int64_t *b
     int left = g->ranks[mod(r - 1, n)], right = g->ranks[mod(r + 1, n)];
     for (int s = 0; s < n - 1; s++) {
         int send = mod(r - s, n), recv = mod(r - s - 1, n);
-        xfer_t x = {right, o + off[send], block_bytes[send], left, o + off[recv], block_bytes[recv],
-                    0, NULL, NULL};
+        xfer_t x = {right, o + off[send], block_bytes[send],
+                    left,  o + off[recv], block_bytes[recv],
+                    0,     NULL,          NULL};
         if (c->tcp->exchange(c->tcp, &x)) return -1;
     }
     return 0;

@@ -48,8 +48,8 @@ int hvdl__reduce_scatter_ring(ctx_t *c, const group_t *g, void *buf, const int64
     for (int s = 0; s < n - 1; s++) {
         int send = mod(r - s - 1, n), recv = mod(r - s - 2, n);
         rc.dst = b + off[recv];
-        xfer_t x = {right, b + off[send], seg_bytes[send], left, c->scratch.data, seg_bytes[recv],
-                    c->chunk_bytes, reduce_chunk, &rc};
+        xfer_t x = {right,           b + off[send],  seg_bytes[send], left, c->scratch.data,
+                    seg_bytes[recv], c->chunk_bytes, reduce_chunk,    &rc};
         if (c->tcp->exchange(c->tcp, &x)) return -1;
     }
     return 0;

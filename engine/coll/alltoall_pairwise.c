@@ -23,8 +23,15 @@ int hvdl__alltoall_pairwise(ctx_t *c, const group_t *g, const void *in, const in
     if (send_bytes[r]) memcpy(dst + roff[r], src + soff[r], (size_t)send_bytes[r]);
     for (int s = 1; s < n; s++) {
         int to = (r + s) % n, from = (r - s + n) % n;
-        xfer_t x = {g->ranks[to], src + soff[to], send_bytes[to],
-                    g->ranks[from], dst + roff[from], recv_bytes[from], 0, NULL, NULL};
+        xfer_t x = {g->ranks[to],
+                    src + soff[to],
+                    send_bytes[to],
+                    g->ranks[from],
+                    dst + roff[from],
+                    recv_bytes[from],
+                    0,
+                    NULL,
+                    NULL};
         if (c->tcp->exchange(c->tcp, &x)) return -1;
     }
     return 0;

@@ -18,8 +18,15 @@ int hvdl__broadcast_chain(ctx_t *c, const group_t *g, void *buf, int64_t nbytes,
     int left = g->ranks[(g->me - 1 + n) % n], right = g->ranks[(g->me + 1) % n];
     uint8_t *b = buf;
     if (v == 0 || v == n - 1) {
-        xfer_t x = {v == 0 ? right : -1, b, v == 0 ? nbytes : 0,
-                    v == 0 ? -1 : left, b, v == 0 ? 0 : nbytes, 0, NULL, NULL};
+        xfer_t x = {v == 0 ? right : -1,
+                    b,
+                    v == 0 ? nbytes : 0,
+                    v == 0 ? -1 : left,
+                    b,
+                    v == 0 ? 0 : nbytes,
+                    0,
+                    NULL,
+                    NULL};
         return c->tcp->exchange(c->tcp, &x);
     }
     /* Chunks larger than the reduce staging: there is no arithmetic to keep in cache. */
@@ -29,8 +36,15 @@ int hvdl__broadcast_chain(ctx_t *c, const group_t *g, void *buf, int64_t nbytes,
         int64_t s_off = (k - 1) * chunk, r_off = k * chunk;
         int64_t slen = k > 0 ? (nbytes - s_off < chunk ? nbytes - s_off : chunk) : 0;
         int64_t rlen = k < nchunks ? (nbytes - r_off < chunk ? nbytes - r_off : chunk) : 0;
-        xfer_t x = {slen ? right : -1, b + (slen ? s_off : 0), slen,
-                    rlen ? left : -1, b + (rlen ? r_off : 0), rlen, 0, NULL, NULL};
+        xfer_t x = {slen ? right : -1,
+                    b + (slen ? s_off : 0),
+                    slen,
+                    rlen ? left : -1,
+                    b + (rlen ? r_off : 0),
+                    rlen,
+                    0,
+                    NULL,
+                    NULL};
         if (c->tcp->exchange(c->tcp, &x)) return -1;
     }
     return 0;

@@ -125,7 +125,11 @@ static void piece_copy_out(hvdl_shm_t *s, uint8_t *dst, int64_t len, int esz, in
 /* Several tensors as one virtual buffer (a fused response) without a fusion buffer:
  * pieces are gathered from the callers' inputs straight into the slot and the results
  * scattered straight to their outputs. `at` walks the spans in order. */
-typedef struct cursor { const span_t *v; int i; int64_t skip; } cursor_t;
+typedef struct cursor {
+    const span_t *v;
+    int i;
+    int64_t skip;
+} cursor_t;
 
 static void gather(cursor_t *c, uint8_t *dst, int64_t len) {
     while (len > 0) {
@@ -149,7 +153,13 @@ static void scatter(const span_t *v, int64_t at, const uint8_t *src, int64_t len
 
 /* Where a two-shot pass reads and writes: one input and one output buffer, or (v set)
  * the spans of a fused response. */
-typedef struct io { const uint8_t *in; uint8_t *out; const span_t *v; int nspans; cursor_t at; } io_t;
+typedef struct io {
+    const uint8_t *in;
+    uint8_t *out;
+    const span_t *v;
+    int nspans;
+    cursor_t at;
+} io_t;
 
 static void copy_in(io_t *io, uint8_t *slot, int64_t lo, int64_t len) {
     if (!io->v) {
@@ -311,7 +321,8 @@ int hvdl__allgather_shm(ctx_t *c, void *out, const int64_t *block_bytes) {
         if (hvdl__shm_wait_all(c)) return -1;
         for (int q = 0; q < L; q++) {
             int64_t n = min64(piece, block_bytes[q] - lo);
-            if (q != s->me && n > 0) memcpy(o + off[q] + lo, hvdl__shm_slot(s, q, which), (size_t)n);
+            if (q != s->me && n > 0)
+                memcpy(o + off[q] + lo, hvdl__shm_slot(s, q, which), (size_t)n);
         }
     }
     return 0;
@@ -386,7 +397,9 @@ int hvdl__alltoall_shm(ctx_t *c, const void *in, const int64_t *send_bytes, void
         if (hvdl__shm_wait_all(c)) return -1;
         for (int q = 0; q < L; q++) {
             int64_t n = min64(C, recv_bytes[q] - lo);
-            if (n > 0) memcpy((uint8_t *)out + roff[q] + lo, hvdl__shm_slot(s, q, which) + s->me * C, (size_t)n);
+            if (n > 0)
+                memcpy((uint8_t *)out + roff[q] + lo, hvdl__shm_slot(s, q, which) + s->me * C,
+                       (size_t)n);
         }
     }
     return 0;

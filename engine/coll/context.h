@@ -37,9 +37,23 @@ struct engine;
 
 /* Failure injection sites, for tests (inject.c). An algorithm asks HVDL_CTX_INJECT(c, INJ_X),
  * the engine's own files HVDL_INJECT(e, INJ_X); one comparison when injection is off. */
-enum { INJ_NONE, INJ_RING_ALLOC, INJ_RD_ALLOC, INJ_SHM_ATTACH, INJ_TCP_SEND, INJ_CTRL_SEND,
-       INJ_FUSION_ALLOC, INJ_OUTPUT_ALLOC, INJ_PLAN_ALLOC, INJ_SCATTER_ALLOC, INJ_DECODE_ALLOC,
-       INJ_FRAME_ALLOC, INJ_EXEC_ALLOC, INJ_CACHE_ALLOC, INJ_NSITES };
+enum {
+    INJ_NONE,
+    INJ_RING_ALLOC,
+    INJ_RD_ALLOC,
+    INJ_SHM_ATTACH,
+    INJ_TCP_SEND,
+    INJ_CTRL_SEND,
+    INJ_FUSION_ALLOC,
+    INJ_OUTPUT_ALLOC,
+    INJ_PLAN_ALLOC,
+    INJ_SCATTER_ALLOC,
+    INJ_DECODE_ALLOC,
+    INJ_FRAME_ALLOC,
+    INJ_EXEC_ALLOC,
+    INJ_CACHE_ALLOC,
+    INJ_NSITES
+};
 
 /* The context. Everything in it is set at start-up and read-only afterwards, except the
  * scratch buffers, which the algorithms grow, and the segment's phase counters. */
@@ -101,7 +115,11 @@ int hvdl__alltoall_pairwise(ctx_t *c, const group_t *g, const void *in, const in
  * data is in cache: 1.0 for none. */
 int hvdl__allreduce_shm(ctx_t *c, const void *in, void *out, int64_t count, int dtype, int op,
                         double post);
-typedef struct span { const void *in; void *out; int64_t nbytes; } span_t;
+typedef struct span {
+    const void *in;
+    void *out;
+    int64_t nbytes;
+} span_t;
 int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op,
                               double post);
 int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype, int op,

@@ -43,33 +43,33 @@ static inline uint16_t f32_to_bf16(float f) {
 #define AND(a, b) ((a) & (b))
 
 /* One kernel per (type, op); W/N widen and narrow for the half types. */
-#define KERN(NAME, T, F, W, N)                                                          \
-    KERNEL static void NAME(T *restrict d, const T *restrict s, int64_t n) {            \
-        for (int64_t i = 0; i < n; i++) d[i] = N(F(W(d[i]), W(s[i])));                  \
-    }                                                                                   \
+#define KERN(NAME, T, F, W, N)                                               \
+    KERNEL static void NAME(T *restrict d, const T *restrict s, int64_t n) { \
+        for (int64_t i = 0; i < n; i++) d[i] = N(F(W(d[i]), W(s[i])));       \
+    }                                                                        \
     KERN2(NAME, T, F, W, N)
-#define KERN2(NAME, T, F, W, N)                                                         \
-    KERNEL static void NAME##_to(T *restrict d, const T *restrict a, const T *restrict b,  \
-                                 int64_t n) {                                           \
-        for (int64_t i = 0; i < n; i++) d[i] = N(F(W(a[i]), W(b[i])));                  \
+#define KERN2(NAME, T, F, W, N)                                                           \
+    KERNEL static void NAME##_to(T *restrict d, const T *restrict a, const T *restrict b, \
+                                 int64_t n) {                                             \
+        for (int64_t i = 0; i < n; i++) d[i] = N(F(W(a[i]), W(b[i])));                    \
     }
 #define ID(x) (x)
 #define TO_F32(x) ((float)(x))
 #define TO_F16(x) ((f16_t)(x))
 
-#define KERNS4(P, T, W, N)                                                              \
-    KERN(P##_sum, T, SUM, W, N)                                                         \
-    KERN(P##_prod, T, PROD, W, N)                                                       \
-    KERN(P##_min, T, MIN, W, N)                                                         \
+#define KERNS4(P, T, W, N)        \
+    KERN(P##_sum, T, SUM, W, N)   \
+    KERN(P##_prod, T, PROD, W, N) \
+    KERN(P##_min, T, MIN, W, N)   \
     KERN(P##_max, T, MAX, W, N)
 
 /* 32- and 64-bit signed Sum and Product run in the unsigned type of the same width,
  * where overflow is defined to wrap (signed overflow is undefined behaviour in C);
  * narrower integers are promoted to int first, where they cannot overflow. */
-#define KERNS_SIGNED(P, T, U)                                                           \
-    KERN(P##_sum, T, SUM, (U), (T))                                                     \
-    KERN(P##_prod, T, PROD, (U), (T))                                                   \
-    KERN(P##_min, T, MIN, ID, ID)                                                       \
+#define KERNS_SIGNED(P, T, U)         \
+    KERN(P##_sum, T, SUM, (U), (T))   \
+    KERN(P##_prod, T, PROD, (U), (T)) \
+    KERN(P##_min, T, MIN, ID, ID)     \
     KERN(P##_max, T, MAX, ID, ID)
 
 KERNS4(u8, uint8_t, ID, ID)
@@ -86,22 +86,36 @@ KERN(b_and, uint8_t, AND, ID, ID)
 
 typedef void (*kern_fn)(void *, const void *, int64_t);
 typedef void (*kern2_fn)(void *, const void *, const void *, int64_t);
-#define ROW(P) {(kern_fn)P##_sum, (kern_fn)P##_sum, (kern_fn)P##_min, (kern_fn)P##_max, (kern_fn)P##_prod}
-#define ROW2(P) {(kern2_fn)P##_sum_to, (kern2_fn)P##_sum_to, (kern2_fn)P##_min_to,       \
-                 (kern2_fn)P##_max_to, (kern2_fn)P##_prod_to}
+#define ROW(P) \
+    {(kern_fn)P##_sum, (kern_fn)P##_sum, (kern_fn)P##_min, (kern_fn)P##_max, (kern_fn)P##_prod}
+#define ROW2(P)                                                                              \
+    {(kern2_fn)P##_sum_to, (kern2_fn)P##_sum_to, (kern2_fn)P##_min_to, (kern2_fn)P##_max_to, \
+     (kern2_fn)P##_prod_to}
 
 /* Indexed by [dtype][reduce op]; Average reduces as Sum and is scaled afterwards. */
 static const kern_fn KERNELS[HVDL_NUM_DTYPES][5] = {
-    [HVDL_UINT8] = ROW(u8),     [HVDL_INT8] = ROW(i8),     [HVDL_INT16] = ROW(i16),
-    [HVDL_INT32] = ROW(i32),    [HVDL_INT64] = ROW(i64),   [HVDL_FLOAT16] = ROW(f16),
-    [HVDL_BFLOAT16] = ROW(bf16), [HVDL_FLOAT32] = ROW(f32), [HVDL_FLOAT64] = ROW(f64),
+    [HVDL_UINT8] = ROW(u8),
+    [HVDL_INT8] = ROW(i8),
+    [HVDL_INT16] = ROW(i16),
+    [HVDL_INT32] = ROW(i32),
+    [HVDL_INT64] = ROW(i64),
+    [HVDL_FLOAT16] = ROW(f16),
+    [HVDL_BFLOAT16] = ROW(bf16),
+    [HVDL_FLOAT32] = ROW(f32),
+    [HVDL_FLOAT64] = ROW(f64),
     [HVDL_BOOL] = {(kern_fn)b_or, (kern_fn)b_or, (kern_fn)b_and, (kern_fn)b_or, (kern_fn)b_and},
 };
 
 static const kern2_fn KERNELS2[HVDL_NUM_DTYPES][5] = {
-    [HVDL_UINT8] = ROW2(u8),     [HVDL_INT8] = ROW2(i8),     [HVDL_INT16] = ROW2(i16),
-    [HVDL_INT32] = ROW2(i32),    [HVDL_INT64] = ROW2(i64),   [HVDL_FLOAT16] = ROW2(f16),
-    [HVDL_BFLOAT16] = ROW2(bf16), [HVDL_FLOAT32] = ROW2(f32), [HVDL_FLOAT64] = ROW2(f64),
+    [HVDL_UINT8] = ROW2(u8),
+    [HVDL_INT8] = ROW2(i8),
+    [HVDL_INT16] = ROW2(i16),
+    [HVDL_INT32] = ROW2(i32),
+    [HVDL_INT64] = ROW2(i64),
+    [HVDL_FLOAT16] = ROW2(f16),
+    [HVDL_BFLOAT16] = ROW2(bf16),
+    [HVDL_FLOAT32] = ROW2(f32),
+    [HVDL_FLOAT64] = ROW2(f64),
     [HVDL_BOOL] = {(kern2_fn)b_or_to, (kern2_fn)b_or_to, (kern2_fn)b_and_to, (kern2_fn)b_or_to,
                    (kern2_fn)b_and_to},
 };
@@ -117,10 +131,10 @@ void hvdl__reduce_to(int dtype, int op, void *dst, const void *a, const void *b,
 
 /* Scaling: floats multiply in their own precision (widened for the half types); integers
  * multiply in double and truncate toward zero, as Horovod's ScaleBuffer does. */
-#define SCALE(NAME, T, FT, W, N)                                                        \
-    KERNEL static void NAME(T *restrict d, int64_t n, double factor) {                  \
-        FT f = (FT)factor;                                                              \
-        for (int64_t i = 0; i < n; i++) d[i] = N(W(d[i]) * f);                          \
+#define SCALE(NAME, T, FT, W, N)                                       \
+    KERNEL static void NAME(T *restrict d, int64_t n, double factor) { \
+        FT f = (FT)factor;                                             \
+        for (int64_t i = 0; i < n; i++) d[i] = N(W(d[i]) * f);         \
     }
 SCALE(scale_u8, uint8_t, double, ID, (uint8_t))
 SCALE(scale_i8, int8_t, double, ID, (int8_t))

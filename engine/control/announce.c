@@ -35,7 +35,10 @@ int hvdl__announce(engine_t *e) {
     if (!bits) return hvdl__oom(e, "request bit vector", 8 * (int64_t)(nwords + 1));
     op_t *o;
     while ((o = hvdl__queue_pop(&e->unsent))) {
-        if (strmap_put(&e->mine, o->name, o)) { rc = hvdl__oom(e, "request table", (int64_t)strlen(o->name)); break; }
+        if (strmap_put(&e->mine, o->name, o)) {
+            rc = hvdl__oom(e, "request table", (int64_t)strlen(o->name));
+            break;
+        }
         hvdl__tl_count_step(e, o->name);
         if (o->meta.op == HVDL_OP_JOIN) {
             e->joined = 1;

@@ -20,8 +20,8 @@
 
 int hvdl__cache_meta_equal(const meta_t *a, const meta_t *b) {
     if (a->op != b->op || a->dtype != b->dtype || a->reduce_op != b->reduce_op ||
-        a->root_rank != b->root_rank || a->process_set != b->process_set ||
-        a->ndim != b->ndim || a->prescale != b->prescale || a->postscale != b->postscale)
+        a->root_rank != b->root_rank || a->process_set != b->process_set || a->ndim != b->ndim ||
+        a->prescale != b->prescale || a->postscale != b->postscale)
         return 0;
     for (int d = 0; d < a->ndim; d++)
         if (a->shape[d] != b->shape[d]) return 0;
@@ -44,10 +44,13 @@ meta_t hvdl__cache_meta_for(engine_t *e, int id, int rank) {
     return m;
 }
 
-static int cache_store(engine_t *e, int id, const char *name, const meta_t *m, const int64_t *dim0) {
+static int cache_store(engine_t *e, int id, const char *name, const meta_t *m,
+                       const int64_t *dim0) {
     if (id > e->ncache) return -1;          /* ids are dense: a gap means divergence */
     if (id == e->ncache) {
-        cache_entry_t *c = HVDL_INJECT(e, INJ_CACHE_ALLOC) ? NULL : realloc(e->cache, sizeof *c * (size_t)(id + 1));
+        cache_entry_t *c = HVDL_INJECT(e, INJ_CACHE_ALLOC)
+                               ? NULL
+                               : realloc(e->cache, sizeof *c * (size_t)(id + 1));
         if (!c) return -1;
         memset(c + id, 0, sizeof *c);
         e->cache = c;
@@ -55,7 +58,8 @@ static int cache_store(engine_t *e, int id, const char *name, const meta_t *m, c
     }
     cache_entry_t *c = &e->cache[id];
     if (!c->name) {
-        if (!(c->name = strdup(name)) || strmap_put(&e->cache_by_name, name, (void *)(intptr_t)(id + 1)))
+        if (!(c->name = strdup(name)) ||
+            strmap_put(&e->cache_by_name, name, (void *)(intptr_t)(id + 1)))
             return -1;
     }
     c->meta = *m;
@@ -101,7 +105,10 @@ int hvdl__cache_apply(engine_t *e, response_t *r, const char **why) {
         int32_t id = r->cache_id[i];
         int64_t *dim0 = r->dim0 ? r->dim0 + (int64_t)i * n : NULL;
         if (r->cached[i]) {
-            if (id < 0 || id >= e->ncache) { *why = "a cache id that does not exist"; return -1; }
+            if (id < 0 || id >= e->ncache) {
+                *why = "a cache id that does not exist";
+                return -1;
+            }
             r->metas[i] = e->cache[id].meta;
             if (dim0 && e->cache[id].dim0s) memcpy(dim0, e->cache[id].dim0s, 8 * (size_t)n);
             if (!(r->names[i] = strdup(e->cache[id].name)))

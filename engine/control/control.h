@@ -14,15 +14,15 @@ typedef struct response {
     int alg;                 /* ALG_* (config.h): chosen once, by exec.c, before it runs */
     meta_t meta;             /* shared op/dtype/reduce/root/scales (shape unused) */
     int ntensors;
-    char **names;            /* NULL for a tensor that arrived as a cache id, until cache.c fills it */
-    meta_t *metas;           /* per tensor: the agreed request (joined ranks size zeros by it) */
-    int32_t *cache_id;       /* per tensor: its response-cache id, or -1 (cache.c decides) */
-    uint8_t *cached;         /* per tensor: 1 = it travels as its cache id alone */
-    int64_t *dim0;           /* allgather: ntensors x n first dimensions (n = set size) */
-    int64_t *matrix;         /* alltoall: n x n rows, [i * n + j] = rows i sends to j */
-    char *error;             /* RESP_ERROR: the message every rank reports */
-    double received_at;      /* when this rank got the response (trace: end of NEGOTIATE) */
-    double *ready_at;        /* rank 0 only: ntensors x size, when each rank was ready */
+    char **names; /* NULL for a tensor that arrived as a cache id, until cache.c fills it */
+    meta_t *metas; /* per tensor: the agreed request (joined ranks size zeros by it) */
+    int32_t *cache_id; /* per tensor: its response-cache id, or -1 (cache.c decides) */
+    uint8_t *cached; /* per tensor: 1 = it travels as its cache id alone */
+    int64_t *dim0; /* allgather: ntensors x n first dimensions (n = set size) */
+    int64_t *matrix; /* alltoall: n x n rows, [i * n + j] = rows i sends to j */
+    char *error; /* RESP_ERROR: the message every rank reports */
+    double received_at; /* when this rank got the response (trace: end of NEGOTIATE) */
+    double *ready_at; /* rank 0 only: ntensors x size, when each rank was ready */
 } response_t;
 enum { RESP_OK = 0, RESP_ERROR = 1, RESP_SHUTDOWN = 2 };
 /* The most tensors one response carries (fusion.c stops there; more ready tensors go in
@@ -32,39 +32,39 @@ enum { RESP_OK = 0, RESP_ERROR = 1, RESP_SHUTDOWN = 2 };
 
 typedef struct cache_entry {
     char *name;
-    meta_t meta;             /* the agreed request (allgather: dim0 in dim0s instead) */
-    int64_t *dim0s;          /* allgather: every rank's first dimension, else NULL */
+    meta_t meta; /* the agreed request (allgather: dim0 in dim0s instead) */
+    int64_t *dim0s; /* allgather: every rank's first dimension, else NULL */
 } cache_entry_t;
 
 /* announce.c: this rank's side of negotiation: tell rank 0 about unsent requests */
 int hvdl__announce(engine_t *e);
 
 /* shutdown.c: any rank's shutdown is every rank's */
-int hvdl__say_bye(engine_t *e);                     /* this rank calls shutdown */
+int hvdl__say_bye(engine_t *e); /* this rank calls shutdown */
 int hvdl__bye_received(engine_t *e, int from, const uint8_t *p, int64_t n);
-void hvdl__goodbye(engine_t *e);                    /* the loop's last act after a clean stop */
+void hvdl__goodbye(engine_t *e); /* the loop's last act after a clean stop */
 
 /* coordinator.c: rank 0 matches requests and plans responses. What it knows about one
  * name until every member of its set has submitted it: */
 typedef struct pending {
     char *name;
-    meta_t *metas;           /* per global rank */
-    int64_t *splits;         /* alltoall: size x size rows, [rank * size + j] */
-    uint8_t *have;           /* per global rank: has submitted */
-    double *have_at;         /* per global rank: when rank 0 learned it (for the trace) */
+    meta_t *metas; /* per global rank */
+    int64_t *splits; /* alltoall: size x size rows, [rank * size + j] */
+    uint8_t *have; /* per global rank: has submitted */
+    double *have_at; /* per global rank: when rank 0 learned it (for the trace) */
     int count;
-    int ref;                 /* the first rank that submitted: its meta is the reference */
+    int ref; /* the first rank that submitted: its meta is the reference */
     double first_at, warned_at;
-    char *error;             /* set when ready and the ranks disagree */
-    uint8_t *closed_nodes;   /* per node: rank 0 took this name's word over (negotiate_nodes.c) */
-    struct pending *next;    /* link in the ready list, then in a fusion group */
+    char *error; /* set when ready and the ranks disagree */
+    uint8_t *closed_nodes; /* per node: rank 0 took this name's word over (negotiate_nodes.c) */
+    struct pending *next; /* link in the ready list, then in a fusion group */
 } pending_t;
 typedef struct coordinator {
-    strmap_t pending;        /* name -> pending_t*, until every member is ready */
+    strmap_t pending; /* name -> pending_t*, until every member is ready */
     pending_t *ready_head, *ready_tail;
-    uint8_t *joined;         /* per rank: called join() and waits for the others */
+    uint8_t *joined; /* per rank: called join() and waits for the others */
     int last_joined;
-    int shutdown_from;       /* rank that asked to shut down, or -1 */
+    int shutdown_from; /* rank that asked to shut down, or -1 */
     double last_stall_check;
 } coordinator_t;
 /* Requests as they come off the wire (wire.c): cache ids of unchanged requests, then
@@ -72,11 +72,11 @@ typedef struct coordinator {
 typedef struct request {
     char *name;
     meta_t meta;
-    int64_t *splits;         /* alltoall: one per set member, else NULL */
+    int64_t *splits; /* alltoall: one per set member, else NULL */
     uint32_t nsplits;
 } request_t;
 typedef struct request_list {
-    uint32_t *hits;          /* cache ids */
+    uint32_t *hits; /* cache ids */
     int nhits;
     request_t *full;
     int nfull;
@@ -92,7 +92,7 @@ int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count);
 int hvdl__coordinator_pending(engine_t *e);
 
 /* fusion.c: which ready tensors travel together */
-pending_t *hvdl__fusion_take(engine_t *e, int *count);   /* a chain through ->next */
+pending_t *hvdl__fusion_take(engine_t *e, int *count); /* a chain through ->next */
 int hvdl__fusable(const meta_t *a, const meta_t *b);
 int hvdl__fuses(const engine_t *e, const meta_t *first, const meta_t *next, int64_t *bytes);
 int64_t hvdl__meta_bytes(const meta_t *m);
@@ -101,18 +101,18 @@ int64_t hvdl__meta_bytes(const meta_t *m);
 void hvdl__stall_check(engine_t *e, double now);
 
 /* deadlock.c: ranks blocked on ops that no other rank will submit end the job */
-int hvdl__deadlock_tick(engine_t *e, double now);     /* every rank, from the loop */
-int hvdl__deadlock_ms(engine_t *e);                   /* the loop's longest sleep, or -1 */
-int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t n);   /* rank 0: MSG_WAITS */
+int hvdl__deadlock_tick(engine_t *e, double now); /* every rank, from the loop */
+int hvdl__deadlock_ms(engine_t *e); /* the loop's longest sleep, or -1 */
+int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t n); /* rank 0: MSG_WAITS */
 void hvdl__deadlock_free(engine_t *e);
-void hvdl__never_submitted(engine_t *e, int peer, char *out, size_t cap);   /* rank 0 */
+void hvdl__never_submitted(engine_t *e, int peer, char *out, size_t cap); /* rank 0 */
 
 /* cache.c: the response cache, updated by negotiation in response order on every rank */
 int hvdl__cache_meta_equal(const meta_t *a, const meta_t *b);
 int hvdl__cacheable(const meta_t *m);
 int hvdl__cache_lookup(engine_t *e, const char *name);
 meta_t hvdl__cache_meta_for(engine_t *e, int id, int rank);
-int hvdl__cache_assign(engine_t *e, response_t *r);  /* rank 0: ids for a planned response */
+int hvdl__cache_assign(engine_t *e, response_t *r); /* rank 0: ids for a planned response */
 /* a worker: fill what arrived as ids, store new entries; 0, or -1 with *why (rank 0
  * sent nonsense) or without (this rank failed, recorded) */
 int hvdl__cache_apply(engine_t *e, response_t *r, const char **why);

@@ -52,7 +52,10 @@ void hvdl__coordinator_free(engine_t *e) {
     for (int i = 0; i < c->pending.cap; i++)
         if (c->pending.vals && c->pending.vals[i]) pending_free(c->pending.vals[i]);
     strmap_free(&c->pending);
-    for (pending_t *p = c->ready_head, *n; p; p = n) { n = p->next; pending_free(p); }
+    for (pending_t *p = c->ready_head, *n; p; p = n) {
+        n = p->next;
+        pending_free(p);
+    }
     free(c->joined);
     free(c);
     e->coord = NULL;
@@ -60,10 +63,10 @@ void hvdl__coordinator_free(engine_t *e) {
 
 /* ---- agreement ---- */
 
-static const char *OP_NAMES[] = {"allreduce", "allgather", "broadcast", "barrier",
-                                 "alltoall", "reducescatter", "join"};
-static const char *DTYPE_NAMES[] = {"uint8", "int8", "int16", "int32", "int64", "float16",
-                                    "bfloat16", "float32", "float64", "bool"};
+static const char *OP_NAMES[] = {"allreduce", "allgather",     "broadcast", "barrier",
+                                 "alltoall",  "reducescatter", "join"};
+static const char *DTYPE_NAMES[] = {"uint8",   "int8",     "int16",   "int32",   "int64",
+                                    "float16", "bfloat16", "float32", "float64", "bool"};
 static const char *REDUCE_NAMES[] = {"Sum", "Average", "Min", "Max", "Product", "Adasum"};
 
 /* Metadata from the wire is range-checked (wire_check.c); this guards the tables anyway. */
@@ -89,8 +92,8 @@ static void describe_value(const meta_t *m, int field, char *out, size_t cap) {
     }
 }
 
-static const char *FIELD_NAMES[] = {"op", "dtype", "shape", "reduce op", "root rank",
-                                    "prescale/postscale", "process set"};
+static const char *FIELD_NAMES[] = {
+    "op", "dtype", "shape", "reduce op", "root rank", "prescale/postscale", "process set"};
 
 static int field_differs(const meta_t *a, const meta_t *b, int field) {
     switch (field) {
@@ -124,7 +127,10 @@ static char *check_agreement(engine_t *e, const pending_t *p) {
                          name_of(OP_NAMES, 7, ref->op), p->name, FIELD_NAMES[f], p->ref, val);
         for (int r = 0, shown = 0; r < e->size && n < (int)sizeof msg - 64; r++) {
             if (!p->have[r] || !field_differs(ref, &p->metas[r], f)) continue;
-            if (++shown > 6) { n += snprintf(msg + n, sizeof msg - (size_t)n, ", ..."); break; }
+            if (++shown > 6) {
+                n += snprintf(msg + n, sizeof msg - (size_t)n, ", ...");
+                break;
+            }
             describe_value(&p->metas[r], f, val, sizeof val);
             n += snprintf(msg + n, sizeof msg - (size_t)n, ", rank %d has %s", r, val);
         }
@@ -163,8 +169,10 @@ static void maybe_ready(engine_t *e, pending_t *p) {
     }
     if (k) {
         char msg[HVDL_MSG_BYTES];
-        snprintf(msg, sizeof msg, "%s '%s': ranks [%s] have called join(); only allreduce can "
-                 "run until every rank has joined", name_of(OP_NAMES, 7, m->op), p->name, joined_missing);
+        snprintf(msg, sizeof msg,
+                 "%s '%s': ranks [%s] have called join(); only allreduce can "
+                 "run until every rank has joined",
+                 name_of(OP_NAMES, 7, m->op), p->name, joined_missing);
         p->error = strdup(msg);
     } else {
         p->error = check_agreement(e, p);
@@ -183,8 +191,8 @@ static void rescan(engine_t *e) {
  * (negotiation.h), so its word is already closed; otherwise the request reached rank 0
  * as a frame or in memory, and the negotiation closes the round of its word where other
  * ranks may have posted, returning their bits, which are recorded after from's own. */
-static int record(engine_t *e, int from, const char *name, const meta_t *m, const int64_t *splits, int nsplits,
-                  int taken) {
+static int record(engine_t *e, int from, const char *name, const meta_t *m, const int64_t *splits,
+                  int nsplits, int taken) {
     coordinator_t *c = e->coord;
     pending_t *p = strmap_get(&c->pending, name);
     if (!p) {
@@ -192,7 +200,8 @@ static int record(engine_t *e, int from, const char *name, const meta_t *m, cons
         if (!p || !(p->name = strdup(name)) ||
             !(p->metas = calloc((size_t)e->size, sizeof *p->metas)) ||
             !(p->have = calloc((size_t)e->size, 1)) ||
-            !(p->have_at = calloc((size_t)e->size, sizeof(double))) || strmap_put(&c->pending, name, p)) {
+            !(p->have_at = calloc((size_t)e->size, sizeof(double))) ||
+            strmap_put(&c->pending, name, p)) {
             if (p) pending_free(p);
             return hvdl__oom(e, "request record", (int64_t)e->size * (int64_t)sizeof(meta_t));
         }
@@ -294,8 +303,11 @@ static int build_response(engine_t *e, response_t *r, pending_t *group, int n) {
     pending_t *p = group;
     for (int i = 0; i < n; i++, p = p->next) {
         r->metas[i] = p->metas[p->ref];
-        if (r->ready_at) memcpy(r->ready_at + (int64_t)i * e->size, p->have_at, sizeof(double) * (size_t)e->size);
-        if (!(r->names[i] = strdup(p->name))) return hvdl__oom(e, "tensor name", (int64_t)strlen(p->name));
+        if (r->ready_at)
+            memcpy(r->ready_at + (int64_t)i * e->size, p->have_at,
+                   sizeof(double) * (size_t)e->size);
+        if (!(r->names[i] = strdup(p->name)))
+            return hvdl__oom(e, "tensor name", (int64_t)strlen(p->name));
         r->ntensors++;
         for (int k = 0; r->dim0 && k < g->n; k++)
             r->dim0[(int64_t)i * g->n + k] = p->metas[g->ranks[k]].shape[0];
@@ -326,11 +338,17 @@ int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
     if (!c->ready_head) return 0;
     int nresp = 0, cap = 16, rc = 0;
     response_t *rs = calloc((size_t)cap, sizeof *rs);
-    if (HVDL_INJECT(e, INJ_PLAN_ALLOC) || !rs) { free(rs); return hvdl__oom(e, "response plan", (int64_t)sizeof *rs * cap); }
+    if (HVDL_INJECT(e, INJ_PLAN_ALLOC) || !rs) {
+        free(rs);
+        return hvdl__oom(e, "response plan", (int64_t)sizeof *rs * cap);
+    }
     while (c->ready_head && !rc) {
         if (nresp == cap) {
             response_t *r2 = realloc(rs, sizeof *rs * (size_t)cap * 2);
-            if (!r2) { rc = hvdl__oom(e, "response plan", (int64_t)sizeof *rs * cap * 2); break; }
+            if (!r2) {
+                rc = hvdl__oom(e, "response plan", (int64_t)sizeof *rs * cap * 2);
+                break;
+            }
             rs = r2;
             cap *= 2;
         }
@@ -343,7 +361,10 @@ int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
              hvdl__coordinator_take_bits(e, &t);
         hvdl__took_free(&t);
         nresp++;
-        for (pending_t *p = group, *next; p; p = next) { next = p->next; pending_free(p); }
+        for (pending_t *p = group, *next; p; p = next) {
+            next = p->next;
+            pending_free(p);
+        }
     }
     if (rc) {
         for (int i = 0; i < nresp; i++) hvdl__response_free(&rs[i]);
@@ -355,6 +376,4 @@ int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
     return 0;
 }
 
-int hvdl__coordinator_pending(engine_t *e) {
-    return e->coord && e->coord->pending.count > 0;
-}
+int hvdl__coordinator_pending(engine_t *e) { return e->coord && e->coord->pending.count > 0; }

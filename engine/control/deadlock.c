@@ -118,9 +118,15 @@ static int snapshot(engine_t *e, double now, wait_report_t *w) {
     for (int i = 0; w->ops && i < e->inflight.cap; i++) {
         op_t *o = e->inflight.vals ? e->inflight.vals[i] : NULL;
         if (!o || atomic_load(&o->done)) continue;
-        if (w->n == cap || strlen(o->name) > MAX_NAME) { w->partial = 1; break; }
+        if (w->n == cap || strlen(o->name) > MAX_NAME) {
+            w->partial = 1;
+            break;
+        }
         wait_entry_t *x = &w->ops[w->n];
-        if (!(x->name = strdup(o->name))) { w->partial = 1; break; }
+        if (!(x->name = strdup(o->name))) {
+            w->partial = 1;
+            break;
+        }
         x->op = o->meta.op;
         x->set = o->meta.process_set;
         x->waited = o->wait_since > 0;
@@ -174,8 +180,9 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
     }
     if (!r.bad && r.left) rd_fail(&r, "bytes after its last field");
     if (r.bad) {
-        report_clear(&w);       /* no memory for a name is this rank's failure, not the sender's */
-        return r.oom ? hvdl__oom(e, r.why, r.oom_bytes) : hvdl__malformed(e, from, "wait report", r.why);
+        report_clear(&w); /* no memory for a name is this rank's failure, not the sender's */
+        return r.oom ? hvdl__oom(e, r.why, r.oom_bytes)
+                     : hvdl__malformed(e, from, "wait report", r.why);
     }
     w.have = 1;
     report_clear(&d->reports[from]);
@@ -186,14 +193,20 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
 /* ---- rank 0: the analysis ---- */
 
 /* The collectives: the op types before HVDL_OP_SEND. */
-static const char *const OPS[] = {
-    [HVDL_OP_ALLREDUCE] = "allreduce", [HVDL_OP_ALLGATHER] = "allgather", [HVDL_OP_BROADCAST] = "broadcast",
-    [HVDL_OP_BARRIER] = "barrier",     [HVDL_OP_ALLTOALL] = "alltoall",   [HVDL_OP_REDUCESCATTER] = "reducescatter",
-    [HVDL_OP_JOIN] = "join"};
-static const char *const A_OPS[] = {
-    [HVDL_OP_ALLREDUCE] = "an allreduce", [HVDL_OP_ALLGATHER] = "an allgather", [HVDL_OP_BROADCAST] = "a broadcast",
-    [HVDL_OP_BARRIER] = "a barrier",      [HVDL_OP_ALLTOALL] = "an alltoall",   [HVDL_OP_REDUCESCATTER] = "a reducescatter",
-    [HVDL_OP_JOIN] = "a join"};
+static const char *const OPS[] = {[HVDL_OP_ALLREDUCE] = "allreduce",
+                                  [HVDL_OP_ALLGATHER] = "allgather",
+                                  [HVDL_OP_BROADCAST] = "broadcast",
+                                  [HVDL_OP_BARRIER] = "barrier",
+                                  [HVDL_OP_ALLTOALL] = "alltoall",
+                                  [HVDL_OP_REDUCESCATTER] = "reducescatter",
+                                  [HVDL_OP_JOIN] = "join"};
+static const char *const A_OPS[] = {[HVDL_OP_ALLREDUCE] = "an allreduce",
+                                    [HVDL_OP_ALLGATHER] = "an allgather",
+                                    [HVDL_OP_BROADCAST] = "a broadcast",
+                                    [HVDL_OP_BARRIER] = "a barrier",
+                                    [HVDL_OP_ALLTOALL] = "an alltoall",
+                                    [HVDL_OP_REDUCESCATTER] = "a reducescatter",
+                                    [HVDL_OP_JOIN] = "a join"};
 _Static_assert(sizeof OPS / sizeof OPS[0] == HVDL_OP_SEND, "a collective without a name");
 _Static_assert(sizeof A_OPS / sizeof A_OPS[0] == HVDL_OP_SEND, "a collective without a name");
 
@@ -229,7 +242,7 @@ static int submitted(const wait_report_t *w, const wait_entry_t *x) {
 /* x cannot finish while the ranks in D stay blocked: a member of its set in D lacks it. */
 static int stuck(engine_t *e, const uint8_t *in, const wait_entry_t *x) {
     const group_t *g = e->sets[x->set];
-    if (!g) return 0;                         /* rank 0 has not registered it: unknown */
+    if (!g) return 0; /* rank 0 has not registered it: unknown */
     for (int i = 0; i < g->n; i++)
         if (in[g->ranks[i]] && !submitted(&e->dl->reports[g->ranks[i]], x)) return 1;
     return 0;
@@ -254,7 +267,8 @@ static void fail_deadlock(engine_t *e, const uint8_t *in) {
             break;
         }
     }
-    k += snprintf(msg + k, sizeof msg - (size_t)k, "; none of them can go on: each waits for an "
+    k += snprintf(msg + k, sizeof msg - (size_t)k,
+                  "; none of them can go on: each waits for an "
                   "op that the others have not submitted and, blocked, never will.");
     /* the same name, different kinds of op: the two halves of one mistake */
     for (int r = 0; r < e->size; r++)
@@ -263,12 +277,16 @@ static void fail_deadlock(engine_t *e, const uint8_t *in) {
                 for (int j = 0; j < rep[m].n && k < (int)sizeof msg - 200; j++) {
                     const wait_entry_t *x = &rep[r].ops[i], *y = &rep[m].ops[j];
                     char ux[256], uy[256];
-                    if (x->op == y->op || strcmp(user_name(x, ux, sizeof ux), user_name(y, uy, sizeof uy))) continue;
-                    k += snprintf(msg + k, sizeof msg - (size_t)k, " '%s' is %s on rank %d and %s on rank %d.",
-                                  ux, A_OPS[x->op], r, A_OPS[y->op], m);
+                    if (x->op == y->op ||
+                        strcmp(user_name(x, ux, sizeof ux), user_name(y, uy, sizeof uy)))
+                        continue;
+                    k += snprintf(msg + k, sizeof msg - (size_t)k,
+                                  " '%s' is %s on rank %d and %s on rank %d.", ux, A_OPS[x->op], r,
+                                  A_OPS[y->op], m);
                 }
     if (k < (int)sizeof msg - 120)
-        snprintf(msg + k, sizeof msg - (size_t)k, " Every rank must submit the same ops, with the "
+        snprintf(msg + k, sizeof msg - (size_t)k,
+                 " Every rank must submit the same ops, with the "
                  "same names, in each process set.");
     hvdl__log(e, HVDL_LOG_ERROR, "%s", msg);
     /* told first, as stall.c does: a caller woken by the failure may end the process */
@@ -305,7 +323,10 @@ static void analyse(engine_t *e, double now) {
         d->cycle[r] = in[r];
         d->cycle_enqueues[r] = rep[r].enqueues;
     }
-    if (!any || !same) { d->cycle_since = now; return; }
+    if (!any || !same) {
+        d->cycle_since = now;
+        return;
+    }
     if (now - d->cycle_since >= STABLE_S) fail_deadlock(e, in);
 }
 
@@ -327,7 +348,8 @@ int hvdl__deadlock_tick(engine_t *e, double now) {
         d->reports[0].have = 1;
         d->reported = blocked;
         int someone = 0;
-        for (int r = 0; r < e->size; r++) someone |= d->reports[r].have && d->reports[r].blocked_for >= BLOCKED_S;
+        for (int r = 0; r < e->size; r++)
+            someone |= d->reports[r].have && d->reports[r].blocked_for >= BLOCKED_S;
         if (someone) analyse(e, now);
         return e->failed ? -1 : 0;
     }

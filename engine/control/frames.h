@@ -60,7 +60,10 @@ int hvdl__read_node_posted(reader_t *r, node_posted_t *out);
 
 #define HVDL_NODE_CLOSE_BYTES 8
 #define HVDL_CLOSE_ALL (-1)
-typedef struct node_close { int32_t id; uint32_t round; } node_close_t;
+typedef struct node_close {
+    int32_t id;
+    uint32_t round;
+} node_close_t;
 void hvdl__put_node_close(uint8_t *out, const node_close_t *m);
 int hvdl__read_node_close(reader_t *r, node_close_t *out);
 #endif

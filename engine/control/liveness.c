@@ -47,8 +47,10 @@ int hvdl__liveness_tick(engine_t *e) {
             if (hvdl__control_readable(e, i)) break;
             if (hvdl_now() - c->last_rx > e->cfg.peer_timeout) {
                 char why[160];
-                snprintf(why, sizeof why, "it sent nothing for %.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): "
-                         "the process is stopped, hung or cut off", e->cfg.peer_timeout);
+                snprintf(why, sizeof why,
+                         "it sent nothing for %.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): "
+                         "the process is stopped, hung or cut off",
+                         e->cfg.peer_timeout);
                 hvdl__peer_lost(e, i, why);
                 break;
             }

@@ -60,9 +60,9 @@ double hvdl__stall_after(const engine_t *e) {
 }
 
 /* Cost: one load per word, min(cache size, HVDL_NEG_IDS) words a scan. */
-int hvdl__words_scan(engine_t *e, words_scan_t *s, _Atomic uint64_t *arrive, double now, double after,
-                     int (*stuck)(engine_t *e, int id, uint64_t w, double since, double now, took_t *t),
-                     took_t *t) {
+int hvdl__words_scan(
+    engine_t *e, words_scan_t *s, _Atomic uint64_t *arrive, double now, double after,
+    int (*stuck)(engine_t *e, int id, uint64_t w, double since, double now, took_t *t), took_t *t) {
     for (int id = 0; id < e->ncache && id < HVDL_NEG_IDS; id++) {
         uint64_t w = atomic_load(&arrive[id]);
         if (!(w & HVDL_NEG_MASK) || (w & HVDL_NEG_CLOSED)) {
@@ -85,11 +85,14 @@ void hvdl__neg_none(engine_t *e) {}
 
 /* A node's frame, in a job that does not negotiate by nodes, or to a rank that is not
  * the one it is for (negotiate_nodes.c checks the latter itself). */
-int hvdl__neg_refuse_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n, took_t *t) {
+int hvdl__neg_refuse_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n,
+                           took_t *t) {
     switch (type) {
     case MSG_NODE_DONE: return hvdl__malformed(e, from, "node agreement", "its node has no words");
-    case MSG_NODE_POSTED: return hvdl__malformed(e, from, "word report", "it leads no node with words");
-    case MSG_NODE_CLOSE: return hvdl__malformed(e, from, "word closing", "this rank leads no segment");
+    case MSG_NODE_POSTED:
+        return hvdl__malformed(e, from, "word report", "it leads no node with words");
+    case MSG_NODE_CLOSE:
+        return hvdl__malformed(e, from, "word closing", "this rank leads no segment");
     default: return hvdl__malformed(e, from, "word reopening", "this rank leads no segment");
     }
 }
@@ -97,9 +100,13 @@ int hvdl__neg_refuse_frame(engine_t *e, int from, int type, const uint8_t *p, in
 int hvdl__neg_post_none(engine_t *e, int id) { return 0; }
 int hvdl__neg_complete_none(engine_t *e, const int *ids, int n, took_t *t) { return 0; }
 int hvdl__neg_withdraw_none(engine_t *e, uint64_t *bits) { return 0; }
-int hvdl__neg_close_none(engine_t *e, int from, pending_t *p, const meta_t *m, took_t *t) { return 0; }
+int hvdl__neg_close_none(engine_t *e, int from, pending_t *p, const meta_t *m, took_t *t) {
+    return 0;
+}
 int hvdl__neg_took_none(engine_t *e, took_t *t) { return 0; }
-int hvdl__neg_settle_none(engine_t *e, const response_t *r, int anyone_joined, took_t *t) { return 0; }
+int hvdl__neg_settle_none(engine_t *e, const response_t *r, int anyone_joined, took_t *t) {
+    return 0;
+}
 int hvdl__neg_scan_none(engine_t *e, double now, took_t *t) { return 0; }
 int hvdl__neg_before_stall_none(engine_t *e, pending_t *p, took_t *t) { return 0; }
 void hvdl__neg_applied_none(engine_t *e, const response_t *r) {}

@@ -30,7 +30,7 @@
  * HVDL_NEG_IDS (frames.h): a bit per local rank, the round, and CLOSED. */
 #define HVDL_NEG_MAX_RANKS 40                          /* ranks of a node a word holds */
 #define HVDL_NEG_MASK ((1ull << HVDL_NEG_MAX_RANKS) - 1)
-#define HVDL_NEG_CLOSED (1ull << 63)                   /* rank 0 has the round: posts go through it */
+#define HVDL_NEG_CLOSED (1ull << 63) /* rank 0 has the round: posts go through it */
 /* The words' part of a node's segment, and where it is (shm.c lays the segment out). */
 size_t hvdl__neg_bytes(int nlocal);
 
@@ -38,17 +38,18 @@ size_t hvdl__neg_bytes(int nlocal);
  * the request of its rank (its cached request), and dates the name's record back to
  * `since` (a stall: when the word was first seen stuck), if earlier. */
 typedef struct took_bit {
-    int32_t rank;            /* -1: no request, only the date */
-    int32_t id;              /* cache id */
-    double since;            /* 0: no date */
+    int32_t rank; /* -1: no request, only the date */
+    int32_t id; /* cache id */
+    double since; /* 0: no date */
 } took_bit_t;
 typedef struct took {
-    took_bit_t *v, inline_v[16];   /* a few ranks' bits need no allocation */
+    took_bit_t *v, inline_v[16]; /* a few ranks' bits need no allocation */
     int n, cap;
-    int skip_joined;         /* a rank that has joined since took its bits back (nodes) */
+    int skip_joined; /* a rank that has joined since took its bits back (nodes) */
 } took_t;
 void hvdl__took_init(took_t *t);
-int hvdl__took_add(engine_t *e, took_t *t, int rank, int id, double since);   /* 0, or -1 (out of memory) */
+int hvdl__took_add(engine_t *e, took_t *t, int rank, int id,
+                   double since); /* 0, or -1 (out of memory) */
 void hvdl__took_free(took_t *t);
 /* coordinator.c: record what was taken; empties t. 0 or -1 */
 int hvdl__coordinator_take_bits(engine_t *e, took_t *t);
@@ -71,7 +72,7 @@ typedef struct negotiation {
     /* rank 0, coordinator.c: from's request for p (metadata m) reached rank 0 as a frame
      * or in memory: the round of p's word closes where others may have posted. */
     int (*close)(engine_t *e, int from, pending_t *p, const meta_t *m, took_t *t);
-    int (*join)(engine_t *e, took_t *t);                 /* a join: every word closes */
+    int (*join)(engine_t *e, took_t *t); /* a join: every word closes */
     /* r was planned (its cache ids assigned); anyone_joined: a join is still under way */
     int (*settle)(engine_t *e, const response_t *r, int anyone_joined, took_t *t);
     /* stall.c, once a check: words stuck partly set; and before naming the ranks
@@ -80,47 +81,47 @@ typedef struct negotiation {
     int (*before_stall)(engine_t *e, pending_t *p, took_t *t);
     /* every leader of a node's words, each loop turn: words stuck partly set */
     int (*scan)(engine_t *e, double now, took_t *t);
-    int (*watches)(engine_t *e);                         /* the loop wakes once a second to scan */
+    int (*watches)(engine_t *e); /* the loop wakes once a second to scan */
 
     /* responses: a worker applied r to its cache; then every rank places each response
      * it takes part in (rank 0: every response it planned, mine = it is a member).
      * place: 0 = execute it now, 1 = taken (it runs when the log reaches it), -1 */
     void (*applied)(engine_t *e, const response_t *r);
     int (*place)(engine_t *e, response_t *r, int mine);
-    int (*run)(engine_t *e);                             /* execute the log in order */
-    int (*deferred)(engine_t *e);                        /* a log entry waits for room */
-    uint64_t (*position)(engine_t *e);                   /* log entries this rank executed */
-    int (*finish_to)(engine_t *e, uint64_t pos);         /* a worker, told to stop at pos */
+    int (*run)(engine_t *e); /* execute the log in order */
+    int (*deferred)(engine_t *e); /* a log entry waits for room */
+    uint64_t (*position)(engine_t *e); /* log entries this rank executed */
+    int (*finish_to)(engine_t *e, uint64_t pos); /* a worker, told to stop at pos */
 
     /* the nodes' frames (frames.h): to rank 0, bits it records; to a leader, orders */
     int (*frame)(engine_t *e, int from, int type, const uint8_t *p, int64_t n, took_t *t);
 
     /* sleeping (net.c) and a caller driving the loop's work (loop.c, ops.c) */
-    int callers_drive;                                   /* a waiting caller runs the loop's work */
-    int (*sleep_begin)(engine_t *e);                     /* 1: there is work, do not sleep */
+    int callers_drive; /* a waiting caller runs the loop's work */
+    int (*sleep_begin)(engine_t *e); /* 1: there is work, do not sleep */
     void (*sleep_end)(engine_t *e);
-    int (*has_work)(engine_t *e);                        /* without e->drive */
+    int (*has_work)(engine_t *e); /* without e->drive */
     void (*watch_begin)(engine_t *e);
-    int (*watch_end)(engine_t *e);                       /* 1: wake the sleeping loop */
+    int (*watch_end)(engine_t *e); /* 1: wake the sleeping loop */
 } negotiation_t;
 
 /* After hvdl__shm_open: the implementation this job uses, and its state. 0 or -1. */
 int hvdl__negotiation_open(engine_t *e);
 /* Each implementation's table, and its start-up: NULL-free tables. */
 extern const negotiation_t hvdl__negotiate_frames, hvdl__negotiate_shm, hvdl__negotiate_nodes;
-int hvdl__negotiate_shm_open(engine_t *e);          /* 1: this job negotiates on one node */
-int hvdl__negotiate_nodes_open(engine_t *e);        /* 1: on several nodes */
+int hvdl__negotiate_shm_open(engine_t *e); /* 1: this job negotiates on one node */
+int hvdl__negotiate_nodes_open(engine_t *e); /* 1: on several nodes */
 
 /* The entries of an implementation without a log (rank 0's frames, the nodes'): a
  * response runs as it arrives, and no sleeping loop needs ringing. */
-#define HVDL_NEG_NO_LOG                                                                  \
-    .place = hvdl__neg_place_now, .run = hvdl__neg_nothing, .deferred = hvdl__neg_nothing, \
-    .position = hvdl__neg_position_none, .finish_to = hvdl__neg_finish_none, .callers_drive = 0, \
+#define HVDL_NEG_NO_LOG                                                                           \
+    .place = hvdl__neg_place_now, .run = hvdl__neg_nothing, .deferred = hvdl__neg_nothing,        \
+    .position = hvdl__neg_position_none, .finish_to = hvdl__neg_finish_none, .callers_drive = 0,  \
     .sleep_begin = hvdl__neg_nothing, .sleep_end = hvdl__neg_none, .has_work = hvdl__neg_nothing, \
     .watch_begin = hvdl__neg_none, .watch_end = hvdl__neg_nothing
 
 /* What the implementations share (negotiate.c). */
-int hvdl__neg_nothing(engine_t *e);                  /* 0 */
+int hvdl__neg_nothing(engine_t *e); /* 0 */
 void hvdl__neg_none(engine_t *e);
 int hvdl__neg_post_none(engine_t *e, int id);
 int hvdl__neg_complete_none(engine_t *e, const int *ids, int n, took_t *t);
@@ -131,7 +132,7 @@ int hvdl__neg_settle_none(engine_t *e, const response_t *r, int anyone_joined, t
 int hvdl__neg_scan_none(engine_t *e, double now, took_t *t);
 int hvdl__neg_before_stall_none(engine_t *e, pending_t *p, took_t *t);
 void hvdl__neg_applied_none(engine_t *e, const response_t *r);
-int hvdl__neg_place_now(engine_t *e, response_t *r, int mine);   /* 0: execute it now */
+int hvdl__neg_place_now(engine_t *e, response_t *r, int mine); /* 0: execute it now */
 uint64_t hvdl__neg_position_none(engine_t *e);
 int hvdl__neg_finish_none(engine_t *e, uint64_t pos);
 int hvdl__neg_refuse_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n, took_t *t);
@@ -142,8 +143,8 @@ typedef struct words_scan {
     uint64_t *seen;
     double *seen_at;
 } words_scan_t;
-int hvdl__words_scan(engine_t *e, words_scan_t *s, _Atomic uint64_t *arrive, double now, double after,
-                     int (*stuck)(engine_t *e, int id, uint64_t w, double since, double now, took_t *t),
-                     took_t *t);
-double hvdl__stall_after(const engine_t *e);        /* the earlier of the stall warning and shutdown */
+int hvdl__words_scan(
+    engine_t *e, words_scan_t *s, _Atomic uint64_t *arrive, double now, double after,
+    int (*stuck)(engine_t *e, int id, uint64_t w, double since, double now, took_t *t), took_t *t);
+double hvdl__stall_after(const engine_t *e); /* the earlier of the stall warning and shutdown */
 #endif

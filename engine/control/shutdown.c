@@ -46,7 +46,10 @@ static int begin_shutdown(engine_t *e, int from) {
      * others wait on and `from` never submitted (frames.h) */
     char missing[HVDL_BYE_TEXT];
     hvdl__never_submitted(e, from, missing, sizeof missing);
-    bye_t b = {.who = from, .has_pos = 1, .pos = e->negotiation->position(e), .text = missing,
+    bye_t b = {.who = from,
+               .has_pos = 1,
+               .pos = e->negotiation->position(e),
+               .text = missing,
                .ntext = (int)strlen(missing)};
     record_why(e, from, missing, (size_t)b.ntext);
     uint8_t msg[HVDL_BYE_MAX];
@@ -107,9 +110,11 @@ void hvdl__goodbye(engine_t *e) {
         conn_t *c = &e->peers[w].ctrl;
         if (c->fd < 0 || c->eof) continue;
         char msg[HVDL_MSG_BYTES];
-        snprintf(msg, sizeof msg, "rank %d (host %s) was lost: it did not finish shutting "
+        snprintf(msg, sizeof msg,
+                 "rank %d (host %s) was lost: it did not finish shutting "
                  "down within %.0f s (HOROVODLIKE_PEER_TIMEOUT_SECONDS): the process is "
-                 "stopped or hung", w, e->peers[w].host, e->cfg.peer_timeout);
+                 "stopped or hung",
+                 w, e->peers[w].host, e->cfg.peer_timeout);
         hvdl__log(e, HVDL_LOG_ERROR, "%s", msg);
         hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg);   /* hvdl_shutdown reports it */
     }

@@ -30,16 +30,19 @@ void hvdl__stall_check(engine_t *e, double now) {
             hvdl__took_free(&t);
             return;
         }
-        if (asked || strmap_get(&c->pending, p->name) != p) continue;   /* next check; or it is ready */
+        if (asked || strmap_get(&c->pending, p->name) != p)
+            continue;   /* next check; or it is ready */
         const group_t *g = e->sets[p->metas[p->ref].process_set];
         char missing[512] = "";
         int k = 0;
         for (int i = 0; g && i < g->n && k < (int)sizeof missing - 16; i++)
             if (!p->have[g->ranks[i]])
-                k += snprintf(missing + k, sizeof missing - (size_t)k, k ? ", %d" : "%d", g->ranks[i]);
+                k += snprintf(missing + k, sizeof missing - (size_t)k, k ? ", %d" : "%d",
+                              g->ranks[i]);
         if (e->cfg.stall_shutdown > 0 && now - p->first_at > e->cfg.stall_shutdown) {
             char msg[HVDL_MSG_BYTES];
-            snprintf(msg, sizeof msg, "stalled: '%s' was submitted by some ranks %.0f s ago but ranks "
+            snprintf(msg, sizeof msg,
+                     "stalled: '%s' was submitted by some ranks %.0f s ago but ranks "
                      "[%s] never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",
                      p->name, now - p->first_at, missing);
             /* every rank ends with this reason, rather than later with "rank 0 was lost";
@@ -52,9 +55,9 @@ void hvdl__stall_check(engine_t *e, double now) {
         }
         if (now - p->warned_at < e->cfg.stall_warning) continue;
         p->warned_at = now;
-        hvdl__log(e, HVDL_LOG_WARNING, "stall: '%s' has waited %.0f s; ranks [%s] have not submitted it. "
+        hvdl__log(e, HVDL_LOG_WARNING,
+                  "stall: '%s' has waited %.0f s; ranks [%s] have not submitted it. "
                   "One or more ranks may be behind or took a different code path.",
                   p->name, now - p->first_at, missing);
     }
 }
-

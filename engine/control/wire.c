@@ -26,12 +26,14 @@
 
 /* ---- requests (every rank -> rank 0) ---- */
 
-int hvdl__put_request(buf_t *full, const char *name, const meta_t *m, const int64_t *splits, int n) {
-    return buf_put_str(full, name) || buf_put(full, m, sizeof *m) || buf_put_u32(full, (uint32_t)n) ||
-           buf_put(full, splits, 8 * (int64_t)n);
+int hvdl__put_request(buf_t *full, const char *name, const meta_t *m, const int64_t *splits,
+                      int n) {
+    return buf_put_str(full, name) || buf_put(full, m, sizeof *m) ||
+           buf_put_u32(full, (uint32_t)n) || buf_put(full, splits, 8 * (int64_t)n);
 }
 
-int hvdl__write_requests(buf_t *msg, const uint64_t *bits, int nwords, int nfull, const buf_t *full) {
+int hvdl__write_requests(buf_t *msg, const uint64_t *bits, int nwords, int nfull,
+                         const buf_t *full) {
     return buf_put_u32(msg, (uint32_t)nwords) || buf_put(msg, bits, 8 * (int64_t)nwords) ||
            buf_put_u32(msg, (uint32_t)nfull) || buf_put(msg, full->data, full->len);
 }
@@ -56,7 +58,8 @@ static int rd_meta(engine_t *e, reader_t *r, meta_t *m) {
 /* Every count read from the wire is bounded by the bytes left that must carry it. */
 static int rd_count(reader_t *r, uint32_t *n, int64_t min_bytes_each) {
     *n = rd_u32(r);
-    if (!r->bad && (int64_t)*n > r->left / min_bytes_each) return rd_fail(r, "a count larger than the frame holds");
+    if (!r->bad && (int64_t)*n > r->left / min_bytes_each)
+        return rd_fail(r, "a count larger than the frame holds");
     return r->bad ? -1 : 0;
 }
 
@@ -78,24 +81,28 @@ int hvdl__read_requests(engine_t *e, reader_t *r, request_list_t *out) {
         }
     }
     if (rd_count(r, &nfull, 4 + (int64_t)sizeof(meta_t) + 4)) return -1;
-    if (nfull && (HVDL_INJECT(e, INJ_DECODE_ALLOC) || !(out->full = calloc(nfull, sizeof *out->full))))
+    if (nfull &&
+        (HVDL_INJECT(e, INJ_DECODE_ALLOC) || !(out->full = calloc(nfull, sizeof *out->full))))
         return rd_oom(r, "request list", (int64_t)nfull * (int64_t)sizeof *out->full);
     for (uint32_t i = 0; i < nfull && !r->bad; i++) {
         request_t *q = &out->full[out->nfull];
         uint32_t n = 0;
-        if (!(q->name = rd_name(r)) || rd_meta(e, r, &q->meta) || rd_count(r, &n, 8) || n > (uint32_t)e->size) {
+        if (!(q->name = rd_name(r)) || rd_meta(e, r, &q->meta) || rd_count(r, &n, 8) ||
+            n > (uint32_t)e->size) {
             free(q->name);
             q->name = NULL;
             return rd_fail(r, "more splits than ranks");
         }
         out->nfull++;
         if (n) {
-            if (!(q->splits = malloc(8 * (size_t)n))) return rd_oom(r, "request's splits", 8 * (int64_t)n);
+            if (!(q->splits = malloc(8 * (size_t)n)))
+                return rd_oom(r, "request's splits", 8 * (int64_t)n);
             rd_get(r, q->splits, 8 * (int64_t)n);
             q->nsplits = n;
         }
         group_t *g = e->sets[q->meta.process_set];
-        const char *why = r->bad ? NULL : hvdl__splits_problem(&q->meta, q->splits, n, g ? g->n : -1);
+        const char *why = r->bad ? NULL
+                                 : hvdl__splits_problem(&q->meta, q->splits, n, g ? g->n : -1);
         if (r->bad || why) return rd_fail(r, why);
     }
     if (!r->bad && r->left) return rd_fail(r, "bytes after its last field");
@@ -118,8 +125,10 @@ void hvdl__request_list_free(request_list_t *l) {
 static int write_tensor(buf_t *b, const response_t *r, int i, int n) {
     if (r->cached[i]) return buf_put_u32(b, (uint32_t)r->cache_id[i]);
     const int64_t *dim0 = r->dim0 ? r->dim0 + (int64_t)i * n : NULL;
-    return buf_put_u32(b, FULL_TAG) || buf_put_str(b, r->names[i]) || buf_put_u32(b, (uint32_t)r->cache_id[i]) ||
-           buf_put(b, &r->metas[i], sizeof r->metas[i]) || (dim0 && buf_put(b, dim0, 8 * (int64_t)n));
+    return buf_put_u32(b, FULL_TAG) || buf_put_str(b, r->names[i]) ||
+           buf_put_u32(b, (uint32_t)r->cache_id[i]) ||
+           buf_put(b, &r->metas[i], sizeof r->metas[i]) ||
+           (dim0 && buf_put(b, dim0, 8 * (int64_t)n));
 }
 
 int hvdl__write_response(engine_t *e, buf_t *b, const response_t *r) {
@@ -149,20 +158,23 @@ static int read_tensor(engine_t *e, reader_t *r, response_t *x, int i, int n) {
     x->cache_id[i] = (int32_t)rd_u32(r);
     rd_meta(e, r, &x->metas[i]);
     if (x->dim0) rd_get(r, x->dim0 + (int64_t)i * n, 8 * (int64_t)n);
-    if (!r->bad && x->cache_id[i] < -1) rd_fail(r, "a cache id out of order or for an uncacheable tensor");
+    if (!r->bad && x->cache_id[i] < -1)
+        rd_fail(r, "a cache id out of order or for an uncacheable tensor");
     return r->bad ? -1 : 0;
 }
 
 static int read_response(engine_t *e, reader_t *r, response_t *x) {
     uint32_t nt;
     x->kind = (int)rd_u32(r);
-    if (!r->bad && (x->kind < RESP_OK || x->kind > RESP_SHUTDOWN)) return rd_fail(r, "an unknown response kind");
+    if (!r->bad && (x->kind < RESP_OK || x->kind > RESP_SHUTDOWN))
+        return rd_fail(r, "an unknown response kind");
     if (rd_meta(e, r, &x->meta) || rd_count(r, &nt, 4)) return -1;
     group_t *g = e->sets[x->meta.process_set];
     if (!g || g->me < 0) return rd_fail(r, "a response for a process set this rank is not in");
     if (nt > HVDL_MAX_FUSED) return rd_fail(r, "more tensors than one response may carry");
     int n = g->n;
-    if (hvdl__response_alloc(x, (int)nt, n, x->meta.op)) return rd_oom(r, "response", (int64_t)nt * n * 8);
+    if (hvdl__response_alloc(x, (int)nt, n, x->meta.op))
+        return rd_oom(r, "response", (int64_t)nt * n * 8);
     for (uint32_t i = 0; i < nt && !r->bad; i++) {
         x->ntensors++;
         if (read_tensor(e, r, x, (int)i, n)) break;
@@ -178,7 +190,8 @@ int hvdl__read_responses(engine_t *e, reader_t *r, response_t **out, int *count)
     response_t *rs = HVDL_INJECT(e, INJ_DECODE_ALLOC) ? NULL : calloc(n ? n : 1, sizeof *rs);
     if (!rs) return rd_oom(r, "response list", (int64_t)(n ? n : 1) * (int64_t)sizeof *rs);
     for (uint32_t i = 0; i < n; i++) {
-        if (read_response(e, r, &rs[i]) || (i == n - 1 && r->left && rd_fail(r, "bytes after its last field"))) {
+        if (read_response(e, r, &rs[i]) ||
+            (i == n - 1 && r->left && rd_fail(r, "bytes after its last field"))) {
             for (uint32_t k = 0; k <= i; k++) hvdl__response_free(&rs[k]);
             free(rs);
             return -1;
@@ -197,8 +210,10 @@ int hvdl__response_alloc(response_t *r, int ntensors, int n, int op) {
     r->cached = calloc((size_t)ntensors + 1, 1);
     r->dim0 = op == HVDL_OP_ALLGATHER ? calloc((size_t)ntensors * (size_t)n + 1, 8) : NULL;
     r->matrix = op == HVDL_OP_ALLTOALL ? calloc((size_t)n * (size_t)n, 8) : NULL;
-    return !r->names || !r->metas || !r->cache_id || !r->cached || (op == HVDL_OP_ALLGATHER && !r->dim0) ||
-           (op == HVDL_OP_ALLTOALL && !r->matrix) ? -1 : 0;
+    return !r->names || !r->metas || !r->cache_id || !r->cached ||
+                   (op == HVDL_OP_ALLGATHER && !r->dim0) || (op == HVDL_OP_ALLTOALL && !r->matrix)
+               ? -1
+               : 0;
 }
 
 void hvdl__response_free(response_t *r) {
@@ -265,7 +280,8 @@ int64_t hvdl__put_words(uint8_t *out, const void *values, int n) {
 int hvdl__read_words(reader_t *r, uint32_t *out, int *n) {
     *n = 0;
     if (r->left % 4) return rd_fail(r, "a length that is not a whole number of 4-byte values");
-    if (r->left > 4 * (int64_t)HVDL_NEG_IDS) return rd_fail(r, "more values than a segment has cache ids");
+    if (r->left > 4 * (int64_t)HVDL_NEG_IDS)
+        return rd_fail(r, "more values than a segment has cache ids");
     *n = (int)(r->left / 4);
     rd_get(r, out, r->left);
     return rd_end(r);

@@ -8,7 +8,8 @@
 
 /* wire.c: pure encode/decode of the negotiation messages (no engine state is changed) */
 int hvdl__put_request(buf_t *full, const char *name, const meta_t *m, const int64_t *splits, int n);
-int hvdl__write_requests(buf_t *msg, const uint64_t *bits, int nwords, int nfull, const buf_t *full);
+int hvdl__write_requests(buf_t *msg, const uint64_t *bits, int nwords, int nfull,
+                         const buf_t *full);
 int hvdl__read_requests(engine_t *e, reader_t *r, request_list_t *out);
 void hvdl__request_list_free(request_list_t *l);
 int hvdl__write_response(engine_t *e, buf_t *b, const response_t *r);
@@ -19,7 +20,8 @@ void hvdl__response_free(response_t *r);
 /* wire_check.c: what peers send is checked before it is trusted (NULL = fine, else why) */
 const char *hvdl__meta_problem(engine_t *e, const meta_t *m);
 const char *hvdl__splits_problem(const meta_t *m, const int64_t *splits, uint32_t n, int nmembers);
-const char *hvdl__response_problem(engine_t *e, const group_t *g, const response_t *r, op_t *const *ops);
+const char *hvdl__response_problem(engine_t *e, const group_t *g, const response_t *r,
+                                   op_t *const *ops);
 
 #include "frames.h"          /* and the small frames: goodbye, clock sync, the nodes' */
 #endif

@@ -39,7 +39,8 @@ static const char *const STATUS_NAMES[] = {
     [HVDL_ERR_NOT_IMPLEMENTED] = "NOT_IMPLEMENTED",
     [HVDL_ERR_STALLED] = "STALLED",
 };
-_Static_assert(sizeof STATUS_NAMES / sizeof STATUS_NAMES[0] == HVDL_NUM_STATUSES, "a status without a name");
+_Static_assert(sizeof STATUS_NAMES / sizeof STATUS_NAMES[0] == HVDL_NUM_STATUSES,
+               "a status without a name");
 
 const char *hvdl_status_name(int s) {
     return s >= 0 && s < HVDL_NUM_STATUSES && STATUS_NAMES[s] ? STATUS_NAMES[s] : "UNKNOWN";
@@ -53,7 +54,8 @@ int hvdl__err(int status, const char *fmt, ...) {
     vsnprintf(tls_error, sizeof tls_error, fmt, ap);
     va_end(ap);
     if (status != HVDL_OK && !tls_error[0])
-        snprintf(tls_error, sizeof tls_error, "%s: the engine recorded no cause (a bug in horovodlike)",
+        snprintf(tls_error, sizeof tls_error,
+                 "%s: the engine recorded no cause (a bug in horovodlike)",
                  hvdl_status_name(status));
     return status;
 }
@@ -62,9 +64,10 @@ const char *hvdl_last_error(void) { return tls_error; }
 void hvdl_free(void *p) { free(p); }
 
 int hvdl_dtype_size(int dtype) {
-    static const int SIZES[] = {[HVDL_UINT8] = 1,   [HVDL_INT8] = 1,    [HVDL_INT16] = 2,    [HVDL_INT32] = 4,
-                                [HVDL_INT64] = 8,   [HVDL_FLOAT16] = 2, [HVDL_BFLOAT16] = 2, [HVDL_FLOAT32] = 4,
-                                [HVDL_FLOAT64] = 8, [HVDL_BOOL] = 1};
+    static const int SIZES[] = {[HVDL_UINT8] = 1,    [HVDL_INT8] = 1,    [HVDL_INT16] = 2,
+                                [HVDL_INT32] = 4,    [HVDL_INT64] = 8,   [HVDL_FLOAT16] = 2,
+                                [HVDL_BFLOAT16] = 2, [HVDL_FLOAT32] = 4, [HVDL_FLOAT64] = 8,
+                                [HVDL_BOOL] = 1};
     _Static_assert(sizeof SIZES / sizeof SIZES[0] == HVDL_NUM_DTYPES, "a dtype without a size");
     return dtype >= 0 && dtype < HVDL_NUM_DTYPES ? SIZES[dtype] : 0;
 }
@@ -75,7 +78,10 @@ void hvdl__engine_free(engine_t *e) {
     hvdl__close_all(e);
     e->negotiation->free(e);
     hvdl__shm_close(e);
-    if (e->cross) { free(e->cross->ranks); free(e->cross); }
+    if (e->cross) {
+        free(e->cross->ranks);
+        free(e->cross);
+    }
     free(e->node);
     buf_free(&e->ctx.hier);
     buf_free(&e->ctx.scratch);
@@ -124,9 +130,11 @@ engine_t *hvdl__engine_new(void) {
 }
 
 int hvdl__engine_prepare(engine_t *e, const char *hostname, const char *advertise_addr,
-                         const char *bind_addr, const unsigned char *key, int key_len, char *blob_out) {
+                         const char *bind_addr, const unsigned char *key, int key_len,
+                         char *blob_out) {
     if (key_len < 0 || key_len > HVDL_KEY_MAX || (key_len > 0 && !key))
-        return hvdl__err(HVDL_ERR_INVALID, "the job key must be 0..%d bytes, not %d", HVDL_KEY_MAX, key_len);
+        return hvdl__err(HVDL_ERR_INVALID, "the job key must be 0..%d bytes, not %d", HVDL_KEY_MAX,
+                         key_len);
     snprintf(e->host, sizeof e->host, "%s", hostname && *hostname ? hostname : "localhost");
     snprintf(e->bind_addr, sizeof e->bind_addr, "%s", bind_addr ? bind_addr : "");
     if (key_len) memcpy(e->key, key, (size_t)key_len);
@@ -134,8 +142,10 @@ int hvdl__engine_prepare(engine_t *e, const char *hostname, const char *advertis
     if (hvdl_random_bytes(&e->nonce, sizeof e->nonce))
         e->nonce = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)e;
     int port = hvdl__listen(e);
-    if (port < 0) return hvdl__err(HVDL_ERR_SYSTEM, "cannot open a listening socket: %s", strerror(errno));
-    hvdl__blob_write(e, port, advertise_addr && *advertise_addr ? advertise_addr : "127.0.0.1", blob_out);
+    if (port < 0)
+        return hvdl__err(HVDL_ERR_SYSTEM, "cannot open a listening socket: %s", strerror(errno));
+    hvdl__blob_write(e, port, advertise_addr && *advertise_addr ? advertise_addr : "127.0.0.1",
+                     blob_out);
     return HVDL_OK;
 }
 
@@ -168,8 +178,12 @@ int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *b
     }
     hvdl__engine_free(g_engine);   /* a previous, shut-down engine */
     g_engine = hvdl__engine_new();
-    if (!g_engine) { rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory"); goto out; }
-    rc = hvdl__engine_prepare(g_engine, hostname, advertise_addr, bind_addr, key, key_len, blob_out);
+    if (!g_engine) {
+        rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+        goto out;
+    }
+    rc = hvdl__engine_prepare(g_engine, hostname, advertise_addr, bind_addr, key, key_len,
+                              blob_out);
     if (rc) {
         hvdl__engine_free(g_engine);
         g_engine = NULL;
@@ -205,7 +219,10 @@ static int build_nodes(engine_t *e) {
     }
     if (nodes < 2 || per_node < 2) return 0;
     group_t *g = calloc(1, sizeof *g);
-    if (!g || !(g->ranks = malloc(sizeof(int) * (size_t)nodes))) { free(g); return -1; }
+    if (!g || !(g->ranks = malloc(sizeof(int) * (size_t)nodes))) {
+        free(g);
+        return -1;
+    }
     g->id = -1;
     for (int r = 0; r < e->size; r++) {
         if (local[r] != local[e->rank]) continue;
@@ -220,14 +237,18 @@ static int build_nodes(engine_t *e) {
  * step by name, so that start-up never fails with an empty message. */
 static int startup_failed(engine_t *e, const char *step) {
     if (!e->fail_msg[0])
-        return hvdl__err(HVDL_ERR_SYSTEM, "rank %d: start-up failed while %s, with no cause recorded "
-                         "(last system error: %s)", e->rank, step, strerror(errno));
+        return hvdl__err(HVDL_ERR_SYSTEM,
+                         "rank %d: start-up failed while %s, with no cause recorded "
+                         "(last system error: %s)",
+                         e->rank, step, strerror(errno));
     return hvdl__err(e->fail_status ? e->fail_status : HVDL_ERR_SYSTEM, "%s", e->fail_msg);
 }
 
 int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
-    if (e->thread_started || e->peers) return hvdl__err(HVDL_ERR_INVALID, "hvdl_start without hvdl_prepare");
-    if (size < 1 || rank < 0 || rank >= size) return hvdl__err(HVDL_ERR_INVALID, "rank %d of size %d", rank, size);
+    if (e->thread_started || e->peers)
+        return hvdl__err(HVDL_ERR_INVALID, "hvdl_start without hvdl_prepare");
+    if (size < 1 || rank < 0 || rank >= size)
+        return hvdl__err(HVDL_ERR_INVALID, "rank %d of size %d", rank, size);
     e->rank = rank;
     e->size = size;
     e->peers = calloc((size_t)size, sizeof *e->peers);
@@ -235,16 +256,21 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     for (int i = 0; i < size; i++) {
         e->peers[i].data_fd = e->peers[i].ctrl.fd = e->peers[i].p2p_fd = -1;
         if (hvdl__blob_read(all_blobs + (size_t)i * HVDL_BLOB_BYTES, &e->peers[i]))
-            return hvdl__err(HVDL_ERR_INVALID, "the address blob of rank %d is not a horovodlike blob "
-                             "(mixed versions, or a bootstrap bug)", i);
+            return hvdl__err(HVDL_ERR_INVALID,
+                             "the address blob of rank %d is not a horovodlike blob "
+                             "(mixed versions, or a bootstrap bug)",
+                             i);
     }
     if (e->peers[rank].nonce != e->nonce)
-        return hvdl__err(HVDL_ERR_INVALID, "blob %d is not this process's: ranks were exchanged wrongly", rank);
+        return hvdl__err(HVDL_ERR_INVALID,
+                         "blob %d is not this process's: ranks were exchanged wrongly", rank);
     for (int i = 0; i < size; i++) {
         char what[256];
         if (hvdl__config_disagree(&e->peers[rank].agreed, &e->peers[i].agreed, what, sizeof what))
-            return hvdl__err(HVDL_ERR_INVALID, "rank %d and rank %d (host %s) were started with different "
-                             "settings: %s. Set it the same way on every rank", rank, i, e->peers[i].host, what);
+            return hvdl__err(HVDL_ERR_INVALID,
+                             "rank %d and rank %d (host %s) were started with different "
+                             "settings: %s. Set it the same way on every rank",
+                             rank, i, e->peers[i].host, what);
     }
     int *all = malloc(sizeof(int) * (size_t)size);
     for (int i = 0; all && i < size; i++) all[i] = i;
@@ -267,15 +293,17 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     e->spin_us = 2 * nlocal > cores ? 0 : e->cfg.spin_us;
     e->shm_spin_us = nlocal > cores ? 0 : e->cfg.spin_us;
-    hvdl__log(e, HVDL_LOG_INFO, "rank %d waits spin %d us, shm barriers %d us (%d local ranks, %ld cores)",
-              rank, e->spin_us, e->shm_spin_us, nlocal, cores);
+    hvdl__log(e, HVDL_LOG_INFO,
+              "rank %d waits spin %d us, shm barriers %d us (%d local ranks, %ld cores)", rank,
+              e->spin_us, e->shm_spin_us, nlocal, cores);
     if (build_nodes(e)) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     if (hvdl__shm_open(e) || hvdl__negotiation_open(e) || hvdl__clock_sync(e))
         return startup_failed(e, "setting up shared memory, negotiation and the clocks");
     hvdl__ctx_fill(e);
     hvdl__liveness_start(e);
     if (e->cfg.timeline[0] && hvdl__timeline_open(e, e->cfg.timeline, e->cfg.timeline_mark_cycles))
-        hvdl__log(e, HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline, strerror(errno));
+        hvdl__log(e, HVDL_LOG_WARNING, "cannot write the timeline next to %s: %s", e->cfg.timeline,
+                  strerror(errno));
     hvdl__config_log(e, &e->cfg, rank);
     /* Signals sent to the process (Ctrl-C, kill) must reach a thread that does not block
      * them; if the engine's thread took one, Python's handler would wait for the main
@@ -345,20 +373,29 @@ int hvdl_is_running(void) { return hvdl__engine_running(g_engine); }
 
 /* ---- per-op calls and process sets (ops.c, process_sets.c) on the one engine ---- */
 
-int hvdl_enqueue(const hvdl_request *q, int64_t *handle) { return hvdl__engine_enqueue(g_engine, q, handle); }
+int hvdl_enqueue(const hvdl_request *q, int64_t *handle) {
+    return hvdl__engine_enqueue(g_engine, q, handle);
+}
 int hvdl_poll(int64_t h) { return hvdl__engine_poll(g_engine, h); }
 int hvdl_wait(int64_t h, double timeout_s) { return hvdl__engine_wait(g_engine, h, timeout_s); }
-int hvdl_release(int64_t h, char *msg, hvdl_result *result) { return hvdl__engine_release(g_engine, h, msg, result); }
-int hvdl_process_set_add(int id, const int *ranks, int n) { return hvdl__engine_set_add(g_engine, id, ranks, n); }
+int hvdl_release(int64_t h, char *msg, hvdl_result *result) {
+    return hvdl__engine_release(g_engine, h, msg, result);
+}
+int hvdl_process_set_add(int id, const int *ranks, int n) {
+    return hvdl__engine_set_add(g_engine, id, ranks, n);
+}
 int hvdl_process_set_remove(int id) { return hvdl__engine_set_remove(g_engine, id); }
 
 /* ---- tracing ---- */
 
 int hvdl__engine_timeline_start(engine_t *e, const char *path, int mark_cycles) {
-    if (!e || !e->thread_started) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    if (!e || !e->thread_started)
+        return hvdl__err(HVDL_ERR_NOT_INITIALIZED,
+                         "horovodlike has not been initialized; use hvd.init()");
     if (!path || !*path) return hvdl__err(HVDL_ERR_INVALID, "start_timeline needs a file path");
     if (hvdl__timeline_open(e, path, mark_cycles))
-        return hvdl__err(HVDL_ERR_SYSTEM, "cannot write the timeline next to '%s': %s", path, strerror(errno));
+        return hvdl__err(HVDL_ERR_SYSTEM, "cannot write the timeline next to '%s': %s", path,
+                         strerror(errno));
     return HVDL_OK;
 }
 

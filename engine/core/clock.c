@@ -26,14 +26,17 @@ static int read_header(engine_t *e, int peer, frame_hdr_t *h, double deadline) {
     if (hvdl__io_full(fd, h, sizeof *h, 0, deadline) || h->magic != WIRE_MAGIC) return -1;
     if (h->type != MSG_ABORT) return 0;
     char msg[HVDL_MSG_BYTES];
-    if (h->len < 0 || h->len >= HVDL_MSG_BYTES || hvdl__io_full(fd, msg, (size_t)h->len, 0, deadline)) return -1;
+    if (h->len < 0 || h->len >= HVDL_MSG_BYTES ||
+        hvdl__io_full(fd, msg, (size_t)h->len, 0, deadline))
+        return -1;
     return hvdl__abort_received(e, peer, msg, h->len);
 }
 
 /* The payload of a frame whose header h was read: at most cap bytes, else -1. */
 static int read_payload(engine_t *e, int peer, const frame_hdr_t *h, uint8_t *buf, int64_t cap,
                         reader_t *r, double deadline) {
-    if (h->len < 0 || h->len > cap || hvdl__io_full(e->peers[peer].ctrl.fd, buf, (size_t)h->len, 0, deadline))
+    if (h->len < 0 || h->len > cap ||
+        hvdl__io_full(e->peers[peer].ctrl.fd, buf, (size_t)h->len, 0, deadline))
         return -1;
     *r = (reader_t){.p = buf, .left = h->len};
     return 0;
@@ -59,8 +62,8 @@ int hvdl__clock_sync(engine_t *e) {
                 continue;
             lost:
                 if (e->failed) return -1;
-                hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) failed the start-up clock sync",
-                           w, e->peers[w].host);
+                hvdl__fail(e, HVDL_ERR_PEER_LOST,
+                           "rank %d (host %s) failed the start-up clock sync", w, e->peers[w].host);
                 return -1;
             }
         }
@@ -74,7 +77,8 @@ int hvdl__clock_sync(engine_t *e) {
             read_header(e, 0, &h, deadline) || h.type != MSG_PONG ||
             read_payload(e, 0, &h, buf, sizeof buf, &r, deadline) || hvdl__read_pong(&r, &remote)) {
             if (e->failed) return -1;
-            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank 0 (host %s) failed the start-up clock sync", e->peers[0].host);
+            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank 0 (host %s) failed the start-up clock sync",
+                       e->peers[0].host);
             return -1;
         }
         double t1 = wall_us();

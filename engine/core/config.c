@@ -47,9 +47,13 @@ void hvdl__config_read(config_t *c) {
     c->spin_us = (int)env_num("HOROVODLIKE_SPIN_US", 50);
     c->small_bytes = (int64_t)env_num("HOROVODLIKE_SMALL_BYTES", 64 * 1024);
     /* the values of the algorithm knobs: the ALG_* up to ALG_HIER (config.h) */
-    static const char *const ALGS[] = {[ALG_AUTO] = "auto", [ALG_SHM] = "shm", [ALG_RING] = "ring",
-                                       [ALG_RD] = "rd", [ALG_HIER] = "hier"};
-    _Static_assert(sizeof ALGS / sizeof ALGS[0] == ALG_HIER + 1, "an algorithm knob value without a name");
+    static const char *const ALGS[] = {[ALG_AUTO] = "auto",
+                                       [ALG_SHM] = "shm",
+                                       [ALG_RING] = "ring",
+                                       [ALG_RD] = "rd",
+                                       [ALG_HIER] = "hier"};
+    _Static_assert(sizeof ALGS / sizeof ALGS[0] == ALG_HIER + 1,
+                   "an algorithm knob value without a name");
     const char *alg = getenv("HOROVODLIKE_ALLREDUCE_ALGORITHM");
     c->algorithm = env_flag("HOROVOD_HIERARCHICAL_ALLREDUCE") ? ALG_HIER : ALG_AUTO;
     for (int i = 0; alg && *alg && i <= ALG_HIER; i++)
@@ -71,11 +75,15 @@ void hvdl__config_read(config_t *c) {
     if (c->start_timeout > 86400) c->start_timeout = 86400;
     const char *inject = getenv("HOROVODLIKE_TEST_INJECT");
     if (inject && *inject && hvdl__inject_parse(inject, c))
-        hvdl__log(NULL, HVDL_LOG_ERROR, "HOROVODLIKE_TEST_INJECT=%s is not site[:rank[:nth]] with a known "
-                  "site; no failure will be injected", inject);
+        hvdl__log(NULL, HVDL_LOG_ERROR,
+                  "HOROVODLIKE_TEST_INJECT=%s is not site[:rank[:nth]] with a known "
+                  "site; no failure will be injected",
+                  inject);
     else if (inject && *inject)
-        hvdl__log(NULL, HVDL_LOG_WARNING, "HOROVODLIKE_TEST_INJECT=%s: this job will fail on purpose "
-                  "(for testing only)", inject);
+        hvdl__log(NULL, HVDL_LOG_WARNING,
+                  "HOROVODLIKE_TEST_INJECT=%s: this job will fail on purpose "
+                  "(for testing only)",
+                  inject);
     if (c->fusion_threshold < 0) c->fusion_threshold = 0;
     if (c->cycle_time < 0) c->cycle_time = 0;
     if (c->cache_capacity < 0) c->cache_capacity = 0;
@@ -94,19 +102,25 @@ void hvdl__config_log(const struct engine *e, const config_t *c, int rank) {
 }
 
 void hvdl__config_agreed(const config_t *c, agreed_t *out) {
-    *out = (agreed_t){c->shm, c->algorithm, c->allgather_algorithm, c->shm_negotiate, c->small_bytes,
-                      c->shm_chunk_bytes};
+    *out = (agreed_t){c->shm,           c->algorithm,   c->allgather_algorithm,
+                      c->shm_negotiate, c->small_bytes, c->shm_chunk_bytes};
 }
 
 int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap) {
-    const char *names[] = {"HOROVODLIKE_SHM", "HOROVODLIKE_ALLREDUCE_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLREDUCE)",
+    const char *names[] = {"HOROVODLIKE_SHM",
+                           "HOROVODLIKE_ALLREDUCE_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLREDUCE)",
                            "HOROVODLIKE_ALLGATHER_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLGATHER)",
-                           "HOROVODLIKE_SMALL_BYTES", "HOROVODLIKE_SHM_CHUNK_BYTES", "HOROVODLIKE_SHM_NEGOTIATE"};
-    int64_t va[] = {a->shm, a->algorithm, a->allgather_algorithm, a->small_bytes, a->shm_chunk_bytes, a->shm_negotiate};
-    int64_t vb[] = {b->shm, b->algorithm, b->allgather_algorithm, b->small_bytes, b->shm_chunk_bytes, b->shm_negotiate};
+                           "HOROVODLIKE_SMALL_BYTES",
+                           "HOROVODLIKE_SHM_CHUNK_BYTES",
+                           "HOROVODLIKE_SHM_NEGOTIATE"};
+    int64_t va[] = {a->shm,         a->algorithm,       a->allgather_algorithm,
+                    a->small_bytes, a->shm_chunk_bytes, a->shm_negotiate};
+    int64_t vb[] = {b->shm,         b->algorithm,       b->allgather_algorithm,
+                    b->small_bytes, b->shm_chunk_bytes, b->shm_negotiate};
     for (int i = 0; i < 6; i++) {
         if (va[i] == vb[i]) continue;
-        snprintf(msg, cap, "%s (%lld here, %lld there)", names[i], (long long)va[i], (long long)vb[i]);
+        snprintf(msg, cap, "%s (%lld here, %lld there)", names[i], (long long)va[i],
+                 (long long)vb[i]);
         return 1;
     }
     return 0;

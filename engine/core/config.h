@@ -22,23 +22,23 @@ typedef struct config {
                                     cached requests in the segment (negotiate_shm.c); on
                                     several nodes, each node first (negotiate_nodes.c) */
     int spin_us;                 /* HOROVODLIKE_SPIN_US: poll before sleeping, per wait */
-    int algorithm;               /* HOROVODLIKE_ALLREDUCE_ALGORITHM (ALG_*); HOROVOD_HIERARCHICAL_ALLREDUCE=1 means hier */
-    int64_t small_bytes;         /* HOROVODLIKE_SMALL_BYTES: recursive doubling up to here */
-    int allgather_algorithm;     /* HOROVODLIKE_ALLGATHER_ALGORITHM: auto, ring or hier;
+    int algorithm; /* HOROVODLIKE_ALLREDUCE_ALGORITHM (ALG_*); HOROVOD_HIERARCHICAL_ALLREDUCE=1 means hier */
+    int64_t small_bytes; /* HOROVODLIKE_SMALL_BYTES: recursive doubling up to here */
+    int allgather_algorithm; /* HOROVODLIKE_ALLGATHER_ALGORITHM: auto, ring or hier;
                                     HOROVOD_HIERARCHICAL_ALLGATHER=1 means hier */
-    int64_t shm_chunk_bytes;     /* HOROVODLIKE_SHM_CHUNK_BYTES: per-rank piece size */
-    char timeline[4096];         /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
-    int timeline_mark_cycles;    /* HOROVOD_TIMELINE_MARK_CYCLES */
-    int64_t timeline_max_bytes;  /* HOROVOD_TIMELINE_MAX_MB, 0 = no cap */
+    int64_t shm_chunk_bytes; /* HOROVODLIKE_SHM_CHUNK_BYTES: per-rank piece size */
+    char timeline[4096]; /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
+    int timeline_mark_cycles; /* HOROVOD_TIMELINE_MARK_CYCLES */
+    int64_t timeline_max_bytes; /* HOROVOD_TIMELINE_MAX_MB, 0 = no cap */
     int64_t timeline_start_step; /* HOROVOD_TIMELINE_START_STEP */
-    int64_t timeline_stop_step;  /* HOROVOD_TIMELINE_STOP_STEP, -1 = never */
-    int elastic;                 /* HOROVODLIKE_ELASTIC_WORKER is set: a member of an elastic
+    int64_t timeline_stop_step; /* HOROVOD_TIMELINE_STOP_STEP, -1 = never */
+    int elastic; /* HOROVODLIKE_ELASTIC_WORKER is set: a member of an elastic
                                     job, which recovers from a lost rank (fail.c) */
-    double start_timeout;        /* HOROVODLIKE_START_TIMEOUT: every wait of start-up
+    double start_timeout; /* HOROVODLIKE_START_TIMEOUT: every wait of start-up
                                     (connecting, shared-memory attach, clock sync) */
-    int inject_site;             /* HOROVODLIKE_TEST_INJECT, for tests only (inject.c): */
-    int inject_rank;             /*   the site (INJ_*, 0 = none), the rank (-1 = every */
-    int inject_nth;              /*   rank) and which visit to the site fails (1 = first) */
+    int inject_site; /* HOROVODLIKE_TEST_INJECT, for tests only (inject.c): */
+    int inject_rank; /*   the site (INJ_*, 0 = none), the rank (-1 = every */
+    int inject_nth; /*   rank) and which visit to the site fails (1 = first) */
 } config_t;
 
 /* The settings every rank must share (they pick algorithms and memory layouts). They
@@ -51,11 +51,21 @@ typedef struct agreed {
 
 /* Algorithms: the first five are also the values of the algorithm knobs; the rest are
  * only ever chosen by exec.c (a response carries the one chosen for it). */
-enum { ALG_AUTO, ALG_SHM, ALG_RING, ALG_RD, ALG_HIER, ALG_CHAIN, ALG_PAIRWISE, ALG_NONE, ALG_COUNT };
-const char *hvdl__alg_name(int alg);     /* exec.c: the name it is traced under */
+enum {
+    ALG_AUTO,
+    ALG_SHM,
+    ALG_RING,
+    ALG_RD,
+    ALG_HIER,
+    ALG_CHAIN,
+    ALG_PAIRWISE,
+    ALG_NONE,
+    ALG_COUNT
+};
+const char *hvdl__alg_name(int alg); /* exec.c: the name it is traced under */
 
 void hvdl__config_read(config_t *c);
-int hvdl__inject_parse(const char *spec, config_t *c);   /* inject.c: 0, or -1 if malformed */
+int hvdl__inject_parse(const char *spec, config_t *c); /* inject.c: 0, or -1 if malformed */
 struct engine;
 /* api.c at start: the settings, in e's log */
 void hvdl__config_log(const struct engine *e, const config_t *c, int rank);

@@ -24,9 +24,7 @@ int hvdl__ctx_oom(ctx_t *c, const char *what, int64_t bytes) {
     return hvdl__oom(c->engine, what, bytes);
 }
 
-int hvdl__ctx_inject_fire(ctx_t *c) {
-    return hvdl__inject_fire(c->engine);
-}
+int hvdl__ctx_inject_fire(ctx_t *c) { return hvdl__inject_fire(c->engine); }
 
 void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t bytes) {
     char args[64];

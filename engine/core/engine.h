@@ -185,7 +185,8 @@ typedef struct engine {
  * (horovodlike.h) is these on the one engine Python uses; a C test runs several. */
 engine_t *hvdl__engine_new(void);    /* configuration from the environment; NULL: no memory */
 int hvdl__engine_prepare(engine_t *e, const char *hostname, const char *advertise_addr,
-                         const char *bind_addr, const unsigned char *key, int key_len, char *blob_out);
+                         const char *bind_addr, const unsigned char *key, int key_len,
+                         char *blob_out);
 int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs);
 int hvdl__engine_running(engine_t *e);
 int hvdl__engine_shutdown(engine_t *e);

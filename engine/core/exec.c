@@ -21,11 +21,15 @@
 #include <string.h>
 
 /* The collectives are the op types before HVDL_OP_SEND (the point-to-point ones). */
-static const char *const UPPER[] = {
-    [HVDL_OP_ALLREDUCE] = "ALLREDUCE", [HVDL_OP_ALLGATHER] = "ALLGATHER", [HVDL_OP_BROADCAST] = "BROADCAST",
-    [HVDL_OP_BARRIER] = "BARRIER",     [HVDL_OP_ALLTOALL] = "ALLTOALL",   [HVDL_OP_REDUCESCATTER] = "REDUCESCATTER",
-    [HVDL_OP_JOIN] = "JOIN"};
-_Static_assert(sizeof UPPER / sizeof UPPER[0] == HVDL_OP_SEND, "a collective op type without a trace name");
+static const char *const UPPER[] = {[HVDL_OP_ALLREDUCE] = "ALLREDUCE",
+                                    [HVDL_OP_ALLGATHER] = "ALLGATHER",
+                                    [HVDL_OP_BROADCAST] = "BROADCAST",
+                                    [HVDL_OP_BARRIER] = "BARRIER",
+                                    [HVDL_OP_ALLTOALL] = "ALLTOALL",
+                                    [HVDL_OP_REDUCESCATTER] = "REDUCESCATTER",
+                                    [HVDL_OP_JOIN] = "JOIN"};
+_Static_assert(sizeof UPPER / sizeof UPPER[0] == HVDL_OP_SEND,
+               "a collective op type without a trace name");
 
 /* One tensor's buffers as the algorithms see them. */
 typedef struct slot {
@@ -75,7 +79,9 @@ static int choose_algorithm(engine_t *e, const group_t *g, const response_t *r) 
     }
     case HVDL_OP_ALLGATHER:
         if (shm) return ALG_SHM;
-        return g->id == 0 && e->cross && e->shm && e->cfg.allgather_algorithm != ALG_RING ? ALG_HIER : ALG_RING;
+        return g->id == 0 && e->cross && e->shm && e->cfg.allgather_algorithm != ALG_RING
+                   ? ALG_HIER
+                   : ALG_RING;
     case HVDL_OP_BROADCAST: return shm ? ALG_SHM : ALG_CHAIN;
     case HVDL_OP_REDUCESCATTER: return shm && r->meta.prescale == 1.0 ? ALG_SHM : ALG_RING;
     case HVDL_OP_ALLTOALL: return shm ? ALG_SHM : ALG_PAIRWISE;
@@ -83,19 +89,25 @@ static int choose_algorithm(engine_t *e, const group_t *g, const response_t *r) 
     }
 }
 
-static const char *const ALG_NAMES[] = {
-    [ALG_AUTO] = "",           [ALG_SHM] = "shm",         [ALG_RING] = "tcp_ring",
-    [ALG_RD] = "tcp_recursive_doubling",                   [ALG_HIER] = "hierarchical",
-    [ALG_CHAIN] = "tcp_chain", [ALG_PAIRWISE] = "tcp_pairwise", [ALG_NONE] = "negotiation"};
+static const char *const ALG_NAMES[] = {[ALG_AUTO] = "",
+                                        [ALG_SHM] = "shm",
+                                        [ALG_RING] = "tcp_ring",
+                                        [ALG_RD] = "tcp_recursive_doubling",
+                                        [ALG_HIER] = "hierarchical",
+                                        [ALG_CHAIN] = "tcp_chain",
+                                        [ALG_PAIRWISE] = "tcp_pairwise",
+                                        [ALG_NONE] = "negotiation"};
 _Static_assert(sizeof ALG_NAMES / sizeof ALG_NAMES[0] == ALG_COUNT, "an algorithm without a name");
 
 /* The name an algorithm is traced under (the C tests read it back from the trace). */
-const char *hvdl__alg_name(int alg) { return alg >= 0 && alg < ALG_COUNT && ALG_NAMES[alg] ? ALG_NAMES[alg] : "?"; }
+const char *hvdl__alg_name(int alg) {
+    return alg >= 0 && alg < ALG_COUNT && ALG_NAMES[alg] ? ALG_NAMES[alg] : "?";
+}
 
 /* In place, result multiplied by post: inside the algorithm where it can be (each
  * finished segment once), after it for recursive doubling (small buffers). */
-static int allreduce_with(engine_t *e, int alg, const group_t *g, void *buf, int64_t count, int dtype, int op,
-                          double post) {
+static int allreduce_with(engine_t *e, int alg, const group_t *g, void *buf, int64_t count,
+                          int dtype, int op, double post) {
     switch (alg) {
     case ALG_SHM: return hvdl__allreduce_shm(&e->ctx, buf, buf, count, dtype, op, post);
     case ALG_HIER: return hvdl__allreduce_hier(&e->ctx, buf, count, dtype, op, post);
@@ -127,7 +139,8 @@ static uint8_t *one_buffer(const slot_t *s, int n) {
     return start;
 }
 
-static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t *s, int n, int alg) {
+static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t *s, int n,
+                          int alg) {
     int op, esz = hvdl_dtype_size(m->dtype);
     double post;
     reduce_params(g, m, &op, &post);
@@ -162,7 +175,8 @@ static int exec_allreduce(engine_t *e, const group_t *g, const meta_t *m, slot_t
         hvdl__scale(m->dtype, one, total / esz, m->prescale);
         return allreduce_with(e, alg, g, one, total / esz, m->dtype, op, post);
     }
-    if (HVDL_INJECT(e, INJ_FUSION_ALLOC) || buf_reserve(&e->fusion, total)) return hvdl__oom(e, "fusion buffer", total);
+    if (HVDL_INJECT(e, INJ_FUSION_ALLOC) || buf_reserve(&e->fusion, total))
+        return hvdl__oom(e, "fusion buffer", total);
     uint8_t *f = e->fusion.data;
     double t0 = hvdl_now();
     for (int64_t i = 0, at = 0; i < n; at += s[i].nbytes, i++)
@@ -202,7 +216,7 @@ static int exec_allgather(engine_t *e, const group_t *g, op_t *o, const int64_t 
     if (!out) return hvdl__oom(e, "allgather result", total);
     if (o->nbytes && out + mine != (const uint8_t *)o->input)
         memmove(out + mine, o->input, (size_t)o->nbytes);
-    if (alg == ALG_SHM   ? hvdl__allgather_shm(&e->ctx, out, blocks)
+    if (alg == ALG_SHM    ? hvdl__allgather_shm(&e->ctx, out, blocks)
         : alg == ALG_HIER ? hvdl__allgather_hier(&e->ctx, out, blocks)
                           : hvdl__allgather_ring(&e->ctx, g, out, blocks)) {
         if (!own) free(out);
@@ -218,7 +232,7 @@ static int exec_broadcast(engine_t *e, const group_t *g, const meta_t *m, op_t *
     if (g->me == root && o->output != o->input && o->nbytes)
         memcpy(o->output, o->input, (size_t)o->nbytes);
     return alg == ALG_SHM ? hvdl__broadcast_shm(&e->ctx, o->output, o->nbytes, root)
-                        : hvdl__broadcast_chain(&e->ctx, g, o->output, o->nbytes, root);
+                          : hvdl__broadcast_chain(&e->ctx, g, o->output, o->nbytes, root);
 }
 
 /* Rows of the first dimension for member i: lower members take the remainder. */
@@ -262,18 +276,21 @@ static int exec_alltoall(engine_t *e, const group_t *g, op_t *o, const int64_t *
         rows += splits[j];
     }
     uint8_t *out = HVDL_INJECT(e, INJ_OUTPUT_ALLOC) ? NULL : alloc_output(total);
-    if (!out) { free(splits); return hvdl__oom(e, "alltoall result", total); }
+    if (!out) {
+        free(splits);
+        return hvdl__oom(e, "alltoall result", total);
+    }
     int64_t longest = 0;
     for (int k = 0; k < n * n; k++)
         if (matrix[k] * row > longest) longest = matrix[k] * row;
     if (alg == ALG_SHM ? hvdl__alltoall_shm(&e->ctx, o->input, send, out, recv, longest)
-                     : hvdl__alltoall_pairwise(&e->ctx, g, o->input, send, out, recv)) {
+                       : hvdl__alltoall_pairwise(&e->ctx, g, o->input, send, out, recv)) {
         free(out);
         free(splits);
         return -1;
     }
-    o->result = (hvdl_result){.data = out, .nbytes = total, .first_dim = rows,
-                              .recv_splits = splits, .nsplits = n};
+    o->result = (hvdl_result){
+        .data = out, .nbytes = total, .first_dim = rows, .recv_splits = splits, .nsplits = n};
     return 0;
 }
 
@@ -359,7 +376,10 @@ static int bad_response(engine_t *e, const char *tensor, const char *why) {
     char msg[HVDL_MSG_BYTES];
     snprintf(msg, sizeof msg, "sent a response for '%.200s' with %s", tensor, why);
     if (e->rank != 0) hvdl__peer_lost(e, 0, msg);
-    else hvdl__fail_job(e, HVDL_ERR_SYSTEM, "internal error: rank 0 planned a response for '%.200s' with %s", tensor, why);
+    else
+        hvdl__fail_job(e, HVDL_ERR_SYSTEM,
+                       "internal error: rank 0 planned a response for '%.200s' with %s", tensor,
+                       why);
     return -1;
 }
 
@@ -367,7 +387,9 @@ int hvdl__execute(engine_t *e, response_t *r) {
     double t_exec = hvdl_now();
     const group_t *g = e->sets[r->meta.process_set];
     slot_t *s = HVDL_INJECT(e, INJ_EXEC_ALLOC) ? NULL : calloc((size_t)r->ntensors + 1, sizeof *s);
-    if (!s) return hvdl__oom(e, "table of a response's tensors", ((int64_t)r->ntensors + 1) * (int64_t)sizeof *s);
+    if (!s)
+        return hvdl__oom(e, "table of a response's tensors",
+                         ((int64_t)r->ntensors + 1) * (int64_t)sizeof *s);
     int rc = 0;
     for (int i = 0; i < r->ntensors && !rc; i++) {
         op_t *o = strmap_del(&e->mine, r->names[i]);
@@ -413,23 +435,29 @@ int hvdl__execute(engine_t *e, response_t *r) {
 int hvdl__execute_cached(engine_t *e, const int32_t *ids, int n, const double *posted_at) {
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= e->ncache)
-            return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log names cache id %d, "
-                                  "which this rank does not have", ids[i]);
+            return hvdl__fail_job(e, HVDL_ERR_SYSTEM,
+                                  "the shared-memory negotiation log names cache id %d, "
+                                  "which this rank does not have",
+                                  ids[i]);
     response_t r = {0};
     const char *why = NULL;
-    int rc = hvdl__response_alloc(&r, n, e->size, e->cache[ids[0]].meta.op) ? hvdl__oom(e, "response", n) : 0;
+    int rc = hvdl__response_alloc(&r, n, e->size, e->cache[ids[0]].meta.op)
+                 ? hvdl__oom(e, "response", n)
+                 : 0;
     for (int i = 0; !rc && i < n; i++, r.ntensors++) {
         r.cached[i] = 1;
         r.cache_id[i] = ids[i];
     }
     if (!rc && hvdl__cache_apply(e, &r, &why))
-        rc = why ? hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds %s", why) : -1;
+        rc = why ? hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds %s",
+                                  why)
+                 : -1;
     if (!rc && posted_at && TL_ON(e)) {            /* when each rank posted: the trace */
         if (!(r.ready_at = calloc((size_t)r.ntensors * (size_t)e->size, sizeof(double))))
             rc = hvdl__oom(e, "response trace", 8 * (int64_t)r.ntensors * e->size);
         for (int i = 0; !rc && i < r.ntensors; i++)
-            memcpy(r.ready_at + (size_t)i * (size_t)e->size, posted_at + (size_t)ids[i] * (size_t)e->size,
-                   sizeof(double) * (size_t)e->size);
+            memcpy(r.ready_at + (size_t)i * (size_t)e->size,
+                   posted_at + (size_t)ids[i] * (size_t)e->size, sizeof(double) * (size_t)e->size);
     }
     if (!rc) {
         r.kind = RESP_OK;

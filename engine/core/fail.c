@@ -63,8 +63,11 @@ int hvdl__record_failure(engine_t *e, int status, const char *msg) {
         /* The one funnel of every cause: an empty one would reach the user as an error
          * with no text, so it is replaced by what is known. */
         if (msg && *msg) snprintf(e->fail_msg, sizeof e->fail_msg, "%s", msg);
-        else snprintf(e->fail_msg, sizeof e->fail_msg, "rank %d (host %s) failed (%s) without naming a cause "
-                      "(a bug in horovodlike)", e->rank, e->host, hvdl_status_name(status));
+        else
+            snprintf(e->fail_msg, sizeof e->fail_msg,
+                     "rank %d (host %s) failed (%s) without naming a cause "
+                     "(a bug in horovodlike)",
+                     e->rank, e->host, hvdl_status_name(status));
     }
     pthread_mutex_unlock(&e->mu);
     return first;
@@ -120,12 +123,14 @@ int hvdl__fail_job(engine_t *e, int status, const char *fmt, ...) {
 }
 
 int hvdl__oom(engine_t *e, const char *what, int64_t bytes) {
-    return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte %s", (long long)bytes, what);
+    return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "out of memory for a %lld-byte %s", (long long)bytes,
+                          what);
 }
 
 int hvdl__abort_received(engine_t *e, int from, const void *p, int64_t n) {
     char msg[HVDL_MSG_BYTES];
-    snprintf(msg, sizeof msg, "%.*s", (int)(n < HVDL_MSG_BYTES - 1 ? n : HVDL_MSG_BYTES - 1), (const char *)p);
+    snprintf(msg, sizeof msg, "%.*s", (int)(n < HVDL_MSG_BYTES - 1 ? n : HVDL_MSG_BYTES - 1),
+             (const char *)p);
     if (!hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg)) return -1;
     /* rank 0 passes a worker's verdict on, so that every rank names the same cause */
     if (e->rank == 0) tell_everyone(e, msg, from);
@@ -148,7 +153,8 @@ static int verdict_arrived(engine_t *e, int peer) {
             struct pollfd pf = {c0->fd, POLLIN, 0};
             double left = until - hvdl_now();
             if (poll(&pf, 1, left > 0 ? (int)(left * 1000) + 1 : 0) <= 0) break;
-            if (hvdl__control_readable(e, 0) || e->failed || (pf.revents & (POLLHUP | POLLERR))) break;
+            if (hvdl__control_readable(e, 0) || e->failed || (pf.revents & (POLLHUP | POLLERR)))
+                break;
             if (hvdl_now() >= until) break;
         }
     }
@@ -174,11 +180,15 @@ void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
                                     (pf.revents & (POLLRDHUP | POLLHUP | POLLERR))));
     if (closed || quiet > 2 * hvdl__heartbeat_interval(e)) {
         if (closed)
-            snprintf(silent, sizeof silent, "its connection closed (rank %d gave up "
-                     "meanwhile: %s)", peer, why);
+            snprintf(silent, sizeof silent,
+                     "its connection closed (rank %d gave up "
+                     "meanwhile: %s)",
+                     peer, why);
         else
-            snprintf(silent, sizeof silent, "it sent nothing for %.1f s (rank %d gave up "
-                     "meanwhile: %s)", quiet, peer, why);
+            snprintf(silent, sizeof silent,
+                     "it sent nothing for %.1f s (rank %d gave up "
+                     "meanwhile: %s)",
+                     quiet, peer, why);
         peer = 0;
         why = silent;
     }
@@ -186,9 +196,10 @@ void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
     char missing[512] = "", never[600] = "";
     if (e->rank == 0) hvdl__never_submitted(e, peer, missing, sizeof missing);
     if (missing[0]) snprintf(never, sizeof never, " It never submitted %s.", missing);
-    snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s.%s %s", peer, e->peers[peer].host, why,
-             never, e->cfg.elastic ? "The elastic job goes on in a new round without it"
-                                   : "horovodlike cannot go on without it; the job should be restarted");
+    snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s.%s %s", peer, e->peers[peer].host,
+             why, never,
+             e->cfg.elastic ? "The elastic job goes on in a new round without it"
+                            : "horovodlike cannot go on without it; the job should be restarted");
     if (!hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg)) return;
     tell_everyone(e, msg, peer);
     release(e);

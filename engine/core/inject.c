@@ -46,12 +46,18 @@
 
 static const char *const SITES[] = {
     [INJ_NONE] = "",
-    [INJ_RING_ALLOC] = "ring_alloc",       [INJ_RD_ALLOC] = "rd_alloc",
-    [INJ_SHM_ATTACH] = "shm_attach",       [INJ_TCP_SEND] = "tcp_send",
-    [INJ_CTRL_SEND] = "ctrl_send",         [INJ_FUSION_ALLOC] = "fusion_alloc",
-    [INJ_OUTPUT_ALLOC] = "output_alloc",   [INJ_PLAN_ALLOC] = "plan_alloc",
-    [INJ_SCATTER_ALLOC] = "scatter_alloc", [INJ_DECODE_ALLOC] = "decode_alloc",
-    [INJ_FRAME_ALLOC] = "frame_alloc",     [INJ_EXEC_ALLOC] = "exec_alloc",
+    [INJ_RING_ALLOC] = "ring_alloc",
+    [INJ_RD_ALLOC] = "rd_alloc",
+    [INJ_SHM_ATTACH] = "shm_attach",
+    [INJ_TCP_SEND] = "tcp_send",
+    [INJ_CTRL_SEND] = "ctrl_send",
+    [INJ_FUSION_ALLOC] = "fusion_alloc",
+    [INJ_OUTPUT_ALLOC] = "output_alloc",
+    [INJ_PLAN_ALLOC] = "plan_alloc",
+    [INJ_SCATTER_ALLOC] = "scatter_alloc",
+    [INJ_DECODE_ALLOC] = "decode_alloc",
+    [INJ_FRAME_ALLOC] = "frame_alloc",
+    [INJ_EXEC_ALLOC] = "exec_alloc",
     [INJ_CACHE_ALLOC] = "cache_alloc",
 };
 _Static_assert(sizeof SITES / sizeof SITES[0] == INJ_NSITES, "an injection site without a name");
@@ -61,7 +67,9 @@ const char *hvdl__inject_site_name(int site) {
 }
 
 /* The public list, so that the tests cover every site the engine has. */
-const char *hvdl_inject_site(int i) { return i >= 1 && i < INJ_NSITES ? hvdl__inject_site_name(i) : NULL; }
+const char *hvdl_inject_site(int i) {
+    return i >= 1 && i < INJ_NSITES ? hvdl__inject_site_name(i) : NULL;
+}
 
 int hvdl__inject_parse(const char *spec, config_t *c) {
     c->inject_site = INJ_NONE;

@@ -8,7 +8,9 @@
 static atomic_int g_level = HVDL_LOG_WARNING;
 static const char *NAMES[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR"};
 
-void hvdl__log_set_level(int level) { atomic_store_explicit(&g_level, level, memory_order_relaxed); }
+void hvdl__log_set_level(int level) {
+    atomic_store_explicit(&g_level, level, memory_order_relaxed);
+}
 
 void hvdl__log(const engine_t *e, int level, const char *fmt, ...) {
     if (level < atomic_load_explicit(&g_level, memory_order_relaxed)) return;
@@ -18,6 +20,7 @@ void hvdl__log(const engine_t *e, int level, const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     /* One write per line so ranks' lines do not interleave mid-line. */
-    fprintf(stderr, "[horovodlike rank %d] %s: %s\n", e ? e->rank : -1, NAMES[level > 4 ? 4 : level], line);
+    fprintf(stderr, "[horovodlike rank %d] %s: %s\n", e ? e->rank : -1,
+            NAMES[level > 4 ? 4 : level], line);
     fflush(stderr);
 }

@@ -6,5 +6,6 @@ struct engine;
 void hvdl__log_set_level(int level);
 /* A line of engine e, prefixed with e's rank: several engines in one process (tests/c)
  * each log as themselves. NULL: no engine has a rank yet (settings being read), -1. */
-void hvdl__log(const struct engine *e, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void hvdl__log(const struct engine *e, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 #endif

@@ -85,8 +85,9 @@ static int sleep_ms(engine_t *e, double now) {
     }
     if (e->negotiation->deferred(e)) return 1;  /* a log entry waits for room */
     /* rank 0 watches for stalls: pending names, and words partly set in a segment */
-    int ms = (hvdl__coordinator_pending(e) || e->negotiation->watches(e)) &&
-             e->cfg.stall_check ? 1000 : -1;
+    int ms = (hvdl__coordinator_pending(e) || e->negotiation->watches(e)) && e->cfg.stall_check
+                 ? 1000
+                 : -1;
     int dl = hvdl__deadlock_ms(e);            /* callers blocked on ops in flight */
     if (dl >= 0 && (ms < 0 || dl < ms)) ms = dl;
     int beat = hvdl__liveness_ms(e);          /* heartbeats and the check on peers */
@@ -104,14 +105,21 @@ static int send_plan(engine_t *e, const response_t *rs, int n) {
     buf_t *wire = calloc((size_t)n, sizeof *wire), msg = {0};
     int rc = wire ? 0 : hvdl__oom(e, "response plan", (int64_t)sizeof *wire * n);
     for (int i = 0; i < n && !rc; i++)
-        if (hvdl__write_response(e, &wire[i], &rs[i])) rc = hvdl__oom(e, "response frame", wire[i].len);
+        if (hvdl__write_response(e, &wire[i], &rs[i]))
+            rc = hvdl__oom(e, "response frame", wire[i].len);
     for (int w = 1; w < e->size && !rc; w++) {
         uint32_t count = 0;
         msg.len = 0;
-        if (buf_put_u32(&msg, 0)) { rc = hvdl__oom(e, "response frame", 4); break; }
+        if (buf_put_u32(&msg, 0)) {
+            rc = hvdl__oom(e, "response frame", 4);
+            break;
+        }
         for (int i = 0; i < n; i++) {
             if (!is_member(e->sets[rs[i].meta.process_set], w)) continue;
-            if (buf_put(&msg, wire[i].data, wire[i].len)) { rc = hvdl__oom(e, "response frame", msg.len); break; }
+            if (buf_put(&msg, wire[i].data, wire[i].len)) {
+                rc = hvdl__oom(e, "response frame", msg.len);
+                break;
+            }
             count++;
         }
         if (rc || !count) continue;
@@ -168,7 +176,9 @@ static int take_responses(engine_t *e, int from, reader_t *r) {
     int n, rc = 0;
     const char *why = NULL;
     if (hvdl__read_responses(e, r, &rs, &n))
-        return e->failed ? -1 : r->oom ? decode_oom(e, r) : hvdl__malformed(e, from, "response list", r->why);
+        return e->failed ? -1
+               : r->oom  ? decode_oom(e, r)
+                         : hvdl__malformed(e, from, "response list", r->why);
     /* The cache follows the responses in order, as rank 0's did when it planned them. */
     for (int i = 0; i < n && !rc; i++) {
         rc = hvdl__cache_apply(e, &rs[i], &why);
@@ -211,8 +221,10 @@ static int on_frame(engine_t *e, int from, int type, const uint8_t *p, int64_t n
     case MSG_BYE: return hvdl__bye_received(e, from, p, n);
     case MSG_HEARTBEAT: return 0;         /* its arrival was the point (liveness.c) */
     case MSG_ABORT: return hvdl__abort_received(e, from, p, n);
-    case MSG_NODE_DONE: case MSG_NODE_POSTED: case MSG_NODE_CLOSE: case MSG_NODE_REOPEN:
-        return take_node_frame(e, from, type, p, n);
+    case MSG_NODE_DONE:
+    case MSG_NODE_POSTED:
+    case MSG_NODE_CLOSE:
+    case MSG_NODE_REOPEN: return take_node_frame(e, from, type, p, n);
     case MSG_WAITS: return hvdl__deadlock_take(e, from, p, n);
     default:      /* net.c lets through only the types this rank may receive */
         return hvdl__malformed(e, from, "control frame", "a type this rank does not take");
@@ -282,7 +294,8 @@ static int run_cycle(engine_t *e, int by_caller) {
     /* An engine with nothing awaiting a response announces at once: there is nothing
      * to fuse with, and waiting would only add latency. Requests that arrive while
      * others are in flight wait out the cycle and travel (and fuse) together. */
-    int announce = e->unsent.head && (bye || e->mine.count == 0 || now - e->first_unsent_at >= e->cfg.cycle_time);
+    int announce = e->unsent.head &&
+                   (bye || e->mine.count == 0 || now - e->first_unsent_at >= e->cfg.cycle_time);
     if ((announce || !by_caller) && hvdl__tl_mark_cycles(e))
         hvdl__tl_instant(e, TL_CYCLES, "CYCLE_START", now, NULL);
     if (announce && hvdl__announce(e)) return 1;
@@ -328,7 +341,8 @@ void hvdl__drive_enter(engine_t *e) { atomic_fetch_add(&e->watchers, 1); }
  * timeout chosen before the callers' work). */
 void hvdl__drive_leave(engine_t *e) {
     pthread_mutex_lock(&e->drive);
-    int wake = atomic_fetch_sub(&e->watchers, 1) == 1 && (e->negotiation->watch_end(e) || e->unsent.head);
+    int wake = atomic_fetch_sub(&e->watchers, 1) == 1 &&
+               (e->negotiation->watch_end(e) || e->unsent.head);
     pthread_mutex_unlock(&e->drive);
     if (wake) hvdl__wake(e);
 }
@@ -353,7 +367,8 @@ void *hvdl__loop(void *arg) {
     }
     pthread_mutex_unlock(&e->mu);
     if (!failed && !e->stopped)
-        hvdl__fail(e, HVDL_ERR_SYSTEM, "internal error: the background loop stopped without recording why");
+        hvdl__fail(e, HVDL_ERR_SYSTEM,
+                   "internal error: the background loop stopped without recording why");
     if (e->stopped && !e->failed) hvdl__goodbye(e);
     e->negotiation->thread_end(e);
     hvdl__shm_report(e);

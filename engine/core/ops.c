@@ -23,72 +23,107 @@
  * the process-set table). */
 static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
     if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every request needs a name");
-    if (strlen(q->name) > 4096) return hvdl__err(HVDL_ERR_INVALID, "name longer than 4096 bytes: '%.64s...'", q->name);
+    if (strlen(q->name) > 4096)
+        return hvdl__err(HVDL_ERR_INVALID, "name longer than 4096 bytes: '%.64s...'", q->name);
     if (q->name_len && (int64_t)strlen(q->name) != q->name_len)
-        return hvdl__err(HVDL_ERR_INVALID, "the name '%s...' contains a NUL byte; names must be text "
-                         "without NUL characters", q->name);
-    if (q->op < 0 || q->op > HVDL_OP_JOIN) return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown op %d", q->name, q->op);
-    group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set] : NULL;
+        return hvdl__err(HVDL_ERR_INVALID,
+                         "the name '%s...' contains a NUL byte; names must be text "
+                         "without NUL characters",
+                         q->name);
+    if (q->op < 0 || q->op > HVDL_OP_JOIN)
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown op %d", q->name, q->op);
+    group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set]
+                                                                       : NULL;
     if (!g || g->removed)
-        return hvdl__err(HVDL_ERR_INVALID, "'%s': process set %d does not exist (was it added on every "
-                   "rank, or removed?)", q->name, q->process_set);
+        return hvdl__err(HVDL_ERR_INVALID,
+                         "'%s': process set %d does not exist (was it added on every "
+                         "rank, or removed?)",
+                         q->name, q->process_set);
     if (g->me < 0)
         return hvdl__err(HVDL_ERR_INVALID, "'%s': rank %d is not a member of process set %d",
-                   q->name, e->rank, q->process_set);
+                         q->name, e->rank, q->process_set);
     if (q->op == HVDL_OP_JOIN && q->process_set != 0)
-        return hvdl__err(HVDL_ERR_NOT_IMPLEMENTED, "'%s': join() on a process set other than the "
-                   "global one is not implemented", q->name);
-    if (q->op == HVDL_OP_BARRIER || q->op == HVDL_OP_JOIN) { *nbytes = 0; return HVDL_OK; }
-    if (!hvdl_dtype_size(q->dtype)) return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown dtype %d", q->name, q->dtype);
+        return hvdl__err(HVDL_ERR_NOT_IMPLEMENTED,
+                         "'%s': join() on a process set other than the "
+                         "global one is not implemented",
+                         q->name);
+    if (q->op == HVDL_OP_BARRIER || q->op == HVDL_OP_JOIN) {
+        *nbytes = 0;
+        return HVDL_OK;
+    }
+    if (!hvdl_dtype_size(q->dtype))
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown dtype %d", q->name, q->dtype);
     if (q->ndim < 0 || q->ndim > HVDL_MAX_DIMS)
-        return hvdl__err(HVDL_ERR_INVALID, "'%s': %d dimensions; at most %d are supported", q->name, q->ndim, HVDL_MAX_DIMS);
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': %d dimensions; at most %d are supported", q->name,
+                         q->ndim, HVDL_MAX_DIMS);
     int64_t n = hvdl_dtype_size(q->dtype);
     for (int d = 0; d < q->ndim; d++) {
-        if (q->shape[d] < 0) return hvdl__err(HVDL_ERR_INVALID, "'%s': negative dimension %lld", q->name, (long long)q->shape[d]);
-        if (q->shape[d] && n > INT64_MAX / q->shape[d]) return hvdl__err(HVDL_ERR_INVALID, "'%s': size overflows 64 bits", q->name);
+        if (q->shape[d] < 0)
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': negative dimension %lld", q->name,
+                             (long long)q->shape[d]);
+        if (q->shape[d] && n > INT64_MAX / q->shape[d])
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': size overflows 64 bits", q->name);
         n *= q->shape[d];
     }
     *nbytes = n;
     if (n && !q->input) return hvdl__err(HVDL_ERR_INVALID, "'%s': input buffer is NULL", q->name);
     if (q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_REDUCESCATTER) {
         if (q->reduce_op == HVDL_ADASUM)
-            return hvdl__err(HVDL_ERR_NOT_IMPLEMENTED, "'%s': Adasum is not implemented in horovodlike yet", q->name);
-        if (q->reduce_op < 0 || q->reduce_op > HVDL_PRODUCT) return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown reduce op %d", q->name, q->reduce_op);
-        if (q->dtype == HVDL_BOOL && (q->reduce_op == HVDL_AVERAGE || q->prescale != 1.0 || q->postscale != 1.0))
-            return hvdl__err(HVDL_ERR_INVALID, "'%s': bool tensors support Sum/Min/Max/Product without scaling, not Average", q->name);
+            return hvdl__err(HVDL_ERR_NOT_IMPLEMENTED,
+                             "'%s': Adasum is not implemented in horovodlike yet", q->name);
+        if (q->reduce_op < 0 || q->reduce_op > HVDL_PRODUCT)
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown reduce op %d", q->name, q->reduce_op);
+        if (q->dtype == HVDL_BOOL &&
+            (q->reduce_op == HVDL_AVERAGE || q->prescale != 1.0 || q->postscale != 1.0))
+            return hvdl__err(
+                HVDL_ERR_INVALID,
+                "'%s': bool tensors support Sum/Min/Max/Product without scaling, not Average",
+                q->name);
     }
     if (q->op == HVDL_OP_REDUCESCATTER && q->reduce_op != HVDL_SUM && q->reduce_op != HVDL_AVERAGE)
-        return hvdl__err(HVDL_ERR_INVALID, "'%s': reducescatter supports only Sum and Average", q->name);
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': reducescatter supports only Sum and Average",
+                         q->name);
     int64_t out_bytes = n;
-    if (q->op == HVDL_OP_REDUCESCATTER && q->ndim >= 1 && q->shape[0] > 0)   /* this rank's rows */
+    if (q->op == HVDL_OP_REDUCESCATTER && q->ndim >= 1 && q->shape[0] > 0) /* this rank's rows */
         out_bytes = n / q->shape[0] * (q->shape[0] / g->n + (g->me < q->shape[0] % g->n));
-    if ((q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_BROADCAST || q->op == HVDL_OP_REDUCESCATTER) &&
+    if ((q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_BROADCAST ||
+         q->op == HVDL_OP_REDUCESCATTER) &&
         out_bytes && !q->output)
         return hvdl__err(HVDL_ERR_INVALID, "'%s': output buffer is NULL", q->name);
-    if (q->op == HVDL_OP_BROADCAST) {      /* root_rank is a global rank, as in Horovod */
+    if (q->op == HVDL_OP_BROADCAST) { /* root_rank is a global rank, as in Horovod */
         int member = 0;
         for (int i = 0; i < g->n; i++) member |= g->ranks[i] == q->root_rank;
         if (q->root_rank < 0 || q->root_rank >= e->size)
-            return hvdl__err(HVDL_ERR_INVALID, "'%s': root rank %d is not in [0, %d)", q->name, q->root_rank, e->size);
+            return hvdl__err(HVDL_ERR_INVALID, "'%s': root rank %d is not in [0, %d)", q->name,
+                             q->root_rank, e->size);
         if (!member)
-            return hvdl__err(HVDL_ERR_INVALID, "'%s': root rank %d is not a member of process set %d",
-                             q->name, q->root_rank, q->process_set);
+            return hvdl__err(HVDL_ERR_INVALID,
+                             "'%s': root rank %d is not a member of process set %d", q->name,
+                             q->root_rank, q->process_set);
     }
-    if ((q->op == HVDL_OP_ALLGATHER || q->op == HVDL_OP_ALLTOALL || q->op == HVDL_OP_REDUCESCATTER) && q->ndim < 1)
+    if ((q->op == HVDL_OP_ALLGATHER || q->op == HVDL_OP_ALLTOALL ||
+         q->op == HVDL_OP_REDUCESCATTER) &&
+        q->ndim < 1)
         return hvdl__err(HVDL_ERR_INVALID, "'%s': %s needs at least one dimension", q->name,
-                   q->op == HVDL_OP_ALLGATHER ? "allgather" : q->op == HVDL_OP_ALLTOALL ? "alltoall" : "reducescatter");
+                         q->op == HVDL_OP_ALLGATHER  ? "allgather"
+                         : q->op == HVDL_OP_ALLTOALL ? "alltoall"
+                                                     : "reducescatter");
     if (q->op == HVDL_OP_ALLTOALL) {
         int64_t sum = 0;
         for (int i = 0; q->splits && i < g->n; i++) {
-            if (q->splits[i] < 0) return hvdl__err(HVDL_ERR_INVALID, "'%s': negative split %lld", q->name, (long long)q->splits[i]);
+            if (q->splits[i] < 0)
+                return hvdl__err(HVDL_ERR_INVALID, "'%s': negative split %lld", q->name,
+                                 (long long)q->splits[i]);
             sum += q->splits[i];
         }
         if (q->splits && sum != q->shape[0])
-            return hvdl__err(HVDL_ERR_INVALID, "'%s': splits add up to %lld rows but the tensor has %lld",
-                       q->name, (long long)sum, (long long)q->shape[0]);
+            return hvdl__err(HVDL_ERR_INVALID,
+                             "'%s': splits add up to %lld rows but the tensor has %lld", q->name,
+                             (long long)sum, (long long)q->shape[0]);
         if (!q->splits && q->shape[0] % g->n)
-            return hvdl__err(HVDL_ERR_INVALID, "'%s': %lld rows cannot be split evenly over %d ranks; pass splits",
-                       q->name, (long long)q->shape[0], g->n);
+            return hvdl__err(HVDL_ERR_INVALID,
+                             "'%s': %lld rows cannot be split evenly over %d ranks; pass splits",
+                             q->name, (long long)q->shape[0], g->n);
     }
     return HVDL_OK;
 }
@@ -113,7 +148,7 @@ static int alloc_slot(engine_t *e) {
         for (int i = e->nslots; i < n; i++) {
             e->slots[i] = NULL;
             e->gens[i] = 1;
-            e->free_next[i] = i + 1 < n ? i + 2 : 0;   /* stored +1; 0 ends the list */
+            e->free_next[i] = i + 1 < n ? i + 2 : 0; /* stored +1; 0 ends the list */
         }
         e->free_head = e->nslots + 1;
         e->nslots = n;
@@ -136,7 +171,9 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     if (!q || !handle) return hvdl__err(HVDL_ERR_INVALID, "NULL request or handle pointer");
     /* Point-to-point ops are agreed by their two ranks alone, on their own thread. */
     if (q->op == HVDL_OP_SEND || q->op == HVDL_OP_RECV) return hvdl__p2p_enqueue(e, q, handle);
-    if (!e || !e->thread_started) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    if (!e || !e->thread_started)
+        return hvdl__err(HVDL_ERR_NOT_INITIALIZED,
+                         "horovodlike has not been initialized; use hvd.init()");
     int64_t nbytes = 0;
     pthread_mutex_lock(&e->mu);
     int rc = check_request(e, q, &nbytes);
@@ -146,14 +183,23 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     op_t *o = calloc(1, sizeof *o);
     if (!o || !(o->name = strdup(q->name)) ||
         (q->op == HVDL_OP_ALLTOALL && !(o->splits = copy_splits(q, set_size)))) {
-        if (o) { free(o->name); free(o); }
+        if (o) {
+            free(o->name);
+            free(o);
+        }
         return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     }
     /* Barrier and join move no data: their dtype and shape are never looked at. */
     int shapeless = q->op == HVDL_OP_BARRIER || q->op == HVDL_OP_JOIN;
-    o->meta = (meta_t){q->op, shapeless ? 0 : q->dtype, q->reduce_op,
-                       q->op == HVDL_OP_BROADCAST ? q->root_rank : 0, q->process_set,
-                       shapeless ? 0 : q->ndim, {0}, q->prescale, q->postscale};
+    o->meta = (meta_t){q->op,
+                       shapeless ? 0 : q->dtype,
+                       q->reduce_op,
+                       q->op == HVDL_OP_BROADCAST ? q->root_rank : 0,
+                       q->process_set,
+                       shapeless ? 0 : q->ndim,
+                       {0},
+                       q->prescale,
+                       q->postscale};
     /* Fields an op does not use are zeroed so they never cause a false mismatch. */
     int reduces = q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_REDUCESCATTER;
     if (!reduces) o->meta.prescale = o->meta.postscale = 1.0;
@@ -168,14 +214,19 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     pthread_mutex_lock(&e->mu);
     if (e->failed) rc = hvdl__err(e->fail_status, "%s", e->fail_msg);
     else if (e->shutdown_requested || e->stopped)
-        rc = e->bye_why[0] ? hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down (%s); '%s' came "
-                                       "after that", e->bye_why, o->name)
+        rc = e->bye_why[0] ? hvdl__err(HVDL_ERR_SHUT_DOWN,
+                                       "horovodlike has been shut down (%s); '%s' came "
+                                       "after that",
+                                       e->bye_why, o->name)
                            : hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
     else if (strmap_get(&e->inflight, o->name))
-        rc = hvdl__err(HVDL_ERR_DUPLICATE_NAME, "a request named '%s' is already in flight; names must be "
-                 "unique until their op completes", o->name);
+        rc = hvdl__err(HVDL_ERR_DUPLICATE_NAME,
+                       "a request named '%s' is already in flight; names must be "
+                       "unique until their op completes",
+                       o->name);
     int slot = rc ? -1 : alloc_slot(e);
-    if (!rc && (slot < 0 || strmap_put(&e->inflight, o->name, o))) rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+    if (!rc && (slot < 0 || strmap_put(&e->inflight, o->name, o)))
+        rc = hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
     if (!rc) {
         e->enqueues++;
         e->last_enqueue_at = o->enqueued_at;
@@ -184,7 +235,12 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
         hvdl__queue_push(&e->incoming, o);
     }
     pthread_mutex_unlock(&e->mu);
-    if (rc) { free(o->name); free(o->splits); free(o); return rc; }
+    if (rc) {
+        free(o->name);
+        free(o->splits);
+        free(o);
+        return rc;
+    }
     /* A caller about to wait does the loop's work itself (hvdl__engine_wait): waking the
      * loop thread as well would only have it compete for the core and the work. */
     if (!o->caller_waits) hvdl__wake(e);
@@ -231,14 +287,15 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
      * by it (measured: docs/benchmarks.md, "The waiting caller does the engine's work"). */
     if (e->negotiation->callers_drive && yield) look_us = e->shm_spin_us;
     double until = hvdl_now() + look_us * 1e-6;
-    int drove = 0;           /* a drive took the op from the incoming queue */
+    int drove = 0; /* a drive took the op from the incoming queue */
     int drives = e->negotiation->callers_drive;
     if (drives) hvdl__drive_enter(e);
     while (!atomic_load(&o->done)) {
         if (drives) drove |= hvdl__drive(e);
         if (atomic_load(&o->done) || hvdl_now() >= until) break;
         if (yield) sched_yield();
-        else for (int k = 0; k < 32; k++) hvdl_pause();
+        else
+            for (int k = 0; k < 32; k++) hvdl_pause();
     }
     if (drives) hvdl__drive_leave(e);
     if (atomic_load(&o->done)) return HVDL_OK;
@@ -255,11 +312,14 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     /* a caller asleep on its op: what deadlock.c looks for (off the fast path) */
     if (!o->wait_since) o->wait_since = hvdl_now();
     atomic_fetch_add(&e->waiters, 1);
-    while (!atomic_load(&o->done) && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&e->done_cv, &e->mu, &ts);
+    while (!atomic_load(&o->done) && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&e->done_cv, &e->mu, &ts);
     atomic_fetch_sub(&e->waiters, 1);
     int done = atomic_load(&o->done);
     pthread_mutex_unlock(&e->mu);
-    return done ? HVDL_OK : hvdl__err(HVDL_ERR_TIMEOUT, "op '%s' not finished after %.1f s", o->name, timeout_s);
+    return done ? HVDL_OK
+                : hvdl__err(HVDL_ERR_TIMEOUT, "op '%s' not finished after %.1f s", o->name,
+                            timeout_s);
 }
 
 int hvdl__engine_release(engine_t *e, int64_t h, char *msg, hvdl_result *result) {
@@ -268,7 +328,9 @@ int hvdl__engine_release(engine_t *e, int64_t h, char *msg, hvdl_result *result)
     op_t *o = lookup(e, h);
     if (!o || !atomic_load(&o->done)) {
         pthread_mutex_unlock(&e->mu);
-        return hvdl__err(HVDL_ERR_INVALID, o ? "handle %lld is still in flight" : "unknown or released handle %lld", (long long)h);
+        return hvdl__err(HVDL_ERR_INVALID,
+                         o ? "handle %lld is still in flight" : "unknown or released handle %lld",
+                         (long long)h);
     }
     uint32_t slot = (uint32_t)h;
     e->slots[slot] = NULL;
@@ -279,8 +341,10 @@ int hvdl__engine_release(engine_t *e, int64_t h, char *msg, hvdl_result *result)
     int status = o->status;
     /* A failed op always says why: its message was copied when it completed, and where
      * that copy found no memory, the engine's cause stands in (or the status's name). */
-    if (msg && (o->msg || status == HVDL_OK)) snprintf(msg, HVDL_MSG_BYTES, "%s", o->msg ? o->msg : "");
-    else if (msg) snprintf(msg, HVDL_MSG_BYTES, "%s", e->failed ? e->fail_msg : hvdl_status_name(status));
+    if (msg && (o->msg || status == HVDL_OK))
+        snprintf(msg, HVDL_MSG_BYTES, "%s", o->msg ? o->msg : "");
+    else if (msg)
+        snprintf(msg, HVDL_MSG_BYTES, "%s", e->failed ? e->fail_msg : hvdl_status_name(status));
     if (result) {
         *result = o->result;
     } else {

@@ -15,15 +15,23 @@
 /* ---- process sets ---- */
 
 int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n) {
-    if (!e || !e->peers) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    if (!e || !e->peers)
+        return hvdl__err(HVDL_ERR_NOT_INITIALIZED,
+                         "horovodlike has not been initialized; use hvd.init()");
     if (id < 0 || id >= HVDL_MAX_SETS)
-        return hvdl__err(HVDL_ERR_INVALID, "process set id %d: at most %d process sets per job", id, HVDL_MAX_SETS);
-    if (n < 1 || n > e->size) return hvdl__err(HVDL_ERR_INVALID, "a process set needs 1 to %d ranks, not %d", e->size, n);
+        return hvdl__err(HVDL_ERR_INVALID, "process set id %d: at most %d process sets per job", id,
+                         HVDL_MAX_SETS);
+    if (n < 1 || n > e->size)
+        return hvdl__err(HVDL_ERR_INVALID, "a process set needs 1 to %d ranks, not %d", e->size, n);
     for (int i = 0; i < n; i++)
         if (ranks[i] < 0 || ranks[i] >= e->size || (i && ranks[i] <= ranks[i - 1]))
-            return hvdl__err(HVDL_ERR_INVALID, "process set ranks must be sorted, unique and in [0, %d)", e->size);
+            return hvdl__err(HVDL_ERR_INVALID,
+                             "process set ranks must be sorted, unique and in [0, %d)", e->size);
     group_t *g = calloc(1, sizeof *g);
-    if (!g || !(g->ranks = malloc(sizeof(int) * (size_t)n))) { free(g); return hvdl__err(HVDL_ERR_SYSTEM, "out of memory"); }
+    if (!g || !(g->ranks = malloc(sizeof(int) * (size_t)n))) {
+        free(g);
+        return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+    }
     memcpy(g->ranks, ranks, sizeof(int) * (size_t)n);
     g->id = id;
     g->n = n;
@@ -47,7 +55,9 @@ int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n) {
 }
 
 int hvdl__engine_set_remove(engine_t *e, int id) {
-    if (!e || !e->peers) return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+    if (!e || !e->peers)
+        return hvdl__err(HVDL_ERR_NOT_INITIALIZED,
+                         "horovodlike has not been initialized; use hvd.init()");
     if (id == 0) return hvdl__err(HVDL_ERR_INVALID, "the global process set cannot be removed");
     pthread_mutex_lock(&e->mu);
     group_t *g = id > 0 && id < HVDL_MAX_SETS ? e->sets[id] : NULL;

@@ -41,14 +41,22 @@ void hvdl__json_str(buf_t *b, const char *s) {
     buf_put(b, "\"", 1);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') { buf_put(b, "\\", 1); buf_put(b, s, 1); }
-        else if (c < 0x20) { char u[8]; snprintf(u, sizeof u, "\\u%04x", c); buf_put(b, u, 6); }
-        else buf_put(b, s, 1);
+        if (c == '"' || c == '\\') {
+            buf_put(b, "\\", 1);
+            buf_put(b, s, 1);
+        } else if (c < 0x20) {
+            char u[8];
+            snprintf(u, sizeof u, "\\u%04x", c);
+            buf_put(b, u, 6);
+        } else buf_put(b, s, 1);
     }
     buf_put(b, "\"", 1);
 }
 
-typedef struct writer_arg { engine_t *e; struct timeline *t; } writer_arg_t;
+typedef struct writer_arg {
+    engine_t *e;
+    struct timeline *t;
+} writer_arg_t;
 
 static void *writer_main(void *arg) {
     engine_t *e = ((writer_arg_t *)arg)->e;
@@ -70,9 +78,11 @@ static void *writer_main(void *arg) {
         if (hit) {
             batch.len = 0;
             char note[256];
-            int n = snprintf(note, sizeof note, ",\n{\"name\": \"TIMELINE_TRUNCATED\", \"ph\": \"i\", "
-                             "\"s\": \"g\", \"pid\": %d, \"tid\": 6, \"ts\": %.1f, \"args\": {\"cap_bytes\": %lld}}",
-                             e->rank, (hvdl_now() - e->t0) * 1e6, (long long)t->cap);
+            int n = snprintf(
+                note, sizeof note,
+                ",\n{\"name\": \"TIMELINE_TRUNCATED\", \"ph\": \"i\", "
+                "\"s\": \"g\", \"pid\": %d, \"tid\": 6, \"ts\": %.1f, \"args\": {\"cap_bytes\": %lld}}",
+                e->rank, (hvdl_now() - e->t0) * 1e6, (long long)t->cap);
             buf_put(&batch, note, n);
         }
         if (batch.len) {
@@ -95,30 +105,39 @@ static void rank_path(const char *path, int rank, char *out, size_t cap) {
     const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
     if (dot && (!slash || dot > slash) && dot != path)
         snprintf(out, cap, "%.*s.rank%d%s", (int)(dot - path), path, rank, dot);
-    else
-        snprintf(out, cap, "%s.rank%d.json", path, rank);
+    else snprintf(out, cap, "%s.rank%d.json", path, rank);
 }
 
 static void write_header(engine_t *e, buf_t *h) {
     static const char *const LANES[] = {[0] = "",
-        [TL_NEGOTIATE] = "negotiate", [TL_QUEUE] = "queue",   [TL_MEMCPY] = "memcpy", [TL_COLLECTIVE] = "collective",
-        [TL_ALGORITHM] = "algorithm", [TL_CYCLES] = "cycles", [TL_P2P] = "p2p"};
+                                        [TL_NEGOTIATE] = "negotiate",
+                                        [TL_QUEUE] = "queue",
+                                        [TL_MEMCPY] = "memcpy",
+                                        [TL_COLLECTIVE] = "collective",
+                                        [TL_ALGORITHM] = "algorithm",
+                                        [TL_CYCLES] = "cycles",
+                                        [TL_P2P] = "p2p"};
     _Static_assert(sizeof LANES / sizeof LANES[0] == TL_LANES, "a timeline lane without a name");
     char tmp[512];
-    int n = snprintf(tmp, sizeof tmp, "{\"otherData\": {\"rank\": %d, \"size\": %d, \"hostname\": ",
-                     e->rank, e->size);
+    int n = snprintf(tmp, sizeof tmp,
+                     "{\"otherData\": {\"rank\": %d, \"size\": %d, \"hostname\": ", e->rank,
+                     e->size);
     buf_put(h, tmp, n);
     hvdl__json_str(h, e->host);
-    n = snprintf(tmp, sizeof tmp, ", \"start_time_since_epoch_in_micros\": %.0f, \"clock_offset_us\": %.1f, "
-                 "\"engine\": \"horovodlike\", \"version\": \"0.1.0\"},\n\"traceEvents\": [\n"
-                 "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d (",
-                 e->t0_epoch_us, e->clock_offset_us, e->rank, e->rank);
+    n = snprintf(
+        tmp, sizeof tmp,
+        ", \"start_time_since_epoch_in_micros\": %.0f, \"clock_offset_us\": %.1f, "
+        "\"engine\": \"horovodlike\", \"version\": \"0.1.0\"},\n\"traceEvents\": [\n"
+        "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d (",
+        e->t0_epoch_us, e->clock_offset_us, e->rank, e->rank);
     buf_put(h, tmp, n);
     buf_put(h, e->host, (int64_t)strlen(e->host));
     buf_put(h, ")\"}}", 4);
     for (int i = 1; i < TL_LANES; i++) {
-        n = snprintf(tmp, sizeof tmp, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
-                     "\"args\": {\"name\": \"%s\"}}", e->rank, i, LANES[i]);
+        n = snprintf(tmp, sizeof tmp,
+                     ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
+                     "\"args\": {\"name\": \"%s\"}}",
+                     e->rank, i, LANES[i]);
         buf_put(h, tmp, n);
     }
 }
@@ -136,7 +155,10 @@ int hvdl__timeline_open(engine_t *e, const char *path, int mark_cycles) {
     if (e->rank == 0 && strcmp(file, path) != 0 && (unlink(path) == 0 || errno == ENOENT))
         (void)link(file, path);
     struct timeline *t = calloc(1, sizeof *t);
-    if (!t) { close(fd); return -1; }
+    if (!t) {
+        close(fd);
+        return -1;
+    }
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     t->fd = fd;
@@ -145,11 +167,17 @@ int hvdl__timeline_open(engine_t *e, const char *path, int mark_cycles) {
     buf_t h = {0};
     write_header(e, &h);
     buf_put(&h, CLOSE, sizeof CLOSE - 1);
-    if (pwrite(fd, h.data, (size_t)h.len, 0) != h.len) { buf_free(&h); close(fd); free(t); return -1; }
+    if (pwrite(fd, h.data, (size_t)h.len, 0) != h.len) {
+        buf_free(&h);
+        close(fd);
+        free(t);
+        return -1;
+    }
     t->tail_at = h.len - (int64_t)(sizeof CLOSE - 1);
     buf_free(&h);
     writer_arg_t *wa = malloc(sizeof *wa);
-    if (!wa || pthread_create(&t->writer, NULL, writer_main, wa ? (*wa = (writer_arg_t){e, t}, wa) : NULL)) {
+    if (!wa || pthread_create(&t->writer, NULL, writer_main,
+                              wa ? (*wa = (writer_arg_t){e, t}, wa) : NULL)) {
         free(wa);
         close(fd);
         free(t);
@@ -202,12 +230,15 @@ static void emit(engine_t *e, const char *text, int n) {
     pthread_mutex_unlock(&e->tl_mu);
 }
 
-static void event(engine_t *e, int lane, const char *name, const char *ph, double t0, double dur, const char *args) {
+static void event(engine_t *e, int lane, const char *name, const char *ph, double t0, double dur,
+                  const char *args) {
     if (!in_window(e)) return;
     buf_t b = {0};
     char head[256];
-    int n = snprintf(head, sizeof head, ",\n{\"name\": \"%s\", \"ph\": \"%s\", %s\"pid\": %d, \"tid\": %d, \"ts\": %.1f",
-                     name, ph, *ph == 'i' ? "\"s\": \"t\", " : "", e->rank, lane, (t0 - e->t0) * 1e6);
+    int n = snprintf(
+        head, sizeof head,
+        ",\n{\"name\": \"%s\", \"ph\": \"%s\", %s\"pid\": %d, \"tid\": %d, \"ts\": %.1f", name, ph,
+        *ph == 'i' ? "\"s\": \"t\", " : "", e->rank, lane, (t0 - e->t0) * 1e6);
     buf_put(&b, head, n);
     if (*ph == 'X') {
         n = snprintf(head, sizeof head, ", \"dur\": %.1f", dur * 1e6);
@@ -223,7 +254,8 @@ static void event(engine_t *e, int lane, const char *name, const char *ph, doubl
     buf_free(&b);
 }
 
-void hvdl__tl_span(engine_t *e, int lane, const char *name, double t0, double t1, const char *args) {
+void hvdl__tl_span(engine_t *e, int lane, const char *name, double t0, double t1,
+                   const char *args) {
     event(e, lane, name, "X", t0, t1 - t0, args);
 }
 
@@ -256,6 +288,4 @@ void hvdl__tl_count_step(engine_t *e, const char *name) {
     hvdl__tl_instant(e, TL_CYCLES, "STEP", hvdl_now(), args);
 }
 
-int hvdl__tl_mark_cycles(engine_t *e) {
-    return TL_ON(e) && atomic_load(&e->tl_mark_cycles);
-}
+int hvdl__tl_mark_cycles(engine_t *e) { return TL_ON(e) && atomic_load(&e->tl_mark_cycles); }

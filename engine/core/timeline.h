@@ -10,15 +10,24 @@
 struct engine;
 struct buf;
 
-enum { TL_NEGOTIATE = 1, TL_QUEUE = 2, TL_MEMCPY = 3, TL_COLLECTIVE = 4, TL_ALGORITHM = 5,
-       TL_CYCLES = 6, TL_P2P = 7, TL_LANES };
+enum {
+    TL_NEGOTIATE = 1,
+    TL_QUEUE = 2,
+    TL_MEMCPY = 3,
+    TL_COLLECTIVE = 4,
+    TL_ALGORITHM = 5,
+    TL_CYCLES = 6,
+    TL_P2P = 7,
+    TL_LANES
+};
 
 #define TL_ON(e) atomic_load_explicit(&(e)->tl_on, memory_order_relaxed)
 
 int hvdl__timeline_open(struct engine *e, const char *path, int mark_cycles);
 void hvdl__timeline_close(struct engine *e);
 /* args: the inside of a JSON object (`"k": v, ...`) or NULL. Times are hvdl_now(). */
-void hvdl__tl_span(struct engine *e, int lane, const char *name, double t0, double t1, const char *args);
+void hvdl__tl_span(struct engine *e, int lane, const char *name, double t0, double t1,
+                   const char *args);
 void hvdl__tl_instant(struct engine *e, int lane, const char *name, double t, const char *args);
 void hvdl__tl_count_step(struct engine *e, const char *name);   /* a name was submitted */
 int hvdl__tl_mark_cycles(struct engine *e);

@@ -49,25 +49,43 @@ enum hvdl_status {
 };
 
 enum hvdl_dtype {
-    HVDL_UINT8 = 0, HVDL_INT8 = 1, HVDL_INT16 = 2, HVDL_INT32 = 3, HVDL_INT64 = 4,
-    HVDL_FLOAT16 = 5, HVDL_BFLOAT16 = 6, HVDL_FLOAT32 = 7, HVDL_FLOAT64 = 8, HVDL_BOOL = 9,
+    HVDL_UINT8 = 0,
+    HVDL_INT8 = 1,
+    HVDL_INT16 = 2,
+    HVDL_INT32 = 3,
+    HVDL_INT64 = 4,
+    HVDL_FLOAT16 = 5,
+    HVDL_BFLOAT16 = 6,
+    HVDL_FLOAT32 = 7,
+    HVDL_FLOAT64 = 8,
+    HVDL_BOOL = 9,
     HVDL_NUM_DTYPES = 10
 };
 
 enum hvdl_reduce_op {
-    HVDL_SUM = 0, HVDL_AVERAGE = 1, HVDL_MIN = 2, HVDL_MAX = 3, HVDL_PRODUCT = 4,
+    HVDL_SUM = 0,
+    HVDL_AVERAGE = 1,
+    HVDL_MIN = 2,
+    HVDL_MAX = 3,
+    HVDL_PRODUCT = 4,
     HVDL_ADASUM = 5
 };
 
 enum hvdl_op_type {
-    HVDL_OP_ALLREDUCE = 0, HVDL_OP_ALLGATHER = 1, HVDL_OP_BROADCAST = 2,
-    HVDL_OP_BARRIER = 3, HVDL_OP_ALLTOALL = 4, HVDL_OP_REDUCESCATTER = 5, HVDL_OP_JOIN = 6,
+    HVDL_OP_ALLREDUCE = 0,
+    HVDL_OP_ALLGATHER = 1,
+    HVDL_OP_BROADCAST = 2,
+    HVDL_OP_BARRIER = 3,
+    HVDL_OP_ALLTOALL = 4,
+    HVDL_OP_REDUCESCATTER = 5,
+    HVDL_OP_JOIN = 6,
     /* Point-to-point (p2p.c): root_rank is the peer (a global rank): the destination of
      * a send, the source of a recv. Matched by (source, destination, name) alone; no
      * other rank takes part. A send reads input (dtype, ndim, shape); a recv allocates
      * its result (dtype and shape come with the message), or with HVDL_RECV_INTO writes
      * output, whose dtype, ndim and shape must then match the message's size. */
-    HVDL_OP_SEND = 7, HVDL_OP_RECV = 8
+    HVDL_OP_SEND = 7,
+    HVDL_OP_RECV = 8
 };
 
 /* One collective request. The engine copies the struct and the name; the buffers are
@@ -179,8 +197,8 @@ int hvdl_dtype_size(int dtype);
 void hvdl_free(void *p);
 /* HMAC-SHA256 of msg under key into out (32 bytes), as the connection handshake computes
  * it; exposed so that tests can check it against RFC 4231. */
-int hvdl_hmac_sha256(const unsigned char *key, int key_len, const unsigned char *msg,
-                     int64_t len, unsigned char *out);
+int hvdl_hmac_sha256(const unsigned char *key, int key_len, const unsigned char *msg, int64_t len,
+                     unsigned char *out);
 /* CDEF-END */
 
 #endif

@@ -139,16 +139,21 @@ struct p2p {
     char stall_msg[HVDL_MSG_BYTES];
 };
 
-static const char *const DTYPE_NAMES[] = {
-    [HVDL_UINT8] = "uint8",     [HVDL_INT8] = "int8",       [HVDL_INT16] = "int16",     [HVDL_INT32] = "int32",
-    [HVDL_INT64] = "int64",     [HVDL_FLOAT16] = "float16", [HVDL_BFLOAT16] = "bfloat16",
-    [HVDL_FLOAT32] = "float32", [HVDL_FLOAT64] = "float64", [HVDL_BOOL] = "bool"};
-_Static_assert(sizeof DTYPE_NAMES / sizeof DTYPE_NAMES[0] == HVDL_NUM_DTYPES, "a dtype without a name");
-static const char *dtype_name(int d) { return d >= 0 && d < HVDL_NUM_DTYPES ? DTYPE_NAMES[d] : "?"; }
+static const char *const DTYPE_NAMES[] = {[HVDL_UINT8] = "uint8",       [HVDL_INT8] = "int8",
+                                          [HVDL_INT16] = "int16",       [HVDL_INT32] = "int32",
+                                          [HVDL_INT64] = "int64",       [HVDL_FLOAT16] = "float16",
+                                          [HVDL_BFLOAT16] = "bfloat16", [HVDL_FLOAT32] = "float32",
+                                          [HVDL_FLOAT64] = "float64",   [HVDL_BOOL] = "bool"};
+_Static_assert(sizeof DTYPE_NAMES / sizeof DTYPE_NAMES[0] == HVDL_NUM_DTYPES,
+               "a dtype without a name");
+static const char *dtype_name(int d) {
+    return d >= 0 && d < HVDL_NUM_DTYPES ? DTYPE_NAMES[d] : "?";
+}
 
 static void push(plist_t *l, pmsg_t *m) {
     m->next = NULL;
-    if (l->tail) l->tail->next = m; else l->head = m;
+    if (l->tail) l->tail->next = m;
+    else l->head = m;
     l->tail = m;
 }
 static void unlink_msg(plist_t *l, pmsg_t *m) {
@@ -203,7 +208,8 @@ static void finish(engine_t *e, pmsg_t *m, int status, const char *msg) {
             if (full) {
                 snprintf(full, (size_t)b.len + sizeof args + 16, "\"name\": %.*s, %s", (int)b.len,
                          (const char *)b.data, args);
-                hvdl__tl_span(e, TL_P2P, o->meta.op == HVDL_OP_SEND ? "SEND" : "RECV", m->started, now, full);
+                hvdl__tl_span(e, TL_P2P, o->meta.op == HVDL_OP_SEND ? "SEND" : "RECV", m->started,
+                              now, full);
                 free(full);
             }
         }
@@ -226,7 +232,11 @@ static void fail_list(engine_t *e, plist_t *l, int status, const char *msg) {
         pmsg_t *m = l->head;
         l->head = m->next;
         if (m->op) finish(e, m, status, msg);
-        else { free(m->name); free(m->data); free(m); }
+        else {
+            free(m->name);
+            free(m->data);
+            free(m);
+        }
     }
     l->tail = NULL;
 }
@@ -308,9 +318,10 @@ static int accept_into(engine_t *e, pmsg_t *r, const p2p_hdr_t *h, uint8_t **dst
             snprintf(mine, sizeof mine, "%lld bytes (shape %s)", (long long)o->nbytes, s2);
         }
         if (field) {
-            snprintf(why, sizeof why, "recv_ '%s' on rank %d from rank %d: the message and the buffer "
-                     "differ in %s: rank %d sent %s, rank %d's buffer has %s", o->name, e->rank, r->peer,
-                     field, r->peer, theirs, e->rank, mine);
+            snprintf(why, sizeof why,
+                     "recv_ '%s' on rank %d from rank %d: the message and the buffer "
+                     "differ in %s: rank %d sent %s, rank %d's buffer has %s",
+                     o->name, e->rank, r->peer, field, r->peer, theirs, e->rank, mine);
             *dst = NULL;
             finish(e, r, HVDL_ERR_MISMATCH, why);
             return -1;
@@ -318,8 +329,9 @@ static int accept_into(engine_t *e, pmsg_t *r, const p2p_hdr_t *h, uint8_t **dst
         *dst = o->output;
     } else {                                        /* recv: a new buffer, given away */
         if (h->nbytes && !(o->result.data = malloc((size_t)h->nbytes))) {
-            snprintf(why, sizeof why, "recv '%s' on rank %d from rank %d: out of memory for %lld bytes",
-                     o->name, e->rank, r->peer, (long long)h->nbytes);
+            snprintf(why, sizeof why,
+                     "recv '%s' on rank %d from rank %d: out of memory for %lld bytes", o->name,
+                     e->rank, r->peer, (long long)h->nbytes);
             *dst = NULL;
             finish(e, r, HVDL_ERR_SYSTEM, why);
             return -1;
@@ -389,9 +401,12 @@ static int begin_payload(engine_t *e, int peer) {
         char *name = strdup(q->rx_name);
         uint8_t *data = q->rx_hdr.nbytes ? malloc((size_t)q->rx_hdr.nbytes) : NULL;
         if (!m || !name || (q->rx_hdr.nbytes && !data)) {
-            free(m); free(name); free(data);
+            free(m);
+            free(name);
+            free(data);
             char why[200];
-            snprintf(why, sizeof why, "out of memory for a %lld-byte point-to-point message '%.64s' from rank %d",
+            snprintf(why, sizeof why,
+                     "out of memory for a %lld-byte point-to-point message '%.64s' from rank %d",
                      (long long)q->rx_hdr.nbytes, q->rx_name, peer);
             hvdl__fail(e, HVDL_ERR_SYSTEM, "rank %d (host %s) failed: %s", e->rank, e->host, why);
             return -1;
@@ -418,11 +433,16 @@ static void end_payload(engine_t *e, int peer) {
     q->rx_state = 0;
     q->rx_got = 0;
     if (!m) return;                                 /* discarded */
-    if (m->op) { finish(e, m, HVDL_OK, NULL); return; }
+    if (m->op) {
+        finish(e, m, HVDL_OK, NULL);
+        return;
+    }
     /* Unexpected: a recv may have been posted while it arrived. */
     pmsg_t *r = posted_for(q, m->name);
-    if (r) { unlink_msg(&q->recvs, r); deliver(e, r, m); }
-    else push(&q->unexpected, m);
+    if (r) {
+        unlink_msg(&q->recvs, r);
+        deliver(e, r, m);
+    } else push(&q->unexpected, m);
 }
 
 /* Consume staged bytes; may read large payloads straight into their destination. */
@@ -432,7 +452,8 @@ static int parse(engine_t *e, int peer) {
         int64_t have = q->stage_len - q->stage_pos;
         if (q->rx_state == 0 || q->rx_state == 1) {
             uint8_t *dst = q->rx_state == 0 ? (uint8_t *)&q->rx_hdr : (uint8_t *)q->rx_name;
-            int64_t want = q->rx_state == 0 ? (int64_t)sizeof q->rx_hdr : (int64_t)q->rx_hdr.name_len;
+            int64_t want = q->rx_state == 0 ? (int64_t)sizeof q->rx_hdr
+                                            : (int64_t)q->rx_hdr.name_len;
             int64_t k = want - q->rx_got < have ? want - q->rx_got : have;
             memcpy(dst + q->rx_got, q->stage + q->stage_pos, (size_t)k);
             q->stage_pos += k;
@@ -461,12 +482,18 @@ static int parse(engine_t *e, int peer) {
                 q->stage_pos += k;
                 q->rx_got += k;
             }
-            if (q->rx_got == q->rx_hdr.nbytes) { end_payload(e, peer); continue; }
+            if (q->rx_got == q->rx_hdr.nbytes) {
+                end_payload(e, peer);
+                continue;
+            }
             /* The staging buffer is empty. A large rest goes straight to its buffer. */
             left = q->rx_hdr.nbytes - q->rx_got;
             if (q->rx_dst && left >= STAGE_BYTES / 4) {
                 ssize_t n = recv(q->fd, q->rx_dst + q->rx_got, (size_t)left, MSG_DONTWAIT);
-                if (n > 0) { q->rx_got += n; continue; }
+                if (n > 0) {
+                    q->rx_got += n;
+                    continue;
+                }
                 if (n == 0) return 1;
                 return errno == EAGAIN || errno == EINTR ? 0 : 1;
             }
@@ -562,7 +589,8 @@ static int stall_shutdown(engine_t *e, pmsg_t *m, double now, const char *msg) {
     if (!past_shutdown(e, m, now)) return 0;
     int none = 0;
     if (atomic_compare_exchange_strong(&p->stall_state, &none, 1)) {
-        snprintf(p->stall_msg, sizeof p->stall_msg, "stalled: %s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)", msg);
+        snprintf(p->stall_msg, sizeof p->stall_msg,
+                 "stalled: %s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)", msg);
         atomic_store(&p->stall_state, 2);
         hvdl__wake(e);
     }
@@ -582,9 +610,12 @@ static void stall_check(engine_t *e, double now) {
             char sent[512] = "", what[HVDL_MSG_BYTES - 64];
             int k = 0;
             for (pmsg_t *u = q->unexpected.head; u && k < (int)sizeof sent - 80; u = u->next)
-                k += snprintf(sent + k, sizeof sent - (size_t)k, "%s'%.64s'", k ? ", " : "", u->name);
-            snprintf(what, sizeof what, "recv '%.200s' on rank %d from rank %d has waited %.0f s; rank %d "
-                     "has not sent it%s%s%s", m->op->name, e->rank, i, now - m->started, i,
+                k += snprintf(sent + k, sizeof sent - (size_t)k, "%s'%.64s'", k ? ", " : "",
+                              u->name);
+            snprintf(what, sizeof what,
+                     "recv '%.200s' on rank %d from rank %d has waited %.0f s; rank %d "
+                     "has not sent it%s%s%s",
+                     m->op->name, e->rank, i, now - m->started, i,
                      k ? " (it sent, unmatched: " : "", sent, k ? "; do the names match?)" : "");
             if (stall_shutdown(e, m, now, what)) return;
             hvdl__log(e, HVDL_LOG_WARNING, "stall: %s", what);
@@ -596,9 +627,11 @@ static void stall_check(engine_t *e, double now) {
                    (now - m->warned >= e->cfg.stall_warning || past_shutdown(e, m, now));
         if (warn) {
             m->warned = now;
-            snprintf(what, sizeof what, "send '%.200s' on rank %d to rank %d has waited %.0f s; rank %d is "
-                     "not reading (%lld of %lld bytes sent)", m->op->name, e->rank, i, now - m->started, i,
-                     (long long)m->off, (long long)(m->hdr.nbytes + (int64_t)sizeof m->hdr + m->hdr.name_len));
+            snprintf(what, sizeof what,
+                     "send '%.200s' on rank %d to rank %d has waited %.0f s; rank %d is "
+                     "not reading (%lld of %lld bytes sent)",
+                     m->op->name, e->rank, i, now - m->started, i, (long long)m->off,
+                     (long long)(m->hdr.nbytes + (int64_t)sizeof m->hdr + m->hdr.name_len));
             warn = stall_shutdown(e, m, now, what) ? 2 : 1;
         }
         pthread_mutex_unlock(&q->smu);
@@ -635,8 +668,9 @@ static void take_incoming(engine_t *e) {
         ppeer_t *q = &p->peers[m->peer];
         if (q->closed) {
             char why[200];
-            snprintf(why, sizeof why, "rank %d (host %s) was lost: its point-to-point connection closed",
-                     m->peer, e->peers[m->peer].host);
+            snprintf(why, sizeof why,
+                     "rank %d (host %s) was lost: its point-to-point connection closed", m->peer,
+                     e->peers[m->peer].host);
             finish(e, m, HVDL_ERR_PEER_LOST, why);
         } else {
             post_recv(e, m);
@@ -665,8 +699,10 @@ static void *p2p_main(void *arg) {
         if (failed || stop || !pf || !who) {
             gave_up = 1;
             if (failed) fail_all(e, status, msg);
-            else if (stop) fail_all(e, HVDL_ERR_SHUT_DOWN, "horovodlike was shut down before this "
-                                    "point-to-point op finished");
+            else if (stop)
+                fail_all(e, HVDL_ERR_SHUT_DOWN,
+                         "horovodlike was shut down before this "
+                         "point-to-point op finished");
             else fail_all(e, HVDL_ERR_SYSTEM, "out of memory for the point-to-point thread");
             if (stop) break;
         }
@@ -702,7 +738,10 @@ static void *p2p_main(void *arg) {
 
 int hvdl__p2p_start(engine_t *e) {
     struct p2p *p = calloc(1, sizeof *p);
-    if (!p || !(p->peers = calloc((size_t)e->size, sizeof *p->peers))) { free(p); return -1; }
+    if (!p || !(p->peers = calloc((size_t)e->size, sizeof *p->peers))) {
+        free(p);
+        return -1;
+    }
     pthread_mutex_init(&p->mu, NULL);
     atomic_store(&p->lost_peer, -1);
     p->wake_fd = hvdl_wakefd_open();
@@ -742,7 +781,11 @@ void hvdl__p2p_free(engine_t *e) {
             free(m->data);
             free(m);
         }
-        if (q->rx_into && !q->rx_into->op) { free(q->rx_into->name); free(q->rx_into->data); free(q->rx_into); }
+        if (q->rx_into && !q->rx_into->op) {
+            free(q->rx_into->name);
+            free(q->rx_into->data);
+            free(q->rx_into);
+        }
         pthread_mutex_destroy(&q->smu);
     }
     if (p->wake_fd >= 0) close(p->wake_fd);
@@ -781,15 +824,17 @@ static int send_now(engine_t *e, op_t *o) {
     m->op = o;
     m->peer = o->meta.root_rank;
     m->started = o->enqueued_at;
-    m->hdr = (p2p_hdr_t){P2P_MAGIC, (uint32_t)strlen(o->name), o->meta.dtype, o->meta.ndim, {0}, o->nbytes};
+    m->hdr = (p2p_hdr_t){P2P_MAGIC, (uint32_t)strlen(o->name), o->meta.dtype, o->meta.ndim, {0},
+                         o->nbytes};
     memcpy(m->hdr.shape, o->meta.shape, sizeof(int64_t) * (size_t)o->meta.ndim);
     atomic_fetch_add(&p->npending, 1);
     ppeer_t *q = &p->peers[m->peer];
     pthread_mutex_lock(&q->smu);
     if (q->closed) {
         char why[200];
-        snprintf(why, sizeof why, "rank %d (host %s) was lost: its point-to-point connection closed",
-                 m->peer, e->peers[m->peer].host);
+        snprintf(why, sizeof why,
+                 "rank %d (host %s) was lost: its point-to-point connection closed", m->peer,
+                 e->peers[m->peer].host);
         pthread_mutex_unlock(&q->smu);
         finish(e, m, HVDL_ERR_PEER_LOST, why);
         return HVDL_OK;
@@ -807,40 +852,47 @@ static int check_p2p(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
     const char *what = q->op == HVDL_OP_SEND ? "send" : "recv";
     if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every %s needs a name", what);
     if (strlen(q->name) > P2P_MAX_NAME)
-        return hvdl__err(HVDL_ERR_INVALID, "%s: name longer than %d bytes: '%.64s...'", what, P2P_MAX_NAME, q->name);
+        return hvdl__err(HVDL_ERR_INVALID, "%s: name longer than %d bytes: '%.64s...'", what,
+                         P2P_MAX_NAME, q->name);
     if (q->name_len && (int64_t)strlen(q->name) != q->name_len)
-        return hvdl__err(HVDL_ERR_INVALID, "%s: the name '%s...' contains a NUL byte", what, q->name);
+        return hvdl__err(HVDL_ERR_INVALID, "%s: the name '%s...' contains a NUL byte", what,
+                         q->name);
     int peer = q->root_rank;
     const char *role = q->op == HVDL_OP_SEND ? "destination" : "source";
     if (peer < 0 || peer >= e->size)
         return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %s rank %d is not a rank of the job (size %d)",
                          what, q->name, role, peer, e->size);
     if (peer == e->rank)
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': rank %d cannot %s itself", what, q->name, e->rank,
-                         q->op == HVDL_OP_SEND ? "send to" : "receive from");
-    group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set] : NULL;
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': rank %d cannot %s itself", what, q->name,
+                         e->rank, q->op == HVDL_OP_SEND ? "send to" : "receive from");
+    group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set]
+                                                                       : NULL;
     if (!g || g->removed)
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': process set %d does not exist", what, q->name, q->process_set);
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': process set %d does not exist", what, q->name,
+                         q->process_set);
     int member = 0;
     for (int i = 0; i < g->n; i++) member |= g->ranks[i] == peer;
     if (g->me < 0)
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': rank %d is not a member of process set %d", what,
-                         q->name, e->rank, q->process_set);
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': rank %d is not a member of process set %d",
+                         what, q->name, e->rank, q->process_set);
     if (!member)
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %s rank %d is not a member of process set %d", what,
-                         q->name, role, peer, q->process_set);
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %s rank %d is not a member of process set %d",
+                         what, q->name, role, peer, q->process_set);
     *nbytes = 0;
     int into = q->op == HVDL_OP_RECV && (q->flags & HVDL_RECV_INTO);
     if (q->op == HVDL_OP_RECV && !into) return HVDL_OK;
-    if (!hvdl_dtype_size(q->dtype)) return hvdl__err(HVDL_ERR_INVALID, "%s '%s': unknown dtype %d", what, q->name, q->dtype);
+    if (!hvdl_dtype_size(q->dtype))
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': unknown dtype %d", what, q->name, q->dtype);
     if (q->ndim < 0 || q->ndim > HVDL_MAX_DIMS)
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %d dimensions; at most %d are supported", what, q->name,
-                         q->ndim, HVDL_MAX_DIMS);
+        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %d dimensions; at most %d are supported", what,
+                         q->name, q->ndim, HVDL_MAX_DIMS);
     int64_t n = hvdl_dtype_size(q->dtype);
     for (int d = 0; d < q->ndim; d++) {
-        if (q->shape[d] < 0) return hvdl__err(HVDL_ERR_INVALID, "%s '%s': negative dimension", what, q->name);
+        if (q->shape[d] < 0)
+            return hvdl__err(HVDL_ERR_INVALID, "%s '%s': negative dimension", what, q->name);
         if (q->shape[d] && n > P2P_MAX_BYTES / q->shape[d])
-            return hvdl__err(HVDL_ERR_INVALID, "%s '%s': more than %lld bytes", what, q->name, (long long)P2P_MAX_BYTES);
+            return hvdl__err(HVDL_ERR_INVALID, "%s '%s': more than %lld bytes", what, q->name,
+                             (long long)P2P_MAX_BYTES);
         n *= q->shape[d];
     }
     if (n && !(into ? q->output : q->input))
@@ -851,18 +903,29 @@ static int check_p2p(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
 
 int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     if (!e || !e->thread_started || !e->p2p)
-        return hvdl__err(HVDL_ERR_NOT_INITIALIZED, "horovodlike has not been initialized; use hvd.init()");
+        return hvdl__err(HVDL_ERR_NOT_INITIALIZED,
+                         "horovodlike has not been initialized; use hvd.init()");
     int64_t nbytes = 0;
     pthread_mutex_lock(&e->mu);
     int rc = check_p2p(e, q, &nbytes);
     pthread_mutex_unlock(&e->mu);
     if (rc) return rc;
     op_t *o = calloc(1, sizeof *o);
-    if (!o || !(o->name = strdup(q->name))) { free(o); return hvdl__err(HVDL_ERR_SYSTEM, "out of memory"); }
+    if (!o || !(o->name = strdup(q->name))) {
+        free(o);
+        return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+    }
     int into = q->op == HVDL_OP_RECV && (q->flags & HVDL_RECV_INTO);
     int shaped = q->op == HVDL_OP_SEND || into;
-    o->meta = (meta_t){q->op, shaped ? q->dtype : 0, 0, q->root_rank, q->process_set, shaped ? q->ndim : -1,
-                       {0}, 1.0, 1.0};
+    o->meta = (meta_t){q->op,
+                       shaped ? q->dtype : 0,
+                       0,
+                       q->root_rank,
+                       q->process_set,
+                       shaped ? q->ndim : -1,
+                       {0},
+                       1.0,
+                       1.0};
     if (shaped) memcpy(o->meta.shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
     o->input = q->op == HVDL_OP_SEND ? q->input : NULL;
     o->output = into ? q->output : NULL;
@@ -870,15 +933,21 @@ int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     o->enqueued_at = hvdl_now();
     pthread_mutex_lock(&e->mu);
     if (e->failed) rc = hvdl__err(e->fail_status, "%s", e->fail_msg);
-    else if (e->shutdown_requested || e->stopped) rc = hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
+    else if (e->shutdown_requested || e->stopped)
+        rc = hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
     else rc = hvdl__handle_new(e, o);
     pthread_mutex_unlock(&e->mu);
-    if (rc) { free(o->name); free(o); return rc; }
+    if (rc) {
+        free(o->name);
+        free(o);
+        return rc;
+    }
     struct p2p *p = e->p2p;
     *handle = o->handle;
     if (q->op == HVDL_OP_SEND) return send_now(e, o);
     pthread_mutex_lock(&p->mu);
-    if (p->incoming_tail) p->incoming_tail->next = o; else p->incoming_head = o;
+    if (p->incoming_tail) p->incoming_tail->next = o;
+    else p->incoming_head = o;
     p->incoming_tail = o;
     pthread_mutex_unlock(&p->mu);
     hvdl_wakefd_signal(p->wake_fd);

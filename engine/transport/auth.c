@@ -31,7 +31,8 @@ static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 static void compress(uint32_t h[8], const uint8_t *b) {
     uint32_t w[64];
     for (int i = 0; i < 16; i++)     /* the block as 16 big-endian words */
-        w[i] = (uint32_t)b[4 * i] << 24 | (uint32_t)b[4 * i + 1] << 16 | (uint32_t)b[4 * i + 2] << 8 | b[4 * i + 3];
+        w[i] = (uint32_t)b[4 * i] << 24 | (uint32_t)b[4 * i + 1] << 16 |
+               (uint32_t)b[4 * i + 2] << 8 | b[4 * i + 3];
     for (int i = 16; i < 64; i++) {  /* expanded to 64 */
         uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
         uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -39,12 +40,26 @@ static void compress(uint32_t h[8], const uint8_t *b) {
     }
     uint32_t a = h[0], bb = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
     for (int i = 0; i < 64; i++) {
-        uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
+        uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[i] +
+                      w[i];
         uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & bb) ^ (a & c) ^ (bb & c));
-        hh = g; g = f; f = e; e = d + t1;
-        d = c; c = bb; bb = a; a = t1 + t2;
+        hh = g;
+        g = f;
+        f = e;
+        e = d + t1;
+        d = c;
+        c = bb;
+        bb = a;
+        a = t1 + t2;
     }
-    h[0] += a; h[1] += bb; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+    h[0] += a;
+    h[1] += bb;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += hh;
 }
 
 void hvdl__sha256_init(sha256_t *s) {
@@ -122,7 +137,8 @@ int hvdl__equal_ct(const uint8_t *a, const uint8_t *b, size_t n) {
 /* The public test hook (horovodlike.h). */
 int hvdl_hmac_sha256(const unsigned char *key, int key_len, const unsigned char *msg, int64_t len,
                      unsigned char *out) {
-    if (key_len < 0 || len < 0 || (key_len && !key) || (len && !msg) || !out) return HVDL_ERR_INVALID;
+    if (key_len < 0 || len < 0 || (key_len && !key) || (len && !msg) || !out)
+        return HVDL_ERR_INVALID;
     const void *parts[1] = {msg};
     size_t lens[1] = {(size_t)len};
     hvdl__hmac_sha256(key, (size_t)key_len, 1, parts, lens, out);

@@ -60,8 +60,8 @@ typedef struct reply {
 static const char LABEL_ACCEPT[] = "hvdl accept ", LABEL_CONNECT[] = "hvdl connect";
 _Static_assert(sizeof LABEL_ACCEPT == sizeof LABEL_CONNECT, "labels of one length");
 
-static void proof(engine_t *e, const char *label, const hello_t *h, const uint8_t *acceptor_challenge,
-                  uint8_t out[HVDL_SHA256_BYTES]) {
+static void proof(engine_t *e, const char *label, const hello_t *h,
+                  const uint8_t *acceptor_challenge, uint8_t out[HVDL_SHA256_BYTES]) {
     const void *parts[3] = {label, h, acceptor_challenge};
     size_t lens[3] = {sizeof LABEL_ACCEPT - 1, sizeof *h, CHALLENGE};
     hvdl__hmac_sha256(e->key, (size_t)e->key_len, 3, parts, lens, out);
@@ -76,20 +76,27 @@ static int connect_by(int fd, const struct sockaddr_in *a, double deadline) {
     if (errno != EINPROGRESS) return -1;
     struct pollfd pf = {fd, POLLOUT, 0};
     int ms = (int)((deadline - hvdl_now()) * 1000);
-    if (ms <= 0 || poll(&pf, 1, ms) <= 0) { errno = ETIMEDOUT; return -1; }
+    if (ms <= 0 || poll(&pf, 1, ms) <= 0) {
+        errno = ETIMEDOUT;
+        return -1;
+    }
     int err = 0;
     socklen_t len = sizeof err;
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) { errno = err ? err : errno; return -1; }
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) {
+        errno = err ? err : errno;
+        return -1;
+    }
     return 0;
 }
 
 /* Our side of the hello on a connected socket: 0, or -1 after hvdl__fail. */
 static int hello_as_connector(engine_t *e, int fd, int peer, int channel, double deadline) {
     peer_t *p = &e->peers[peer];
-    hello_t h = {WIRE_MAGIC, WIRE_VERSION, (uint32_t)e->rank, (uint32_t)peer, (uint32_t)channel,
-                 e->key_len > 0, p->nonce, {0}};
+    hello_t h = {WIRE_MAGIC,        WIRE_VERSION,   (uint32_t)e->rank, (uint32_t)peer,
+                 (uint32_t)channel, e->key_len > 0, p->nonce,          {0}};
     if (e->key_len && hvdl_random_bytes(h.challenge, CHALLENGE)) {
-        hvdl__fail(e, HVDL_ERR_SYSTEM, "no random bytes for the connection handshake: %s", strerror(errno));
+        hvdl__fail(e, HVDL_ERR_SYSTEM, "no random bytes for the connection handshake: %s",
+                   strerror(errno));
         return -1;
     }
     if (hvdl__io_full(fd, &h, sizeof h, 1, deadline)) goto lost;
@@ -100,30 +107,39 @@ static int hello_as_connector(engine_t *e, int fd, int peer, int channel, double
         /* Only a failed proof (below) means another key: a peer that says nothing is
          * stopped or hung, and one that hangs up exited or turned the hello away. */
         if (errno == ETIMEDOUT)
-            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: it accepted the start-up "
-                       "connection (%s:%d) but was silent until the start-up deadline, %.0f s "
-                       "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): it is stopped, hung or overloaded", peer,
-                       p->host, p->ip, p->port, e->cfg.start_timeout);
+            hvdl__fail(
+                e, HVDL_ERR_PEER_LOST,
+                "rank %d (host %s) was lost: it accepted the start-up "
+                "connection (%s:%d) but was silent until the start-up deadline, %.0f s "
+                "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): it is stopped, hung or overloaded",
+                peer, p->host, p->ip, p->port, e->cfg.start_timeout);
         else
-            hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: it closed the start-up "
+            hvdl__fail(e, HVDL_ERR_PEER_LOST,
+                       "rank %d (host %s) was lost: it closed the start-up "
                        "connection (%s:%d) before answering the hello: it exited, or that port is "
-                       "not this job's rank %d", peer, p->host, p->ip, p->port, peer);
+                       "not this job's rank %d",
+                       peer, p->host, p->ip, p->port, peer);
         return -1;
     }
     proof(e, LABEL_ACCEPT, &h, r.challenge, want);
     if (r.magic != WIRE_MAGIC || !hvdl__equal_ct(want, r.proof, sizeof want)) {
-        hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s, %s:%d) did not prove that it holds the "
+        hvdl__fail(e, HVDL_ERR_PEER_LOST,
+                   "rank %d (host %s, %s:%d) did not prove that it holds the "
                    "job key: the ranks were not given the same key, or another process answers "
-                   "on that port", peer, p->host, p->ip, p->port);
+                   "on that port",
+                   peer, p->host, p->ip, p->port);
         return -1;
     }
     proof(e, LABEL_CONNECT, &h, r.challenge, mine);
     if (hvdl__io_full(fd, mine, sizeof mine, 1, deadline)) goto lost;
     return 0;
 lost:
-    hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: the start-up connection (%s:%d) "
-               "failed during the hello: %s", peer, p->host, p->ip, p->port,
-               errno == ETIMEDOUT ? "it took nothing until the start-up deadline" : strerror(errno));
+    hvdl__fail(e, HVDL_ERR_PEER_LOST,
+               "rank %d (host %s) was lost: the start-up connection (%s:%d) "
+               "failed during the hello: %s",
+               peer, p->host, p->ip, p->port,
+               errno == ETIMEDOUT ? "it took nothing until the start-up deadline"
+                                  : strerror(errno));
     return -1;
 }
 
@@ -137,15 +153,16 @@ static int connect_to(engine_t *e, int peer, int channel, double deadline) {
     const char *ip = p->ip;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
     if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) {
-        hvdl__fail(e, HVDL_ERR_INVALID, "rank %d (host %s) advertised a bad address '%s'",
-                   peer, p->host, ip);
+        hvdl__fail(e, HVDL_ERR_INVALID, "rank %d (host %s) advertised a bad address '%s'", peer,
+                   p->host, ip);
         return -1;
     }
     for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) {
-            hvdl__fail(e, HVDL_ERR_SYSTEM, "cannot open a socket to connect to rank %d (host %s): %s", peer,
-                       p->host, strerror(errno));
+            hvdl__fail(e, HVDL_ERR_SYSTEM,
+                       "cannot open a socket to connect to rank %d (host %s): %s", peer, p->host,
+                       strerror(errno));
             return -1;
         }
         hvdl__tune_socket(e, fd);
@@ -159,9 +176,10 @@ static int connect_to(engine_t *e, int peer, int channel, double deadline) {
         int err = errno;
         close(fd);
         if (hvdl_now() > deadline) {
-            hvdl__fail(e, HVDL_ERR_PEER_LOST, "could not connect to rank %d (host %s, %s:%d) within "
-                       "%.0f s (horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): %s", peer, p->host, ip, p->port,
-                       e->cfg.start_timeout, strerror(err));
+            hvdl__fail(e, HVDL_ERR_PEER_LOST,
+                       "could not connect to rank %d (host %s, %s:%d) within "
+                       "%.0f s (horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): %s",
+                       peer, p->host, ip, p->port, e->cfg.start_timeout, strerror(err));
             return -1;
         }
         usleep(20000);
@@ -200,7 +218,8 @@ static const char *hello_problem(engine_t *e, const hello_t *h) {
     if (h->magic != WIRE_MAGIC || h->version != WIRE_VERSION)
         return "not a horovodlike hello (another program, or another horovodlike version)";
     if (h->keyed != (uint32_t)(e->key_len > 0))
-        return h->keyed ? "it offers a job key and this rank has none" : "it has no job key and this job has one";
+        return h->keyed ? "it offers a job key and this rank has none"
+                        : "it has no job key and this job has one";
     if (h->to_rank != (uint32_t)e->rank) return "it was meant for another rank";
     if (h->nonce != e->nonce) return "its nonce is not this rank's (not meant for this job)";
     if (h->from_rank >= (uint32_t)e->size || h->from_rank == (uint32_t)e->rank) return "bad rank";
@@ -215,8 +234,13 @@ static const char *hello_problem(engine_t *e, const hello_t *h) {
 static int admit(engine_t *e, acceptor_t *a, int i, int *expected) {
     hello_t *h = &a->v[i].h;
     peer_t *p = &e->peers[h->from_rank];
-    int *slot = h->channel == CH_DATA ? &p->data_fd : h->channel == CH_P2P ? &p->p2p_fd : &p->ctrl.fd;
-    if (*slot >= 0) { drop(a, i, "a second connection for the same rank and channel"); return 0; }
+    int *slot = h->channel == CH_DATA  ? &p->data_fd
+                : h->channel == CH_P2P ? &p->p2p_fd
+                                       : &p->ctrl.fd;
+    if (*slot >= 0) {
+        drop(a, i, "a second connection for the same rank and channel");
+        return 0;
+    }
     *slot = a->v[i].fd;
     a->v[i] = a->v[--a->n];
     (*expected)--;
@@ -229,7 +253,10 @@ static void advance(engine_t *e, acceptor_t *a, int i, int *expected) {
     uint8_t *dst = c->proving ? c->answer : (uint8_t *)&c->h;
     size_t want = c->proving ? sizeof c->answer : sizeof c->h;
     ssize_t k = recv(c->fd, dst + c->got, want - c->got, 0);
-    if (k == 0) { drop(a, i, "closed before finishing its hello"); return; }
+    if (k == 0) {
+        drop(a, i, "closed before finishing its hello");
+        return;
+    }
     if (k < 0) {
         if (errno != EAGAIN && errno != EINTR) drop(a, i, strerror(errno));
         return;
@@ -238,14 +265,26 @@ static void advance(engine_t *e, acceptor_t *a, int i, int *expected) {
     c->got = 0;
     if (!c->proving) {
         const char *why = hello_problem(e, &c->h);
-        if (why) { drop(a, i, why); return; }
-        if (!e->key_len) { admit(e, a, i, expected); return; }
+        if (why) {
+            drop(a, i, why);
+            return;
+        }
+        if (!e->key_len) {
+            admit(e, a, i, expected);
+            return;
+        }
         reply_t r = {WIRE_MAGIC, 0, {0}, {0}};
-        if (hvdl_random_bytes(c->challenge, CHALLENGE)) { drop(a, i, "no random bytes"); return; }
+        if (hvdl_random_bytes(c->challenge, CHALLENGE)) {
+            drop(a, i, "no random bytes");
+            return;
+        }
         memcpy(r.challenge, c->challenge, CHALLENGE);
         proof(e, LABEL_ACCEPT, &c->h, c->challenge, r.proof);
         /* 72 bytes into an empty socket buffer: all or nothing */
-        if (send(c->fd, &r, sizeof r, MSG_NOSIGNAL) != (ssize_t)sizeof r) { drop(a, i, "could not reply"); return; }
+        if (send(c->fd, &r, sizeof r, MSG_NOSIGNAL) != (ssize_t)sizeof r) {
+            drop(a, i, "could not reply");
+            return;
+        }
         c->proving = 1;
         return;
     }
@@ -273,7 +312,8 @@ static void take(engine_t *e, acceptor_t *a, double deadline) {
     pending_conn_t *c = &a->v[a->n++];
     memset(c, 0, sizeof *c);
     c->fd = fd;
-    double mine = hvdl_now() + (HELLO_SECONDS < e->cfg.start_timeout ? HELLO_SECONDS : e->cfg.start_timeout);
+    double mine = hvdl_now() +
+                  (HELLO_SECONDS < e->cfg.start_timeout ? HELLO_SECONDS : e->cfg.start_timeout);
     c->deadline = mine < deadline ? mine : deadline;
     char ip[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
@@ -294,24 +334,32 @@ static void name_missing(engine_t *e) {
             owed += 2;
             came += (e->peers[r].data_fd >= 0) + (e->peers[r].p2p_fd >= 0);
         }
-        if (e->rank == 0) { owed++; came += e->peers[r].ctrl.fd >= 0; }
+        if (e->rank == 0) {
+            owed++;
+            came += e->peers[r].ctrl.fd >= 0;
+        }
         if (came == owed) continue;
         if (came == 0 && culprit < 0) culprit = r;
         else if (came > 0 && partial < 0) partial = r;
         else others++;
     }
     if (culprit < 0 && partial < 0) {
-        hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d: start-up did not finish within %.0f s "
-                   "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT)", e->rank, e->cfg.start_timeout);
+        hvdl__fail(e, HVDL_ERR_PEER_LOST,
+                   "rank %d: start-up did not finish within %.0f s "
+                   "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT)",
+                   e->rank, e->cfg.start_timeout);
         return;
     }
     int r = culprit >= 0 ? culprit : partial;
     if (culprit >= 0 && partial >= 0) others++;
-    hvdl__fail(e, HVDL_ERR_PEER_LOST, "rank %d (host %s) was lost: %s within %.0f s of start-up "
-               "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): it is stopped, hung or gone%s", r, e->peers[r].host,
-               culprit >= 0 ? "it never connected to this rank" : "it connected only part of the way",
-               e->cfg.start_timeout,
-               others ? " (connections of other ranks are missing too, maybe held up by it)" : "");
+    hvdl__fail(
+        e, HVDL_ERR_PEER_LOST,
+        "rank %d (host %s) was lost: %s within %.0f s of start-up "
+        "(horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT): it is stopped, hung or gone%s",
+        r, e->peers[r].host,
+        culprit >= 0 ? "it never connected to this rank" : "it connected only part of the way",
+        e->cfg.start_timeout,
+        others ? " (connections of other ranks are missing too, maybe held up by it)" : "");
 }
 
 /* Accept until every expected connection has passed its hello; reject anything else. */
@@ -320,8 +368,11 @@ static int accept_expected(engine_t *e, int expected, double deadline) {
     a.cap = 2 * e->size + 64;
     a.v = calloc((size_t)a.cap, sizeof *a.v);
     struct pollfd *pf = calloc((size_t)a.cap + 1, sizeof *pf);
-    int rc = a.v && pf ? 0 : hvdl__fail(e, HVDL_ERR_SYSTEM, "out of memory for the table of %d start-up "
-                                        "connections", a.cap);
+    int rc = a.v && pf ? 0
+                       : hvdl__fail(e, HVDL_ERR_SYSTEM,
+                                    "out of memory for the table of %d start-up "
+                                    "connections",
+                                    a.cap);
     while (!rc && expected > 0) {
         double now = hvdl_now();
         if (now >= deadline) {

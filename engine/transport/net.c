@@ -26,9 +26,14 @@
 int hvdl__ctrl_read(engine_t *e, int peer) {
     conn_t *c = &e->peers[peer].ctrl;
     for (;;) {
-        if (buf_reserve(&c->rx, c->rx.len + 65536)) return hvdl__oom(e, "control receive buffer", c->rx.len + 65536);
+        if (buf_reserve(&c->rx, c->rx.len + 65536))
+            return hvdl__oom(e, "control receive buffer", c->rx.len + 65536);
         ssize_t k = recv(c->fd, c->rx.data + c->rx.len, (size_t)(c->rx.cap - c->rx.len), 0);
-        if (k > 0) { c->rx.len += k; c->last_rx = hvdl_now(); continue; }
+        if (k > 0) {
+            c->rx.len += k;
+            c->last_rx = hvdl_now();
+            continue;
+        }
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         if (k < 0 && errno == EINTR) continue;
         return -1;
@@ -42,14 +47,23 @@ static const char *header_problem(engine_t *e, int peer, const frame_hdr_t *h) {
     if (h->len < 0 || h->len > HVDL_MAX_FRAME)
         return "sent a malformed control frame (its length is negative or over 256 MiB)";
     switch (h->type) {
-    case MSG_REQUESTS: return e->rank == 0 ? NULL : "sent a malformed control frame (requests to a worker)";
-    case MSG_RESPONSES: return peer == 0 ? NULL : "sent a malformed control frame (responses, but it is not rank 0)";
-    case MSG_BYE: case MSG_ABORT: case MSG_HEARTBEAT: return NULL;
-    case MSG_WAITS: return e->rank == 0 ? NULL : "sent a malformed control frame (a wait report to a worker)";
-    case MSG_NODE_DONE: case MSG_NODE_POSTED:
+    case MSG_REQUESTS:
+        return e->rank == 0 ? NULL : "sent a malformed control frame (requests to a worker)";
+    case MSG_RESPONSES:
+        return peer == 0 ? NULL
+                         : "sent a malformed control frame (responses, but it is not rank 0)";
+    case MSG_BYE:
+    case MSG_ABORT:
+    case MSG_HEARTBEAT: return NULL;
+    case MSG_WAITS:
+        return e->rank == 0 ? NULL : "sent a malformed control frame (a wait report to a worker)";
+    case MSG_NODE_DONE:
+    case MSG_NODE_POSTED:
         return e->rank == 0 ? NULL : "sent a malformed control frame (a node's report to a worker)";
-    case MSG_NODE_CLOSE: case MSG_NODE_REOPEN:
-        return peer == 0 ? NULL : "sent a malformed control frame (a word order, but it is not rank 0)";
+    case MSG_NODE_CLOSE:
+    case MSG_NODE_REOPEN:
+        return peer == 0 ? NULL
+                         : "sent a malformed control frame (a word order, but it is not rank 0)";
     default: return "sent a malformed control frame (an unknown type, or one out of place)";
     }
 }
@@ -81,7 +95,10 @@ static int scan_frames(engine_t *e, int peer) {
         bye |= h.type == MSG_BYE;
         at += n;
     }
-    if (n < 0) { hvdl__peer_lost(e, peer, why); return -1; }
+    if (n < 0) {
+        hvdl__peer_lost(e, peer, why);
+        return -1;
+    }
     return bye;
 }
 
@@ -92,7 +109,8 @@ const char *hvdl__closed_why(engine_t *e, int peer) {
     int64_t at = 0, n;
     const char *why = NULL;
     while ((n = next_frame(e, peer, &h, at, &why)) > 0) at += n;
-    return e->peers[peer].ctrl.rx.len > at ? "its connection closed in the middle of a frame" : "its connection closed";
+    return e->peers[peer].ctrl.rx.len > at ? "its connection closed in the middle of a frame"
+                                           : "its connection closed";
 }
 
 /* Called during a transfer when a control socket is readable. A peer that said goodbye
@@ -164,12 +182,17 @@ int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n) 
     int64_t lens[2] = {sizeof h, n};
     double last = hvdl_now();
     if (HVDL_INJECT(e, INJ_CTRL_SEND))
-        return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "sending a control frame to rank %d failed", peer);
+        return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "sending a control frame to rank %d failed",
+                              peer);
     for (int i = 0; i < 2; i++) {
         int64_t off = 0;
         while (off < lens[i]) {
             ssize_t k = send(c->fd, parts[i] + off, (size_t)(lens[i] - off), MSG_NOSIGNAL);
-            if (k > 0) { off += k; last = hvdl_now(); continue; }
+            if (k > 0) {
+                off += k;
+                last = hvdl_now();
+                continue;
+            }
             if (k < 0 && errno != EAGAIN && errno != EINTR) {
                 int err = errno;
                 /* A peer that said goodbye and closed with our last frame unread resets
@@ -202,7 +225,10 @@ int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_
     frame_hdr_t h;
     const char *why = NULL;
     int64_t n = next_frame(e, peer, &h, 0, &why);
-    if (n < 0) { hvdl__peer_lost(e, peer, why); return -1; }
+    if (n < 0) {
+        hvdl__peer_lost(e, peer, why);
+        return -1;
+    }
     if (n == 0) return 0;
     uint8_t *p = HVDL_INJECT(e, INJ_FRAME_ALLOC) ? NULL : malloc((size_t)h.len + 1);
     if (!p) return hvdl__oom(e, "control frame", h.len + 1);
@@ -235,7 +261,8 @@ int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd) {
     pthread_mutex_unlock(&e->drive);
     if (e->spin_us > 0 && timeout_ms != 0) {
         double until = hvdl_now() + e->spin_us * 1e-6;
-        while (!(ready = poll(pf, (nfds_t)n + 1, 0)) && !e->negotiation->has_work(e) && hvdl_now() < until)
+        while (!(ready = poll(pf, (nfds_t)n + 1, 0)) && !e->negotiation->has_work(e) &&
+               hvdl_now() < until)
             for (int k = 0; k < 32; k++) hvdl_pause();
     }
     /* Sleep even if the spin saw a new log entry: it may be waiting for its response
@@ -271,7 +298,8 @@ int hvdl__startup_abort(engine_t *e, int timeout_ms) {
             char msg[sizeof h + HVDL_MSG_BYTES];
             if (!(pf[i].revents & POLLIN) ||
                 recv(fds[i], &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof h ||
-                h.magic != WIRE_MAGIC || h.type != MSG_ABORT || h.len < 0 || h.len >= HVDL_MSG_BYTES)
+                h.magic != WIRE_MAGIC || h.type != MSG_ABORT || h.len < 0 ||
+                h.len >= HVDL_MSG_BYTES)
                 continue;
             ssize_t want = (ssize_t)(sizeof h + (size_t)h.len);
             if (recv(fds[i], msg, (size_t)want, MSG_PEEK | MSG_DONTWAIT) != want) {

@@ -56,7 +56,7 @@ enum {
 };
 
 /* net.c: control frames over the control star, and waiting on control traffic */
-int hvdl__ctrl_read(engine_t *e, int peer);   /* buffer what arrived; -1 once the peer has closed */
+int hvdl__ctrl_read(engine_t *e, int peer); /* buffer what arrived; -1 once the peer has closed */
 int hvdl__send_frame(engine_t *e, int peer, int type, const void *p, int64_t n);
 /* The next complete frame buffered from peer: 1 (payload malloc'd), 0 (none), -1 (failed) */
 int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_t *len);
@@ -64,10 +64,10 @@ int hvdl__frame_take(engine_t *e, int peer, int *type, uint8_t **payload, int64_
 int hvdl__wait_control(engine_t *e, int timeout_ms, int wake_fd);
 int hvdl__control_fds(engine_t *e, int *fds, int *ranks, int cap);
 int hvdl__control_readable(engine_t *e, int peer);
-const char *hvdl__closed_why(engine_t *e, int peer);   /* its connection closed: mid-frame or not */
-int hvdl__buffered_abort(engine_t *e);               /* -1: an ABORT was buffered, now failed */
+const char *hvdl__closed_why(engine_t *e, int peer); /* its connection closed: mid-frame or not */
+int hvdl__buffered_abort(engine_t *e); /* -1: an ABORT was buffered, now failed */
 int hvdl__watch_control(engine_t *e, int timeout_ms);
-int hvdl__startup_abort(engine_t *e, int timeout_ms);   /* -1: an ABORT arrived, now failed */
+int hvdl__startup_abort(engine_t *e, int timeout_ms); /* -1: an ABORT arrived, now failed */
 
 /* sockets.c: listening, socket options, blocking I/O with a deadline, closing */
 int hvdl__listen(engine_t *e);

@@ -82,7 +82,9 @@ static size_t header_bytes(int nlocal) {
     return (size_t)LINE * (size_t)(3 + nlocal) + hvdl__neg_bytes(nlocal);
 }
 
-uint8_t *hvdl__shm_neg_area(hvdl_shm_t *s) { return s->base + (size_t)LINE * (size_t)(3 + s->nlocal); }
+uint8_t *hvdl__shm_neg_area(hvdl_shm_t *s) {
+    return s->base + (size_t)LINE * (size_t)(3 + s->nlocal);
+}
 
 static _Atomic uint32_t *word_at(hvdl_shm_t *s, int line) {
     return (_Atomic uint32_t *)(s->base + LINE * line);
@@ -113,8 +115,10 @@ static const char *attach_wait(engine_t *e, double deadline) {
     static __thread char why[320];
     if (hvdl__startup_abort(e, 0)) return e->fail_msg;   /* a rank failed and said why */
     if (hvdl_now() > deadline) {
-        snprintf(why, sizeof why, "not every local rank attached within %.0f s (horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT)",
-                 e->cfg.start_timeout);
+        snprintf(
+            why, sizeof why,
+            "not every local rank attached within %.0f s (horovodlikerun --start-timeout, or HOROVODLIKE_START_TIMEOUT)",
+            e->cfg.start_timeout);
         return why;
     }
     for (int r = 0; r < e->size; r++) {
@@ -125,7 +129,8 @@ static const char *attach_wait(engine_t *e, double deadline) {
         if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLERR | POLLRDHUP) ||
                                      recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)) {
             if (hvdl__startup_abort(e, 1000)) return e->fail_msg;   /* did it say why? */
-            snprintf(why, sizeof why, "rank %d (host %s) died while the local ranks attached", r, e->host);
+            snprintf(why, sizeof why, "rank %d (host %s) died while the local ranks attached", r,
+                     e->host);
             return why;
         }
     }
@@ -175,13 +180,21 @@ int hvdl__shm_open(engine_t *e) {
     double deadline = hvdl_now() + e->cfg.start_timeout;
     const char *why = NULL;
     int fd = -1, err = 0;
-    if (HVDL_INJECT(e, INJ_SHM_ATTACH)) { why = "cannot attach it"; goto fail; }
+    if (HVDL_INJECT(e, INJ_SHM_ATTACH)) {
+        why = "cannot attach it";
+        goto fail;
+    }
     if (me == 0) {
         fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-        if (fd < 0 || ftruncate(fd, (off_t)bytes)) { err = errno; why = "cannot create it"; goto fail; }
+        if (fd < 0 || ftruncate(fd, (off_t)bytes)) {
+            err = errno;
+            why = "cannot create it";
+            goto fail;
+        }
     } else {
         struct stat st;
-        while ((fd = shm_open(name, O_RDWR, 0600)) < 0 || fstat(fd, &st) || (size_t)st.st_size < bytes) {
+        while ((fd = shm_open(name, O_RDWR, 0600)) < 0 || fstat(fd, &st) ||
+               (size_t)st.st_size < bytes) {
             if (fd >= 0) close(fd);
             fd = -1;
             if ((why = attach_wait(e, deadline))) goto fail;
@@ -189,7 +202,12 @@ int hvdl__shm_open(engine_t *e) {
     }
     s->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (s->base == MAP_FAILED) { s->base = NULL; err = errno; why = "cannot map it"; goto fail; }
+    if (s->base == MAP_FAILED) {
+        s->base = NULL;
+        err = errno;
+        why = "cannot map it";
+        goto fail;
+    }
     s->bytes = bytes;
     shm_header_t *h = (shm_header_t *)s->base;
     if (me == 0) {
@@ -207,9 +225,10 @@ int hvdl__shm_open(engine_t *e) {
     e->shm = s;
     return 0;
 fail:
-    hvdl__fail_job(e, HVDL_ERR_SYSTEM, "could not set up the shared-memory segment %s of host %s "
-               "with %d local ranks: %s%s%s", name, e->host, nlocal, why,
-               err ? ": " : "", err ? strerror(err) : "");
+    hvdl__fail_job(e, HVDL_ERR_SYSTEM,
+                   "could not set up the shared-memory segment %s of host %s "
+                   "with %d local ranks: %s%s%s",
+                   name, e->host, nlocal, why, err ? ": " : "", err ? strerror(err) : "");
     shm_unlink(name);               /* whoever fails removes the name: none is left behind */
     if (s->base) munmap(s->base, bytes);
     free(s);
@@ -220,16 +239,19 @@ fail:
 void hvdl__shm_report(engine_t *e) {
     hvdl_shm_t *s = e->shm;
     if (s && s->waits)
-        hvdl__log(e, HVDL_LOG_DEBUG, "rank %d's shared-memory barriers: %lld waits, %.1f us each on "
-                  "average; %lld slept, woken %.1f us after the release on average (at most %.0f us)",
-                  e->rank, (long long)s->waits, s->waited_s * 1e6 / (double)s->waits,
-                  (long long)s->slept, s->slept ? s->wake_s * 1e6 / (double)s->slept : 0.0,
-                  s->wake_max_s * 1e6);
+        hvdl__log(
+            e, HVDL_LOG_DEBUG,
+            "rank %d's shared-memory barriers: %lld waits, %.1f us each on "
+            "average; %lld slept, woken %.1f us after the release on average (at most %.0f us)",
+            e->rank, (long long)s->waits, s->waited_s * 1e6 / (double)s->waits, (long long)s->slept,
+            s->slept ? s->wake_s * 1e6 / (double)s->slept : 0.0, s->wake_max_s * 1e6);
     if (s && s->two_shots) {
         double k = 1e6 / (double)s->two_shots;
-        hvdl__log(e, HVDL_LOG_DEBUG, "rank %d's two-shot allreduces: %lld, on average %.1f us copying in, "
-                  "%.1f us reducing, %.1f us copying out", e->rank, (long long)s->two_shots,
-                  s->copy_in_s * k, s->reduce_s * k, s->copy_out_s * k);
+        hvdl__log(e, HVDL_LOG_DEBUG,
+                  "rank %d's two-shot allreduces: %lld, on average %.1f us copying in, "
+                  "%.1f us reducing, %.1f us copying out",
+                  e->rank, (long long)s->two_shots, s->copy_in_s * k, s->reduce_s * k,
+                  s->copy_out_s * k);
     }
 }
 
@@ -280,8 +302,10 @@ static int stalled(engine_t *e, hvdl_shm_t *s, uint32_t v, double waited) {
         else hvdl__fail(e, HVDL_ERR_PEER_LOST, "local rank %d %s", q, why);
         return -1;
     }
-    hvdl__fail(e, HVDL_ERR_PEER_LOST, "the local ranks' shared-memory barrier %u did not "
-               "complete for %.0f s although every rank arrived", v, waited);
+    hvdl__fail(e, HVDL_ERR_PEER_LOST,
+               "the local ranks' shared-memory barrier %u did not "
+               "complete for %.0f s although every rank arrived",
+               v, waited);
     return -1;
 }
 

@@ -44,11 +44,15 @@ static int tcp_exchange(transport_t *t, const xfer_t *x) {
     while (sent < x->slen || rcvd < x->rlen) {
         int progress = 0;
         if (sent < x->slen) {
-            if (HVDL_INJECT(e, INJ_TCP_SEND)) return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "sending data to rank %d failed", x->send_peer);
+            if (HVDL_INJECT(e, INJ_TCP_SEND))
+                return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "sending data to rank %d failed",
+                                      x->send_peer);
             ssize_t k = send(sfd, (const uint8_t *)x->sbuf + sent,
                              (size_t)min64(x->slen - sent, MAX_IO), MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (k > 0) { sent += k; progress = 1; }
-            else if (errno != EAGAIN && errno != EINTR) {
+            if (k > 0) {
+                sent += k;
+                progress = 1;
+            } else if (errno != EAGAIN && errno != EINTR) {
                 hvdl__peer_lost(e, x->send_peer, strerror(errno));
                 return -1;
             }
@@ -82,11 +86,20 @@ static int tcp_exchange(transport_t *t, const xfer_t *x) {
 
         if (hvdl__buffered_abort(e)) return -1;
         int n = 0;
-        if (sent < x->slen) { pf[n] = (struct pollfd){sfd, POLLOUT, 0}; ranks[n++] = -1; }
-        if (rcvd < x->rlen) { pf[n] = (struct pollfd){rfd, POLLIN, 0}; ranks[n++] = -1; }
+        if (sent < x->slen) {
+            pf[n] = (struct pollfd){sfd, POLLOUT, 0};
+            ranks[n++] = -1;
+        }
+        if (rcvd < x->rlen) {
+            pf[n] = (struct pollfd){rfd, POLLIN, 0};
+            ranks[n++] = -1;
+        }
         int fds[e->size], who[e->size];
         int nc = hvdl__control_fds(e, fds, who, e->size);
-        for (int i = 0; i < nc; i++) { pf[n] = (struct pollfd){fds[i], POLLIN, 0}; ranks[n++] = who[i]; }
+        for (int i = 0; i < nc; i++) {
+            pf[n] = (struct pollfd){fds[i], POLLIN, 0};
+            ranks[n++] = who[i];
+        }
         poll(pf, (nfds_t)n, 200);
         for (int i = 0; i < n; i++)
             if (ranks[i] >= 0 && pf[i].revents && hvdl__control_readable(e, ranks[i])) return -1;

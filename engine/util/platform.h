@@ -48,7 +48,8 @@ static inline void hvdl_pause(void) {
 #include <unistd.h>
 
 /* Sleep while *addr == expected, at most ts (NULL: no limit); shared between processes. */
-static inline long hvdl_futex_wait(_Atomic uint32_t *addr, uint32_t expected, const struct timespec *ts) {
+static inline long hvdl_futex_wait(_Atomic uint32_t *addr, uint32_t expected,
+                                   const struct timespec *ts) {
     return syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, expected, ts, NULL, 0);
 }
 
@@ -62,12 +63,14 @@ static inline int hvdl_wakefd_open(void) { return eventfd(0, EFD_NONBLOCK | EFD_
 
 static inline void hvdl_wakefd_signal(int fd) {
     uint64_t one = 1;
-    if (write(fd, &one, sizeof one) < 0) { /* counter saturated: already awake */ }
+    if (write(fd, &one, sizeof one) < 0) { /* counter saturated: already awake */
+    }
 }
 
 static inline void hvdl_wakefd_drain(int fd) {
     uint64_t v;
-    if (read(fd, &v, sizeof v) < 0) { /* nothing to drain */ }
+    if (read(fd, &v, sizeof v) < 0) { /* nothing to drain */
+    }
 }
 
 /* The doorbell: one thread wakes a thread of another process that sleeps in poll(),
@@ -107,11 +110,13 @@ static inline void hvdl_doorbell_ring(int pid, int tid) {
 }
 
 /* poll(), or ppoll() with sleep_mask when it is given. */
-static inline int hvdl_poll_masked(struct pollfd *pf, nfds_t n, int timeout_ms, const sigset_t *sleep_mask) {
+static inline int hvdl_poll_masked(struct pollfd *pf, nfds_t n, int timeout_ms,
+                                   const sigset_t *sleep_mask) {
     if (!sleep_mask) return poll(pf, n, timeout_ms);
     struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
     /* the system call, not glibc's ppoll(), which would need _GNU_SOURCE everywhere */
-    return (int)syscall(SYS_ppoll, pf, n, timeout_ms < 0 ? NULL : &ts, sleep_mask, (size_t)(_NSIG / 8));
+    return (int)syscall(SYS_ppoll, pf, n, timeout_ms < 0 ? NULL : &ts, sleep_mask,
+                        (size_t)(_NSIG / 8));
 }
 
 /* n bytes from the kernel's random source; 0, or -1 if it cannot supply them. */

@@ -29,7 +29,10 @@ int buf_put_str(buf_t *b, const char *s) {
 }
 
 void buf_consume(buf_t *b, int64_t n) {
-    if (n >= b->len) { b->len = 0; return; }
+    if (n >= b->len) {
+        b->len = 0;
+        return;
+    }
     memmove(b->data, b->data + n, (size_t)(b->len - n));
     b->len -= n;
 }
@@ -71,14 +74,27 @@ void rd_get(reader_t *r, void *out, int64_t n) {
     r->left -= n;
 }
 
-uint32_t rd_u32(reader_t *r) { uint32_t v; rd_get(r, &v, 4); return v; }
+uint32_t rd_u32(reader_t *r) {
+    uint32_t v;
+    rd_get(r, &v, 4);
+    return v;
+}
 
 char *rd_str(reader_t *r) {
     uint32_t n = rd_u32(r);
-    if (r->bad || n > r->left) { rd_fail(r, "a string runs past the end of the frame"); return NULL; }
-    if (memchr(r->p, 0, n)) { rd_fail(r, "a string holds a NUL byte"); return NULL; }
+    if (r->bad || n > r->left) {
+        rd_fail(r, "a string runs past the end of the frame");
+        return NULL;
+    }
+    if (memchr(r->p, 0, n)) {
+        rd_fail(r, "a string holds a NUL byte");
+        return NULL;
+    }
     char *s = malloc((size_t)n + 1);
-    if (!s) { rd_oom(r, "string from the wire", (int64_t)n + 1); return NULL; }
+    if (!s) {
+        rd_oom(r, "string from the wire", (int64_t)n + 1);
+        return NULL;
+    }
     memcpy(s, r->p, n);
     s[n] = 0;
     r->p += n;
@@ -99,9 +115,18 @@ static int find_slot(const strmap_t *m, const char *key, int *found) {
     int mask = m->cap - 1, first_tomb = -1;
     for (int i = (int)(hash_str(key) & (uint64_t)mask);; i = (i + 1) & mask) {
         char *k = m->keys[i];
-        if (!k) { *found = 0; return first_tomb >= 0 ? first_tomb : i; }
-        if (k == TOMB) { if (first_tomb < 0) first_tomb = i; continue; }
-        if (!strcmp(k, key)) { *found = 1; return i; }
+        if (!k) {
+            *found = 0;
+            return first_tomb >= 0 ? first_tomb : i;
+        }
+        if (k == TOMB) {
+            if (first_tomb < 0) first_tomb = i;
+            continue;
+        }
+        if (!strcmp(k, key)) {
+            *found = 1;
+            return i;
+        }
     }
 }
 
@@ -111,7 +136,11 @@ static int grow(strmap_t *m) {
     while ((m->count + 1) * 2 > n.cap) n.cap *= 2;
     n.keys = calloc((size_t)n.cap, sizeof(char *));
     n.vals = calloc((size_t)n.cap, sizeof(void *));
-    if (!n.keys || !n.vals) { free(n.keys); free(n.vals); return -1; }
+    if (!n.keys || !n.vals) {
+        free(n.keys);
+        free(n.vals);
+        return -1;
+    }
     for (int i = 0; i < m->cap; i++) {
         if (!m->keys[i] || m->keys[i] == TOMB) continue;
         int found, j = find_slot(&n, m->keys[i], &found);

@@ -34,7 +34,7 @@ void rd_get(reader_t *r, void *out, int64_t n);
 uint32_t rd_u32(reader_t *r);
 char *rd_str(reader_t *r);                  /* malloc'd copy, NULL if bad (or holds a NUL) */
 int rd_fail(reader_t *r, const char *why);  /* mark bad with a reason; returns -1 */
-int rd_oom(reader_t *r, const char *what, int64_t bytes);   /* bad, but ours: no memory for what */
+int rd_oom(reader_t *r, const char *what, int64_t bytes); /* bad, but ours: no memory for what */
 
 /* Open-addressing map from strings (copied) to pointers. */
 typedef struct strmap {
@@ -43,9 +43,9 @@ typedef struct strmap {
     int cap, count, tombs;
 } strmap_t;
 void *strmap_get(const strmap_t *m, const char *key);
-int strmap_put(strmap_t *m, const char *key, void *val);   /* 0 or -1 */
+int strmap_put(strmap_t *m, const char *key, void *val); /* 0 or -1 */
 void *strmap_del(strmap_t *m, const char *key);
 void strmap_free(strmap_t *m);
 
-double hvdl_now(void);                      /* seconds, monotonic */
+double hvdl_now(void); /* seconds, monotonic */
 #endif

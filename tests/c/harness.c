@@ -56,14 +56,21 @@ world_t *world_start(int size, const world_opts_t *o) {
     w->size = size;
     w->label = o->label;
     w->may_fail = o->may_fail;
-    if (!(w->start_msg = calloc((size_t)size, sizeof *w->start_msg))) { fprintf(stderr, "out of memory\n"); exit(2); }
+    if (!(w->start_msg = calloc((size_t)size, sizeof *w->start_msg))) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
     static const unsigned char key[] = "tests/c job key";
     for (int r = 0; r < size; r++) {
         engine_t *e = hvdl__engine_new();
-        if (!e) { fprintf(stderr, "out of memory\n"); exit(2); }
+        if (!e) {
+            fprintf(stderr, "out of memory\n");
+            exit(2);
+        }
         if (o->tweak) o->tweak(&e->cfg);
         if (o->inject && hvdl__inject_parse(o->inject, &e->cfg)) {
-            fprintf(stderr, "%s: '%s' is not site[:rank[:nth]] with a known site\n", w->label, o->inject);
+            fprintf(stderr, "%s: '%s' is not site[:rank[:nth]] with a known site\n", w->label,
+                    o->inject);
             exit(2);
         }
         const char *host = o->hosts ? o->hosts[r] : "localhost";
@@ -82,7 +89,8 @@ world_t *world_start(int size, const world_opts_t *o) {
         w->started = 0;
         snprintf(w->start_msg[r], HVDL_MSG_BYTES, "%s", jobs[r].msg);
         if (!o->may_fail) {
-            fprintf(stderr, "%s: start of rank %d of %d failed: %s\n", w->label, r, size, jobs[r].msg);
+            fprintf(stderr, "%s: start of rank %d of %d failed: %s\n", w->label, r, size,
+                    jobs[r].msg);
             exit(2);
         }
     }
@@ -99,7 +107,8 @@ static void *run_one(void *p) {
 
 void world_run(world_t *w, void (*body)(world_t *w, int rank, void *arg), void *arg) {
     job_t jobs[w->size];
-    for (int r = 0; r < w->size; r++) jobs[r] = (job_t){.w = w, .rank = r, .body = body, .arg = arg};
+    for (int r = 0; r < w->size; r++)
+        jobs[r] = (job_t){.w = w, .rank = r, .body = body, .arg = arg};
     on_threads(w, run_one, jobs);
 }
 
@@ -114,7 +123,8 @@ void world_stop(world_t *w) {
     for (int r = 0; r < w->size; r++) jobs[r] = (job_t){.w = w, .rank = r};
     on_threads(w, stop_one, jobs);
     for (int r = 0; r < w->size; r++) {
-        CHECK(w->may_fail || !w->e[r]->failed, "%s: rank %d failed: %s", w->label, r, w->e[r]->fail_msg);
+        CHECK(w->may_fail || !w->e[r]->failed, "%s: rank %d failed: %s", w->label, r,
+              w->e[r]->fail_msg);
         hvdl__engine_free(w->e[r]);
     }
     free(w->start_msg);
@@ -122,9 +132,16 @@ void world_stop(world_t *w) {
     free(w);
 }
 
-hvdl_request make_request(int op, int dtype, int set, const char *name, int ndim, int64_t d0, int64_t d1) {
-    hvdl_request q = {.op = op, .dtype = dtype, .reduce_op = HVDL_SUM, .process_set = set,
-                      .ndim = ndim, .prescale = 1.0, .postscale = 1.0, .name = name};
+hvdl_request make_request(int op, int dtype, int set, const char *name, int ndim, int64_t d0,
+                          int64_t d1) {
+    hvdl_request q = {.op = op,
+                      .dtype = dtype,
+                      .reduce_op = HVDL_SUM,
+                      .process_set = set,
+                      .ndim = ndim,
+                      .prescale = 1.0,
+                      .postscale = 1.0,
+                      .name = name};
     q.shape[0] = d0;
     q.shape[1] = d1;
     return q;
@@ -138,7 +155,10 @@ void small_pieces(config_t *c) {
     c->peer_timeout = 10;          /* a hang becomes a named failure soon */
 }
 
-void no_shm(config_t *c) { small_pieces(c); c->shm = 0; }
+void no_shm(config_t *c) {
+    small_pieces(c);
+    c->shm = 0;
+}
 
 /* Enqueue and wait at once, as the blocking Python calls do: flagged so (on one node the
  * waiting thread then does the engine's work itself). */

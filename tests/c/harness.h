@@ -40,14 +40,16 @@ void world_stop(world_t *w);
 
 /* Checks: a failure prints where and why and counts; the process exits 1 at the end. */
 extern atomic_int g_failures;
-#define CHECK(cond, ...)                                                                 \
-    do {                                                                                 \
-        if (!(cond)) check_failed(__FILE__, __LINE__, __VA_ARGS__);                      \
+#define CHECK(cond, ...)                                            \
+    do {                                                            \
+        if (!(cond)) check_failed(__FILE__, __LINE__, __VA_ARGS__); \
     } while (0)
-void check_failed(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void check_failed(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* A request with the usual defaults (sum, scales 1) and the first two dimensions. */
-hvdl_request make_request(int op, int dtype, int set, const char *name, int ndim, int64_t d0, int64_t d1);
+hvdl_request make_request(int op, int dtype, int set, const char *name, int ndim, int64_t d0,
+                          int64_t d1);
 
 /* Settings that keep the tests quick: small shm pieces and TCP staging (so that a few
  * KiB cross several), a short cycle and peer timeout; no_shm also turns the segment off. */

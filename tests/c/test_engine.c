@@ -56,7 +56,9 @@ static void put(int dtype, void *p, int64_t i, double v) {
     }
 }
 
-static double tolerance(int dtype) { return dtype == HVDL_FLOAT16 ? 1e-2 : dtype == HVDL_FLOAT32 ? 1e-6 : 1e-12; }
+static double tolerance(int dtype) {
+    return dtype == HVDL_FLOAT16 ? 1e-2 : dtype == HVDL_FLOAT32 ? 1e-6 : 1e-12;
+}
 
 static int close_to(int dtype, double got, double want) {
     double d = got - want, scale = want < 0 ? -want : want;
@@ -66,13 +68,17 @@ static int close_to(int dtype, double got, double want) {
 /* Inputs: small integers, so sums over 16 ranks are exact in every float type; the
  * product inputs are +-1 and 2, so products stay exact too. */
 static double value(int rank, int tensor, int64_t i, int op) {
-    if (op == HVDL_PRODUCT) return ((rank + i + tensor) % 4 == 0 ? 2 : 1) * ((rank * 3 + i) % 5 == 0 ? -1 : 1);
+    if (op == HVDL_PRODUCT)
+        return ((rank + i + tensor) % 4 == 0 ? 2 : 1) * ((rank * 3 + i) % 5 == 0 ? -1 : 1);
     return (double)((rank * 7 + tensor * 5 + i * 3) % 13) - 6;
 }
 
 static void *alloc_data(int dtype, int64_t count) {
     void *p = calloc((size_t)(count ? count : 1), (size_t)hvdl_dtype_size(dtype));
-    if (!p) { fprintf(stderr, "out of memory\n"); exit(2); }
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
     return p;
 }
 
@@ -87,12 +93,15 @@ typedef struct member {
 
 /* ---- allreduce ---- */
 
-typedef struct arcase { int dtype, op; double prescale, postscale; } arcase_t;
+typedef struct arcase {
+    int dtype, op;
+    double prescale, postscale;
+} arcase_t;
 static const arcase_t AR[] = {
-    {HVDL_FLOAT32, HVDL_SUM, 1, 1},   {HVDL_FLOAT32, HVDL_AVERAGE, 1, 1},
-    {HVDL_FLOAT64, HVDL_SUM, 1, 1},   {HVDL_INT32, HVDL_MIN, 1, 1},
-    {HVDL_INT32, HVDL_MAX, 1, 1},     {HVDL_INT32, HVDL_PRODUCT, 1, 1},
-    {HVDL_FLOAT16, HVDL_SUM, 1, 1},   {HVDL_FLOAT32, HVDL_SUM, 2.0, 0.25},
+    {HVDL_FLOAT32, HVDL_SUM, 1, 1}, {HVDL_FLOAT32, HVDL_AVERAGE, 1, 1},
+    {HVDL_FLOAT64, HVDL_SUM, 1, 1}, {HVDL_INT32, HVDL_MIN, 1, 1},
+    {HVDL_INT32, HVDL_MAX, 1, 1},   {HVDL_INT32, HVDL_PRODUCT, 1, 1},
+    {HVDL_FLOAT16, HVDL_SUM, 1, 1}, {HVDL_FLOAT32, HVDL_SUM, 2.0, 0.25},
 };
 #define NAR (int)(sizeof AR / sizeof AR[0])
 
@@ -130,7 +139,8 @@ static void test_allreduce(const member_t *m, int fused) {
         q.input = in[t];
         q.output = out[t];
         if (fused) {
-            CHECK(!hvdl__engine_enqueue(m->e, &q, &h[t]), "%s: enqueue %s: %s", m->where, names[t], hvdl_last_error());
+            CHECK(!hvdl__engine_enqueue(m->e, &q, &h[t]), "%s: enqueue %s: %s", m->where, names[t],
+                  hvdl_last_error());
         } else {
             char msg[HVDL_MSG_BYTES];
             int rc = run_op(m->e, &q, NULL, msg);
@@ -142,7 +152,8 @@ static void test_allreduce(const member_t *m, int fused) {
         int64_t count = COUNTS[t % NCOUNTS];
         if (fused) {
             char msg[HVDL_MSG_BYTES];
-            CHECK(!hvdl__engine_wait(m->e, h[t], 60), "%s: wait %s: %s", m->where, names[t], hvdl_last_error());
+            CHECK(!hvdl__engine_wait(m->e, h[t], 60), "%s: wait %s: %s", m->where, names[t],
+                  hvdl_last_error());
             int rc = hvdl__engine_release(m->e, h[t], msg, NULL);
             CHECK(!rc, "%s: allreduce %s: %s", m->where, names[t], msg);
         }
@@ -150,8 +161,10 @@ static void test_allreduce(const member_t *m, int fused) {
         for (int64_t i = 0; i < count && !bad; i++) {
             double want = ar_reference(m, c, t, i), got = get(c->dtype, out[t], i);
             bad = !close_to(c->dtype, got, want);
-            CHECK(!bad, "%s rank %d: allreduce %s (dtype %d op %d, %lld elements)[%lld] = %g, want %g",
-                  m->where, m->e->rank, names[t], c->dtype, c->op, (long long)count, (long long)i, got, want);
+            CHECK(!bad,
+                  "%s rank %d: allreduce %s (dtype %d op %d, %lld elements)[%lld] = %g, want %g",
+                  m->where, m->e->rank, names[t], c->dtype, c->op, (long long)count, (long long)i,
+                  got, want);
         }
         if (out[t] != in[t]) free(out[t]);
         free(in[t]);
@@ -185,8 +198,8 @@ static void test_allgather(const member_t *m) {
         CHECK(!rc, "%s: allgather %s: %s", m->where, name, msg);
         int64_t total = 0;
         for (int j = 0; j < m->n; j++) total += ag_rows(k, j, m->n);
-        CHECK(rc || res.first_dim == total, "%s: allgather %s: %lld rows, want %lld", m->where, name,
-              (long long)res.first_dim, (long long)total);
+        CHECK(rc || res.first_dim == total, "%s: allgather %s: %lld rows, want %lld", m->where,
+              name, (long long)res.first_dim, (long long)total);
         const float *o = res.data;
         for (int j = 0, at = 0, bad = 0; !rc && j < m->n && !bad; j++) {
             int64_t nj = ag_rows(k, j, m->n) * W;
@@ -212,7 +225,8 @@ static void test_broadcast(const member_t *m) {
         int64_t count = COUNTS[t % NCOUNTS];
         int root = m->ranks[(t * 3 + 1) % m->n];
         void *in = alloc_data(dtype, count), *out = t % 2 ? in : alloc_data(dtype, count);
-        for (int64_t i = 0; i < count; i++) put(dtype, in, i, value(m->e->rank, t, i, HVDL_SUM) + 6);
+        for (int64_t i = 0; i < count; i++)
+            put(dtype, in, i, value(m->e->rank, t, i, HVDL_SUM) + 6);
         char name[48], msg[HVDL_MSG_BYTES];
         snprintf(name, sizeof name, "bc.%d.%d", m->set, t);
         hvdl_request q = make_request(HVDL_OP_BROADCAST, dtype, m->set, name, 1, count, 0);
@@ -224,8 +238,8 @@ static void test_broadcast(const member_t *m) {
         for (int64_t i = 0, bad = 0; !rc && i < count && !bad; i++) {
             double want = value(root, t, i, HVDL_SUM) + 6, got = get(dtype, out, i);
             bad = got != want;
-            CHECK(!bad, "%s rank %d: broadcast %s from %d [%lld] = %g, want %g", m->where, m->e->rank,
-                  name, root, (long long)i, got, want);
+            CHECK(!bad, "%s rank %d: broadcast %s from %d [%lld] = %g, want %g", m->where,
+                  m->e->rank, name, root, (long long)i, got, want);
         }
         if (out != in) free(out);
         free(in);
@@ -244,7 +258,9 @@ static int64_t a2a_rows(int k, int i, int j, int n) {
     }
 }
 
-static double a2a_value(int from, int to, int k, int64_t e) { return value(from * 31 + to, k, e, HVDL_SUM); }
+static double a2a_value(int from, int to, int k, int64_t e) {
+    return value(from * 31 + to, k, e, HVDL_SUM);
+}
 
 static void test_alltoall(const member_t *m) {
     const int W = 2, dtype = HVDL_INT32;
@@ -253,7 +269,8 @@ static void test_alltoall(const member_t *m) {
         for (int j = 0; j < m->n; j++) rows += splits[j] = a2a_rows(k, m->me, j, m->n);
         int32_t *in = alloc_data(dtype, rows * W);
         for (int j = 0, at = 0; j < m->n; j++)
-            for (int64_t e = 0; e < splits[j] * W; e++) in[at++] = (int32_t)a2a_value(m->e->rank, m->ranks[j], k, e);
+            for (int64_t e = 0; e < splits[j] * W; e++)
+                in[at++] = (int32_t)a2a_value(m->e->rank, m->ranks[j], k, e);
         char name[48], msg[HVDL_MSG_BYTES];
         snprintf(name, sizeof name, "a2a.%d.%d", m->set, k);
         hvdl_request q = make_request(HVDL_OP_ALLTOALL, dtype, m->set, name, 2, rows, W);
@@ -264,7 +281,8 @@ static void test_alltoall(const member_t *m) {
         CHECK(!rc, "%s: alltoall %s: %s", m->where, name, msg);
         const int32_t *o = res.data;
         for (int j = 0, at = 0, bad = 0; !rc && j < m->n && !bad; j++) {
-            int64_t got_rows = j < res.nsplits ? res.recv_splits[j] : -1, want_rows = a2a_rows(k, j, m->me, m->n);
+            int64_t got_rows = j < res.nsplits ? res.recv_splits[j] : -1,
+                    want_rows = a2a_rows(k, j, m->me, m->n);
             bad = got_rows != want_rows;
             CHECK(!bad, "%s: alltoall %s: %lld rows from member %d, want %lld", m->where, name,
                   (long long)got_rows, j, (long long)want_rows);
@@ -308,8 +326,8 @@ static void test_reducescatter(const member_t *m) {
             for (int j = 0; j < m->n; j++) want += value(m->ranks[j], t, first * W + i, HVDL_SUM);
             if (op == HVDL_AVERAGE) want /= m->n;
             bad = !close_to(dtype, out[i], want);
-            CHECK(!bad, "%s rank %d: reducescatter %s [%lld] = %g, want %g", m->where, m->e->rank, name,
-                  (long long)i, out[i], want);
+            CHECK(!bad, "%s rank %d: reducescatter %s [%lld] = %g, want %g", m->where, m->e->rank,
+                  name, (long long)i, out[i], want);
         }
         free(out);
         free(in);
@@ -349,7 +367,8 @@ static void test_p2p(const member_t *m) {
     CHECK(!rc, "%s: recv %s: %s", m->where, name, msg);
     for (int i = 0; !rc && i < N; i++)
         if (in[i] != from * 100000 + i) {
-            CHECK(0, "%s rank %d: recv %s [%d] = %d, want %d", m->where, m->e->rank, name, i, in[i], from * 100000 + i);
+            CHECK(0, "%s rank %d: recv %s [%d] = %d, want %d", m->where, m->e->rank, name, i, in[i],
+                  from * 100000 + i);
             break;
         }
 }
@@ -370,7 +389,8 @@ static void body(world_t *w, int rank, void *arg) {
     if (w->size >= 3) {
         int odd[w->size], n = 0;
         for (int r = 1; r < w->size; r += 2) odd[n++] = r;
-        CHECK(!hvdl__engine_set_add(e, 1, odd, n), "%s: process set: %s", w->label, hvdl_last_error());
+        CHECK(!hvdl__engine_set_add(e, 1, odd, n), "%s: process set: %s", w->label,
+              hvdl_last_error());
         nsets = 2;
     }
     for (int set = 0; set < nsets; set++) {
@@ -397,7 +417,8 @@ static void body(world_t *w, int rank, void *arg) {
 static void test_reduce_kernels(void) {
     enum { N = 1031, GUARD = 64 };
     static uint8_t a[N * 8], b[N * 8], want[N * 8 + GUARD], got[N * 8 + GUARD];
-    for (int i = 0; i < N * 8; i++) a[i] = (uint8_t)(i * 37 + 11) & 0x3f, b[i] = (uint8_t)(i * 53 + 5) & 0x3f;
+    for (int i = 0; i < N * 8; i++)
+        a[i] = (uint8_t)(i * 37 + 11) & 0x3f, b[i] = (uint8_t)(i * 53 + 5) & 0x3f;
     static const int OPS[] = {HVDL_SUM, HVDL_AVERAGE, HVDL_MIN, HVDL_MAX, HVDL_PRODUCT};
     for (int dtype = 0; dtype < HVDL_NUM_DTYPES; dtype++) {
         size_t bytes = (size_t)N * (size_t)hvdl_dtype_size(dtype);
@@ -407,20 +428,23 @@ static void test_reduce_kernels(void) {
             memcpy(want, a, bytes);
             hvdl__reduce(dtype, OPS[k], want, b, N);
             hvdl__reduce_to(dtype, OPS[k], got, a, b, N);
-            CHECK(!memcmp(want, got, sizeof got), "reduce_to: dtype %d op %d differs from copy-then-reduce",
-                  dtype, OPS[k]);
+            CHECK(!memcmp(want, got, sizeof got),
+                  "reduce_to: dtype %d op %d differs from copy-then-reduce", dtype, OPS[k]);
         }
     }
     printf("%-40s %s\n", "reduce kernels, two sources", atomic_load(&g_failures) ? "FAILED" : "ok");
 }
 
-static void rd_only(config_t *c) { no_shm(c); c->small_bytes = (int64_t)1 << 40; }
+static void rd_only(config_t *c) {
+    no_shm(c);
+    c->small_bytes = (int64_t)1 << 40;
+}
 
 /* Run every test in a world, and check that the large unfused allreduce of set 0 (and
  * of set 1, where there is one) ran the algorithm the world was built for: want0 and
  * want1 are the names the engine traces (exec.c). Rank 0 traces set 0, rank 1 set 1. */
-static void run_world(int size, const char *const *hosts, void (*tweak)(config_t *), const char *kind,
-                      const char *want0, const char *want1) {
+static void run_world(int size, const char *const *hosts, void (*tweak)(config_t *),
+                      const char *kind, const char *want0, const char *want1) {
     static int worlds;
     char label[64], base[64], trace[2][64], got[2][32];
     snprintf(label, sizeof label, "%s, %d ranks", kind, size);
@@ -430,7 +454,8 @@ static void run_world(int size, const char *const *hosts, void (*tweak)(config_t
     int before = atomic_load(&g_failures), nsets = size >= 3 ? 2 : 1;
     snprintf(base, sizeof base, "engine_tests.%d.json", ++worlds);
     for (int set = 0; set < nsets; set++) {
-        CHECK(!hvdl__engine_timeline_start(w->e[set], base, 0), "%s: timeline: %s", label, hvdl_last_error());
+        CHECK(!hvdl__engine_timeline_start(w->e[set], base, 0), "%s: timeline: %s", label,
+              hvdl_last_error());
         snprintf(trace[set], sizeof trace[set], "engine_tests.%d.rank%d.json", worlds, set);
     }
     world_run(w, body, NULL);
@@ -439,10 +464,10 @@ static void run_world(int size, const char *const *hosts, void (*tweak)(config_t
     for (int set = 0; set < nsets; set++) {
         char tensor[32];
         const char *want = set ? want1 : want0;
-        snprintf(tensor, sizeof tensor, "ar.%d.0.%d", set, NCOUNTS - 1);   /* float32 sum of BIG */
+        snprintf(tensor, sizeof tensor, "ar.%d.0.%d", set, NCOUNTS - 1); /* float32 sum of BIG */
         traced_algorithm(trace[set], tensor, got[set], sizeof got[set]);
-        CHECK(!strcmp(got[set], want), "%s: set %d's allreduce %s ran '%s', want '%s'", label, set, tensor,
-              got[set], want);
+        CHECK(!strcmp(got[set], want), "%s: set %d's allreduce %s ran '%s', want '%s'", label, set,
+              tensor, got[set], want);
     }
     printf("%-40s set 0: %-22s %6.2f s %s\n", label, got[0], hvdl_now() - t0,
            atomic_load(&g_failures) > before ? "FAILED" : "ok");
@@ -455,16 +480,18 @@ int main(int argc, char **argv) {
     test_frames();
     static const int one_node[] = {1, 2, 3, 4, 5, 8, 16};
     for (size_t i = 0; i < sizeof one_node / sizeof *one_node; i++)
-        if (one_node[i] <= max_ranks)      /* a rank alone on its node has no segment */
-            run_world(one_node[i], NULL, small_pieces, "one node, shm", one_node[i] > 1 ? "shm" : "tcp_ring", "tcp_ring");
+        if (one_node[i] <= max_ranks) /* a rank alone on its node has no segment */
+            run_world(one_node[i], NULL, small_pieces, "one node, shm",
+                      one_node[i] > 1 ? "shm" : "tcp_ring", "tcp_ring");
     static const int tcp_sizes[] = {2, 3, 4, 7, 16};
     for (size_t i = 0; i < sizeof tcp_sizes / sizeof *tcp_sizes; i++)
-        if (tcp_sizes[i] <= max_ranks) run_world(tcp_sizes[i], NULL, no_shm, "one node, tcp only", "tcp_ring", "tcp_ring");
-    static const int rd_sizes[] = {3, 6};      /* not powers of two: ranks fold in and out */
+        if (tcp_sizes[i] <= max_ranks)
+            run_world(tcp_sizes[i], NULL, no_shm, "one node, tcp only", "tcp_ring", "tcp_ring");
+    static const int rd_sizes[] = {3, 6}; /* not powers of two: ranks fold in and out */
     for (size_t i = 0; i < sizeof rd_sizes / sizeof *rd_sizes; i++)
         if (rd_sizes[i] <= max_ranks)
-            run_world(rd_sizes[i], NULL, rd_only, "one node, recursive doubling", "tcp_recursive_doubling",
-                      "tcp_recursive_doubling");
+            run_world(rd_sizes[i], NULL, rd_only, "one node, recursive doubling",
+                      "tcp_recursive_doubling", "tcp_recursive_doubling");
     /* fake nodes: two of two, two of three, three of two (hierarchical); three and one
      * (not homogeneous: shm on the big node for nothing but its own sets, TCP otherwise) */
     static const char *const a2b2[] = {"nodeA", "nodeA", "nodeB", "nodeB"};
@@ -474,8 +501,10 @@ int main(int argc, char **argv) {
     /* set 1 (every other rank from 1) is never one node: TCP */
     if (max_ranks >= 4) run_world(4, a2b2, small_pieces, "2 nodes x 2", "hierarchical", "tcp_ring");
     if (max_ranks >= 6) run_world(6, a3b3, small_pieces, "2 nodes x 3", "hierarchical", "tcp_ring");
-    if (max_ranks >= 6) run_world(6, a2b2c2, small_pieces, "3 nodes x 2, interleaved", "hierarchical", "tcp_ring");
-    if (max_ranks >= 4) run_world(4, a3b1, small_pieces, "nodes of 3 and 1", "tcp_ring", "tcp_ring");
+    if (max_ranks >= 6)
+        run_world(6, a2b2c2, small_pieces, "3 nodes x 2, interleaved", "hierarchical", "tcp_ring");
+    if (max_ranks >= 4)
+        run_world(4, a3b1, small_pieces, "nodes of 3 and 1", "tcp_ring", "tcp_ring");
     run_failure_tests();
     int f = atomic_load(&g_failures);
     printf(f ? "%d check(s) failed\n" : "all checks passed\n", f);

@@ -27,14 +27,16 @@ static void test_name_tables(void) {
     for (int i = 1; i < INJ_NSITES; i++)
         CHECK(hvdl_inject_site(i) && *hvdl_inject_site(i), "injection site %d has no name", i);
     CHECK(!hvdl_inject_site(INJ_NSITES), "a site past the last one has a name");
-    for (int a = ALG_SHM; a < ALG_COUNT; a++) CHECK(strcmp(hvdl__alg_name(a), "?"), "algorithm %d has no name", a);
+    for (int a = ALG_SHM; a < ALG_COUNT; a++)
+        CHECK(strcmp(hvdl__alg_name(a), "?"), "algorithm %d has no name", a);
     hvdl__err(HVDL_ERR_SYSTEM, "%s", "");
     CHECK(*hvdl_last_error(), "an error was reported with an empty message");
     engine_t *e = hvdl__engine_new();
     CHECK(e && hvdl__record_failure(e, HVDL_ERR_PEER_LOST, "") && *e->fail_msg,
           "a failure was recorded with an empty cause");
     hvdl__engine_free(e);
-    printf("%-40s %s\n", "name tables, empty messages", atomic_load(&g_failures) > before ? "FAILED" : "ok");
+    printf("%-40s %s\n", "name tables, empty messages",
+           atomic_load(&g_failures) > before ? "FAILED" : "ok");
 }
 
 /* What each rank of a failure-path world does, and what it saw. */
@@ -114,7 +116,10 @@ typedef struct inject_case {
     const char *reason;
 } inject_case_t;
 
-static void slow_cycle(config_t *c) { no_shm(c); c->cycle_time = 0.02; }
+static void slow_cycle(config_t *c) {
+    no_shm(c);
+    c->cycle_time = 0.02;
+}
 
 static const inject_case_t INJECT_CASES[] = {
     {"ring_alloc", 1, no_shm, DO_BIG_ALLREDUCE, "ring staging buffer"},
@@ -154,17 +159,22 @@ static void test_injected_failures(void) {
             world_opts_t o = {NULL, c->tweak, label, spec, 1};
             world_t *w = world_start(N, &o);
             outcome_t *out = calloc(1, sizeof *out);
-            if (!out) { fprintf(stderr, "out of memory\n"); exit(2); }
+            if (!out) {
+                fprintf(stderr, "out of memory\n");
+                exit(2);
+            }
             out->what = c->what;
             if (w->started) world_run(w, do_ops, out);
             snprintf(want, sizeof want, "rank %d (host localhost) failed: ", c->victim);
-            snprintf(injected, sizeof injected, "(injected by HOROVODLIKE_TEST_INJECT=%s)", c->site);
+            snprintf(injected, sizeof injected, "(injected by HOROVODLIKE_TEST_INJECT=%s)",
+                     c->site);
             for (int r = 0; r < N; r++) {
                 const char *msg = w->started ? out->msg[r] : w->start_msg[r];
                 CHECK(w->started ? out->status[r] != HVDL_OK : w->start_msg[r][0] != 0,
                       "%s: rank %d did not fail", label, r);
                 CHECK(strstr(msg, want) && strstr(msg, c->reason) && strstr(msg, injected),
-                      "%s: rank %d reports '%s', want '%s...%s...%s'", label, r, msg, want, c->reason, injected);
+                      "%s: rank %d reports '%s', want '%s...%s...%s'", label, r, msg, want,
+                      c->reason, injected);
             }
             /* The cause travels at once; a rank that waited out the peer timeout missed it. */
             double took = hvdl_now() - t0, bound = w->e[0]->cfg.peer_timeout / 2;
@@ -201,12 +211,16 @@ static void hostile_body(world_t *w, int rank, void *arg) {
         return;
     }
     /* A request list: its header, then a word count far larger than the frame holds. */
-    struct { frame_hdr_t h; uint32_t nwords, pad; } f = {{WIRE_MAGIC, MSG_REQUESTS, 8}, 0xffffffffu, 0};
+    struct {
+        frame_hdr_t h;
+        uint32_t nwords, pad;
+    } f = {{WIRE_MAGIC, MSG_REQUESTS, 8}, 0xffffffffu, 0};
     int fd = e->peers[0].ctrl.fd;
     pthread_mutex_lock(&e->drive);
     if (out->what == HOSTILE_DIES_MID_FRAME) {
         f.h.len = 64;        /* announces 64 bytes; 4 come, then the connection closes */
-        CHECK(write(fd, &f, sizeof f.h + 4) == (ssize_t)(sizeof f.h + 4), "%s: write failed", w->label);
+        CHECK(write(fd, &f, sizeof f.h + 4) == (ssize_t)(sizeof f.h + 4), "%s: write failed",
+              w->label);
         for (int i = 0; i < w->size; i++) {
             peer_t *p = &e->peers[i];
             if (p->ctrl.fd >= 0) shutdown(p->ctrl.fd, SHUT_RDWR);
@@ -221,15 +235,20 @@ static void hostile_body(world_t *w, int rank, void *arg) {
 
 static void test_hostile_peer(int how) {
     enum { N = 3 };
-    const char *label = how == HOSTILE_DIES_MID_FRAME ? "a peer dies mid-frame" : "a peer sends a bad frame";
-    const char *why = how == HOSTILE_DIES_MID_FRAME ? "its connection closed in the middle of a frame"
-                                                    : "sent a malformed request list (a count larger than the frame holds)";
+    const char *label = how == HOSTILE_DIES_MID_FRAME ? "a peer dies mid-frame"
+                                                      : "a peer sends a bad frame";
+    const char *why = how == HOSTILE_DIES_MID_FRAME
+                          ? "its connection closed in the middle of a frame"
+                          : "sent a malformed request list (a count larger than the frame holds)";
     int before = atomic_load(&g_failures);
     double t0 = hvdl_now();
     world_opts_t o = {NULL, no_shm, label, NULL, 1};
     world_t *w = world_start(N, &o);
     outcome_t *out = calloc(1, sizeof *out);
-    if (!out) { fprintf(stderr, "out of memory\n"); exit(2); }
+    if (!out) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
     out->what = how;
     world_run(w, hostile_body, out);
     char want[64];
@@ -240,11 +259,13 @@ static void test_hostile_peer(int how) {
         if (r == HOSTILE_VICTIM) continue;
         const char *msg = out->msg[r];
         CHECK(out->status[r] == HVDL_ERR_PEER_LOST && strstr(msg, want) && strstr(msg, why),
-              "%s: rank %d reports status %d '%s', want '%s%s'", label, r, out->status[r], msg, want, why);
+              "%s: rank %d reports status %d '%s', want '%s%s'", label, r, out->status[r], msg,
+              want, why);
     }
     free(out);
     world_stop(w);
-    printf("%-40s %6.2f s %s\n", label, hvdl_now() - t0, atomic_load(&g_failures) > before ? "FAILED" : "ok");
+    printf("%-40s %6.2f s %s\n", label, hvdl_now() - t0,
+           atomic_load(&g_failures) > before ? "FAILED" : "ok");
     fflush(stdout);
 }
 

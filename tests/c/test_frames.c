@@ -12,10 +12,11 @@
 static reader_t rd(const uint8_t *p, int64_t n) { return (reader_t){p, n, 0, NULL}; }
 
 /* The decoder `dec` refuses n bytes of p, with a reason. */
-#define REFUSES(dec, p, n, ...)                                                          \
-    do {                                                                                 \
-        reader_t r_ = rd(p, n);                                                          \
-        CHECK(dec(&r_, ##__VA_ARGS__) == -1 && r_.why, "%s accepted %lld bytes", #dec, (long long)(n)); \
+#define REFUSES(dec, p, n, ...)                                                        \
+    do {                                                                               \
+        reader_t r_ = rd(p, n);                                                        \
+        CHECK(dec(&r_, ##__VA_ARGS__) == -1 && r_.why, "%s accepted %lld bytes", #dec, \
+              (long long)(n));                                                         \
     } while (0)
 
 static void test_bye(void) {
@@ -23,21 +24,24 @@ static void test_bye(void) {
     bye_t got, worker = {.who = 3};
     int64_t n = hvdl__put_bye(buf, &worker);
     reader_t r = rd(buf, n);
-    CHECK(n == 4 && !hvdl__read_bye(&r, &got) && got.who == 3 && !got.has_pos, "a worker's goodbye");
+    CHECK(n == 4 && !hvdl__read_bye(&r, &got) && got.who == 3 && !got.has_pos,
+          "a worker's goodbye");
     char text[HVDL_BYE_TEXT + 40];
     memset(text, 'x', sizeof text);
     bye_t root = {.who = 1, .has_pos = 1, .pos = 77, .text = text, .ntext = (int)sizeof text};
     n = hvdl__put_bye(buf, &root);         /* the text is cut to what the frame may carry */
     r = rd(buf, n);
-    CHECK(n == HVDL_BYE_MAX && !hvdl__read_bye(&r, &got) && got.who == 1 && got.has_pos && got.pos == 77 &&
-          got.ntext == HVDL_BYE_TEXT && !memcmp(got.text, text, HVDL_BYE_TEXT), "rank 0's goodbye");
+    CHECK(n == HVDL_BYE_MAX && !hvdl__read_bye(&r, &got) && got.who == 1 && got.has_pos &&
+              got.pos == 77 && got.ntext == HVDL_BYE_TEXT && !memcmp(got.text, text, HVDL_BYE_TEXT),
+          "rank 0's goodbye");
     root.ntext = 0;
     n = hvdl__put_bye(buf, &root);
     r = rd(buf, n);
-    CHECK(n == 12 && !hvdl__read_bye(&r, &got) && got.has_pos && got.ntext == 0, "rank 0's goodbye, no text");
+    CHECK(n == 12 && !hvdl__read_bye(&r, &got) && got.has_pos && got.ntext == 0,
+          "rank 0's goodbye, no text");
     REFUSES(hvdl__read_bye, buf, 0, &got);
     REFUSES(hvdl__read_bye, buf, 3, &got);
-    for (int k = 5; k < 12; k++) REFUSES(hvdl__read_bye, buf, k, &got);   /* a position cut short */
+    for (int k = 5; k < 12; k++) REFUSES(hvdl__read_bye, buf, k, &got); /* a position cut short */
     REFUSES(hvdl__read_bye, buf, HVDL_BYE_MAX + 1, &got);
 }
 
@@ -62,23 +66,28 @@ static void test_node_frames(void) {
     int64_t n = hvdl__put_words(buf, vals, HVDL_NEG_IDS);
     reader_t r = rd(buf, n);
     CHECK(n == 4 * HVDL_NEG_IDS && !hvdl__read_words(&r, got, &count) && count == HVDL_NEG_IDS &&
-          !memcmp(got, vals, sizeof got), "a full word list");
+              !memcmp(got, vals, sizeof got),
+          "a full word list");
     r = rd(buf, 0);
     CHECK(!hvdl__read_words(&r, got, &count) && count == 0, "an empty word list");
-    for (int k = 1; k < 4; k++) REFUSES(hvdl__read_words, buf, 4 + k, got, &count);  /* not whole values */
-    REFUSES(hvdl__read_words, buf, 4 * (HVDL_NEG_IDS + 1), got, &count);    /* more than there are ids */
+    for (int k = 1; k < 4; k++)
+        REFUSES(hvdl__read_words, buf, 4 + k, got, &count); /* not whole values */
+    REFUSES(hvdl__read_words, buf, 4 * (HVDL_NEG_IDS + 1), got,
+            &count); /* more than there are ids */
 
     node_posted_t p = {.id = 9, .mask = 0x5, .waited = 2.5}, pg;
     hvdl__put_node_posted(buf, &p);
     r = rd(buf, HVDL_NODE_POSTED_BYTES);
-    CHECK(!hvdl__read_node_posted(&r, &pg) && pg.id == 9 && pg.mask == 0x5 && pg.waited == 2.5, "a word report");
+    CHECK(!hvdl__read_node_posted(&r, &pg) && pg.id == 9 && pg.mask == 0x5 && pg.waited == 2.5,
+          "a word report");
     REFUSES(hvdl__read_node_posted, buf, HVDL_NODE_POSTED_BYTES - 1, &pg);
     REFUSES(hvdl__read_node_posted, buf, HVDL_NODE_POSTED_BYTES + 1, &pg);
 
     node_close_t c = {.id = HVDL_CLOSE_ALL, .round = 5}, cg;
     hvdl__put_node_close(buf, &c);
     r = rd(buf, HVDL_NODE_CLOSE_BYTES);
-    CHECK(!hvdl__read_node_close(&r, &cg) && cg.id == HVDL_CLOSE_ALL && cg.round == 5, "a word closing");
+    CHECK(!hvdl__read_node_close(&r, &cg) && cg.id == HVDL_CLOSE_ALL && cg.round == 5,
+          "a word closing");
     REFUSES(hvdl__read_node_close, buf, HVDL_NODE_CLOSE_BYTES - 1, &cg);
     REFUSES(hvdl__read_node_close, buf, HVDL_NODE_CLOSE_BYTES + 1, &cg);
 }
@@ -88,5 +97,6 @@ void test_frames(void) {
     test_bye();
     test_clock();
     test_node_frames();
-    printf("%-40s %s\n", "small control frames", atomic_load(&g_failures) > before ? "FAILED" : "ok");
+    printf("%-40s %s\n", "small control frames",
+           atomic_load(&g_failures) > before ? "FAILED" : "ok");
 }

@@ -62,16 +62,16 @@ struct nodeneg {
     _Atomic uint64_t *joined;        /* in the segment: a join closed every word */
     _Atomic uint64_t *arrive;        /* in the segment: per cache id */
     int nlocal, me;                  /* this node's ranks; my local index */
-    uint32_t *rounds;                /* per cache id: responses naming it applied (rank 0: planned) */
-    words_scan_t scan;               /* a leader's stall scan: each word as first seen, and when */
+    uint32_t *rounds; /* per cache id: responses naming it applied (rank 0: planned) */
+    words_scan_t scan; /* a leader's stall scan: each word as first seen, and when */
     double last_scan;
     /* rank 0 */
-    int **node_ranks;                /* per node: its global ranks, by local index */
+    int **node_ranks; /* per node: its global ranks, by local index */
     int *node_n;
-    int *has_words;                  /* per node: it negotiates in its segment */
+    int *has_words; /* per node: it negotiates in its segment */
     int join_closed;
-    int64_t agreed, frames;          /* ids this rank completed for its node, in how many frames */
-    int64_t recorded, taken;         /* rank 0: node agreements recorded; words taken over */
+    int64_t agreed, frames; /* ids this rank completed for its node, in how many frames */
+    int64_t recorded, taken; /* rank 0: node agreements recorded; words taken over */
 };
 
 static int has_words_n(engine_t *e, int n) {
@@ -91,7 +91,8 @@ int hvdl__negotiate_nodes_open(engine_t *e) {
         n->arrive = (_Atomic uint64_t *)(a + 64);
         n->nlocal = e->shm->nlocal;
         n->me = e->shm->me;
-        if (n->me == 0 && (!(n->scan.seen = calloc(NEG_IDS, 8)) || !(n->scan.seen_at = calloc(NEG_IDS, 8))))
+        if (n->me == 0 &&
+            (!(n->scan.seen = calloc(NEG_IDS, 8)) || !(n->scan.seen_at = calloc(NEG_IDS, 8))))
             goto oom;
     }
     if (e->rank == 0) {
@@ -134,9 +135,11 @@ static void nodes_free(engine_t *e) {
 /* The loop thread, as it ends: what went through the segments (the tests count it). */
 static void thread_end(engine_t *e) {
     struct nodeneg *n = e->neg;
-    hvdl__log(e, HVDL_LOG_DEBUG, "rank %d completed its node's agreement on %lld tensors in %lld "
-                  "announcements; rank 0 recorded %lld node agreements and took %lld words over", e->rank,
-                  (long long)n->agreed, (long long)n->frames, (long long)n->recorded, (long long)n->taken);
+    hvdl__log(e, HVDL_LOG_DEBUG,
+              "rank %d completed its node's agreement on %lld tensors in %lld "
+              "announcements; rank 0 recorded %lld node agreements and took %lld words over",
+              e->rank, (long long)n->agreed, (long long)n->frames, (long long)n->recorded,
+              (long long)n->taken);
 }
 
 /* ---- rounds: counted as responses are planned (rank 0) or applied (workers) ---- */
@@ -163,14 +166,14 @@ static int post(engine_t *e, int id) {
     for (;;) {
         uint64_t r = ROUND_OF(old), base;
         if (old & CLOSED) {
-            if (r == mine || r == ROUND_JOIN) return 0;     /* rank 0 has this round */
-            base = WORD(mine);                              /* that round is over */
+            if (r == mine || r == ROUND_JOIN) return 0; /* rank 0 has this round */
+            base = WORD(mine); /* that round is over */
         } else if (r == mine) {
             base = old;
         } else if (!r && !(old & MASK)) {
-            base = WORD(mine);                              /* never used */
+            base = WORD(mine); /* never used */
         } else {
-            return 0;               /* not this round's word: rank 0 sorts it out */
+            return 0; /* not this round's word: rank 0 sorts it out */
         }
         int last = ((base & MASK) | bit) == full;
         uint64_t now = last ? WORD((mine + 1) % ROUND_MOD) : base | bit;
@@ -208,7 +211,8 @@ static uint64_t close_word(struct nodeneg *n, int id, uint64_t round) {
     for (;;) {
         uint64_t r = ROUND_OF(old), mask = old & MASK;
         if (r != round && (mask || (!(old & CLOSED) && r == (round + 1) % ROUND_MOD))) return 0;
-        if (atomic_compare_exchange_weak(w, &old, CLOSED | WORD(round))) return r == round ? mask : 0;
+        if (atomic_compare_exchange_weak(w, &old, CLOSED | WORD(round)))
+            return r == round ? mask : 0;
     }
 }
 
@@ -227,7 +231,7 @@ static int took_node(engine_t *e, took_t *t, int k, int id, uint64_t mask, doubl
     return since > 0 && !mask ? hvdl__took_add(e, t, -1, id, since) : 0;
 }
 
-static uint64_t full_mask(int n) { return (1ull << n) - 1; }   /* n <= NEG_MAX_RANKS */
+static uint64_t full_mask(int n) { return (1ull << n) - 1; } /* n <= NEG_MAX_RANKS */
 
 /* Rank 0 closes `id` on node k for its round: its own node in place, another through
  * that node's leader, who reports the bits it took. */
@@ -298,14 +302,17 @@ static int node_done(engine_t *e, int k, const int32_t *ids, int count, took_t *
 static int take_done(engine_t *e, int from, const uint8_t *p, int64_t len, took_t *t) {
     struct nodeneg *n = e->neg;
     int k = from >= 0 && from < e->size ? e->node[from] : -1;
-    if (k < 0 || !n->has_words[k]) return hvdl__malformed(e, from, "node agreement", "its node has no words");
+    if (k < 0 || !n->has_words[k])
+        return hvdl__malformed(e, from, "node agreement", "its node has no words");
     reader_t r = {.p = p, .left = len};
     int32_t ids[NEG_IDS];
     uint64_t seen[NEG_IDS / 64] = {0};
     int count;
-    if (hvdl__read_words(&r, (uint32_t *)ids, &count)) return hvdl__malformed(e, from, "node agreement", r.why);
+    if (hvdl__read_words(&r, (uint32_t *)ids, &count))
+        return hvdl__malformed(e, from, "node agreement", r.why);
     for (int i = 0; i < count; i++) {
-        if (ids[i] < 0 || ids[i] >= e->ncache || ids[i] >= NEG_IDS || !hvdl__cacheable(&e->cache[ids[i]].meta))
+        if (ids[i] < 0 || ids[i] >= e->ncache || ids[i] >= NEG_IDS ||
+            !hvdl__cacheable(&e->cache[ids[i]].meta))
             return hvdl__malformed(e, from, "node agreement", "a cache id that does not exist");
         if (seen[ids[i] / 64] >> (ids[i] % 64) & 1)
             return hvdl__malformed(e, from, "node agreement", "a cache id twice");
@@ -324,7 +331,8 @@ static int take_posted(engine_t *e, int from, const uint8_t *p, int64_t len, too
     if (hvdl__read_node_posted(&r, &m)) return hvdl__malformed(e, from, "word report", r.why);
     if (m.id < 0 || m.id >= e->ncache || m.id >= NEG_IDS || (m.mask & ~full_mask(n->node_n[k])) ||
         !(m.waited >= 0 && m.waited < 1e9))
-        return hvdl__malformed(e, from, "word report", "a cache id, rank mask or time out of range");
+        return hvdl__malformed(e, from, "word report",
+                               "a cache id, rank mask or time out of range");
     return took_node(e, t, k, m.id, m.mask, m.waited > 0 ? hvdl_now() - m.waited : 0);
 }
 
@@ -335,13 +343,14 @@ static int complete(engine_t *e, const int *ids, int count, took_t *t) {
     n->frames++;
     n->agreed += count;
     if (e->rank == 0) return node_done(e, e->node[0], (const int32_t *)ids, count, t);
-    uint8_t msg[4 * NEG_IDS];        /* ids this rank completed: distinct, below NEG_IDS */
+    uint8_t msg[4 * NEG_IDS]; /* ids this rank completed: distinct, below NEG_IDS */
     return hvdl__send_frame(e, 0, MSG_NODE_DONE, msg, hvdl__put_words(msg, ids, count));
 }
 
 static int report(engine_t *e, int id, uint64_t mask, double waited, took_t *t) {
     if (!mask) return 0;
-    if (e->rank == 0) return took_node(e, t, e->node[0], id, mask, waited > 0 ? hvdl_now() - waited : 0);
+    if (e->rank == 0)
+        return took_node(e, t, e->node[0], id, mask, waited > 0 ? hvdl_now() - waited : 0);
     uint8_t msg[HVDL_NODE_POSTED_BYTES];
     hvdl__put_node_posted(msg, &(node_posted_t){id, mask, waited});
     return hvdl__send_frame(e, 0, MSG_NODE_POSTED, msg, sizeof msg);
@@ -350,7 +359,7 @@ static int report(engine_t *e, int id, uint64_t mask, double waited, took_t *t) 
 /* A join: every word closes until rank 0 says the join has ended. */
 static int close_all(engine_t *e, took_t *t) {
     struct nodeneg *n = e->neg;
-    atomic_store(n->joined, 1);           /* seq_cst: before the swaps below */
+    atomic_store(n->joined, 1); /* seq_cst: before the swaps below */
     for (int id = 0; id < NEG_IDS; id++) {
         uint64_t old = atomic_exchange(&n->arrive[id], CLOSED | WORD(ROUND_JOIN));
         if (!(old & CLOSED) && (old & MASK) && report(e, id, old & MASK, 0, t)) return -1;
@@ -367,7 +376,8 @@ static void reopen_all(struct nodeneg *n, const uint32_t *rounds, int count) {
 
 static int take_close(engine_t *e, const uint8_t *p, int64_t len, took_t *t) {
     struct nodeneg *n = e->neg;
-    if (!n->arrive || n->me != 0) return hvdl__malformed(e, 0, "word closing", "this rank leads no segment");
+    if (!n->arrive || n->me != 0)
+        return hvdl__malformed(e, 0, "word closing", "this rank leads no segment");
     reader_t r = {.p = p, .left = len};
     node_close_t m;
     if (hvdl__read_node_close(&r, &m)) return hvdl__malformed(e, 0, "word closing", r.why);
@@ -379,7 +389,8 @@ static int take_close(engine_t *e, const uint8_t *p, int64_t len, took_t *t) {
 
 static int take_reopen(engine_t *e, const uint8_t *p, int64_t len) {
     struct nodeneg *n = e->neg;
-    if (!n->arrive || n->me != 0) return hvdl__malformed(e, 0, "word reopening", "this rank leads no segment");
+    if (!n->arrive || n->me != 0)
+        return hvdl__malformed(e, 0, "word reopening", "this rank leads no segment");
     reader_t r = {.p = p, .left = len};
     uint32_t rounds[NEG_IDS];
     int count;
@@ -398,8 +409,9 @@ static int join(engine_t *e, took_t *t) {
     hvdl__put_node_close(all, &(node_close_t){HVDL_CLOSE_ALL, 0});
     for (int k = 0; k < e->nnodes; k++) {
         if (!n->has_words[k]) continue;
-        if (k == e->node[0] ? n->arrive && close_all(e, t)
-                            : hvdl__send_frame(e, n->node_ranks[k][0], MSG_NODE_CLOSE, all, sizeof all))
+        if (k == e->node[0]
+                ? n->arrive && close_all(e, t)
+                : hvdl__send_frame(e, n->node_ranks[k][0], MSG_NODE_CLOSE, all, sizeof all))
             return -1;
     }
     return 0;
@@ -467,11 +479,11 @@ const negotiation_t hvdl__negotiate_nodes = {
     .close = close_request,
     .join = join,
     .settle = settle,
-    .stall_scan = hvdl__neg_scan_none,        /* the leaders scan their words (scan) */
+    .stall_scan = hvdl__neg_scan_none, /* the leaders scan their words (scan) */
     .before_stall = before_stall,
     .scan = scan,
     .watches = leads,
     .applied = count,
     .frame = frame,
-    HVDL_NEG_NO_LOG,                         /* rank 0 alone orders: responses run as they arrive */
+    HVDL_NEG_NO_LOG, /* rank 0 alone orders: responses run as they arrive */
 };

@@ -87,7 +87,10 @@ typedef struct neg_entry {
     } u;
 } neg_entry_t;
 
-typedef struct deferred { uint64_t seq; neg_entry_t ent; } deferred_t;
+typedef struct deferred {
+    uint64_t seq;
+    neg_entry_t ent;
+} deferred_t;
 
 struct neg {
     neg_rank_t *ranks;
@@ -110,20 +113,24 @@ struct neg {
 };
 
 size_t hvdl__neg_bytes(int nlocal) {
-    return (size_t)LINE * (size_t)(nlocal + 1) + 8 * (size_t)NEG_IDS + sizeof(neg_entry_t) * NEG_LOG +
-           sizeof(double) * NEG_IDS * (size_t)nlocal;
+    return (size_t)LINE * (size_t)(nlocal + 1) + 8 * (size_t)NEG_IDS +
+           sizeof(neg_entry_t) * NEG_LOG + sizeof(double) * NEG_IDS * (size_t)nlocal;
 }
 
 extern const negotiation_t hvdl__negotiate_shm;
 
 int hvdl__negotiate_shm_open(engine_t *e) {
     hvdl_shm_t *s = e->shm;
-    if (!s || !e->cfg.shm_negotiate || s->nlocal != e->size || e->size > HVDL_NEG_MAX_RANKS) return 0;
+    if (!s || !e->cfg.shm_negotiate || s->nlocal != e->size || e->size > HVDL_NEG_MAX_RANKS)
+        return 0;
     if (hvdl_doorbell_install())
-        return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "cannot negotiate in shared memory: signal SIGRTMIN+7 "
-                              "already has a handler in this process; set HOROVODLIKE_SHM_NEGOTIATE=0 on every rank");
+        return hvdl__fail_job(
+            e, HVDL_ERR_SYSTEM,
+            "cannot negotiate in shared memory: signal SIGRTMIN+7 "
+            "already has a handler in this process; set HOROVODLIKE_SHM_NEGOTIATE=0 on every rank");
     struct neg *n = calloc(1, sizeof *n);
-    if (!n || (e->rank == 0 && (!(n->scan.seen = calloc(NEG_IDS, 8)) || !(n->scan.seen_at = calloc(NEG_IDS, 8))))) {
+    if (!n || (e->rank == 0 &&
+               (!(n->scan.seen = calloc(NEG_IDS, 8)) || !(n->scan.seen_at = calloc(NEG_IDS, 8))))) {
         if (n) free(n->scan.seen);
         free(n);
         return hvdl__oom(e, "shared-memory negotiation", (int64_t)sizeof *n + 8 * NEG_IDS);
@@ -165,9 +172,10 @@ static void thread_start(engine_t *e) {
 static void thread_end(engine_t *e) {
     struct neg *n = e->neg;
     atomic_store(&n->ranks[n->me].tid, 0);
-    hvdl__log(e, HVDL_LOG_DEBUG, "rank %d agreed on %lld tensors in shared memory and executed %lld "
-              "responses planned by rank 0; waiting callers executed %lld log entries", e->rank,
-              (long long)n->fast, (long long)n->planned, (long long)n->by_callers);
+    hvdl__log(e, HVDL_LOG_DEBUG,
+              "rank %d agreed on %lld tensors in shared memory and executed %lld "
+              "responses planned by rank 0; waiting callers executed %lld log entries",
+              e->rank, (long long)n->fast, (long long)n->planned, (long long)n->by_callers);
 }
 
 /* ---- the log ---- */
@@ -226,7 +234,8 @@ static int append(engine_t *e, const neg_entry_t *ent) {
         ring_sleepers(n);
         return 0;
     }
-    if (grow(e, (void **)&n->defer, &n->capdefer, n->ndefer, sizeof *n->defer, "negotiation log entry"))
+    if (grow(e, (void **)&n->defer, &n->capdefer, n->ndefer, sizeof *n->defer,
+             "negotiation log entry"))
         return -1;
     n->defer[n->ndefer++] = (deferred_t){seq, *ent};
     return 0;
@@ -261,7 +270,8 @@ static int complete(engine_t *e, const int *ids, int k, took_t *t) {
         const meta_t *first = &e->cache[ids[i]].meta;
         int64_t bytes = hvdl__meta_bytes(first);
         ent.u.ids[ent.n++] = ids[i++];
-        while (i < k && ent.n < NEG_MAX_IDS && hvdl__fuses(e, first, &e->cache[ids[i]].meta, &bytes))
+        while (i < k && ent.n < NEG_MAX_IDS &&
+               hvdl__fuses(e, first, &e->cache[ids[i]].meta, &bytes))
             ent.u.ids[ent.n++] = ids[i++];
         if (append(e, &ent)) return -1;
     }
@@ -296,9 +306,7 @@ static int close_all(engine_t *e, took_t *t) {
     return 0;
 }
 
-static void reopen(struct neg *n, int id) {
-    atomic_fetch_and(&n->arrive[id], ~CLOSED);
-}
+static void reopen(struct neg *n, int id) { atomic_fetch_and(&n->arrive[id], ~CLOSED); }
 
 static int settle(engine_t *e, const response_t *r, int joined, took_t *t) {
     struct neg *n = e->neg;
@@ -386,8 +394,10 @@ static int run_until(engine_t *e, uint64_t until) {
             n->fast += ent.n;
             rc = hvdl__execute_cached(e, ent.u.ids, ent.n, e->rank == 0 ? n->posted_at : NULL);
         } else if (ent.kind != NEG_COORD) {
-            rc = hvdl__fail_job(e, HVDL_ERR_SYSTEM, "the shared-memory negotiation log holds a malformed "
-                                "entry (kind %d, %d tensors)", ent.kind, ent.n);
+            rc = hvdl__fail_job(e, HVDL_ERR_SYSTEM,
+                                "the shared-memory negotiation log holds a malformed "
+                                "entry (kind %d, %d tensors)",
+                                ent.kind, ent.n);
         }
         if (!pthread_equal(pthread_self(), e->thread)) n->by_callers++;
         n->next++;
@@ -400,7 +410,10 @@ static int run_until(engine_t *e, uint64_t until) {
 
 static int run(engine_t *e) { return run_until(e, UINT64_MAX); }
 
-static uint64_t position(engine_t *e) { struct neg *n = e->neg; return n->next; }
+static uint64_t position(engine_t *e) {
+    struct neg *n = e->neg;
+    return n->next;
+}
 
 /* A worker stopped by rank 0, which had executed the log up to `pos`: what rank 0 has
  * executed, this rank has too, except what needs no peer (a barrier's entry) or does
@@ -455,7 +468,10 @@ static int has_work(engine_t *e) {
     return atomic_load_explicit(&n->log[next % NEG_LOG].stamp, memory_order_acquire) == next + 1;
 }
 
-static int deferred(engine_t *e) { struct neg *n = e->neg; return n->ndefer; }
+static int deferred(engine_t *e) {
+    struct neg *n = e->neg;
+    return n->ndefer;
+}
 
 const negotiation_t hvdl__negotiate_shm = {
     .name = "one node's segment",
