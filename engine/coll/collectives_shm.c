@@ -54,9 +54,9 @@
  * The reduction arithmetic runs only here, in the thread running the engine's cycle:
  * the engine thread, or, on one node, a training thread waiting for its op (it drives
  * the engine's work while the engine thread waits; core/engine.h, "Threads and who owns
- * what"). The trade: a small op needs no thread hand-off (a stream of blocking 4 KiB
- * allreduces, 31-32 us an op against 67-77 us; docs/benchmarks.md), and the caller's
- * core spends the reduction's time that it would otherwise have spent waiting.
+ * what", which gives the trade and its measured figure): a small op needs no thread
+ * hand-off, and the caller's core spends the reduction's time that it would otherwise
+ * have spent waiting.
  */
 #include "context.h"
 #include <string.h>
