@@ -3,10 +3,12 @@ engine fails for real on one rank, and every rank of the job must report that ca
 rank, the site's own reason, and that it was injected), the job must end without a hang,
 and no shared-memory segment may be left behind.
 
-The job runs on a made-up host name of its own, so the segment it would leave is known
-by name (the engine names it after the job's nonce and the host)."""
-import glob
+The segment's name is the engine's own answer, not recomputed here: every rank that got
+through init prints the /dev/shm file it has mapped (read from /proc/self/maps), and a
+rank whose init failed while setting the segment up names it in its error. The job runs
+on a made-up host name of its own, which the failure messages must name."""
 import os
+import re
 import uuid
 
 import pytest
@@ -20,8 +22,18 @@ import os, sys
 import numpy as np
 import horovodlike as hvd
 op = os.environ["HVDTEST_OP"]
+def mapped_segments():
+    """The engine's shared-memory segments this process maps (unlinked once every local
+    rank has attached, so the kernel lists them as deleted)."""
+    with open("/proc/self/maps") as f:
+        return sorted({line.split(None, 5)[5].strip().removesuffix(" (deleted)")
+                       for line in f if "/dev/shm/hvdl-" in line})
+
+
 try:
     hvd.init()
+    for path in mapped_segments():
+        print("SEGMENT", path, flush=True)
     r = hvd.rank()
     if op == "big_allreduce":
         hvd.allreduce(np.ones(1 << 20, np.float32), name="big")
@@ -30,16 +42,20 @@ try:
     elif op == "fused":
         # The six must reach rank 0's coordinator together, whatever the scheduling: an
         # idle engine announces a request at once, so rank 0 first puts a gate in flight
-        # that the others join only later; its six then wait out one cycle and travel in
-        # one frame, after everyone else's, and become ready (and fuse) together.
+        # that the others join only once rank 0 says (a file) that its six are queued
+        # behind it; they then travel in one frame, after everyone else's, and become
+        # ready (and fuse) together.
         import time
+        posted = os.path.join(os.environ["HVDTEST_DIR"], "rank0-posted")
         six = lambda: [hvd.allreduce_async(np.ones(1000, np.float32), name=f"f{i}") for i in range(6)]
         gate = lambda: hvd.allreduce_async(np.ones(1, np.float32), name="gate")
         if r == 0:
             hs = [gate()] + six()
+            open(posted, "w").close()
         else:
             hs = six()
-            time.sleep(1.0)
+            while not os.path.exists(posted):
+                time.sleep(0.01)
             hs.append(gate())
         for h in hs:
             hvd.synchronize(h)
@@ -71,17 +87,26 @@ CASES = [
 ]
 
 
-def _fnv(s):
-    h = 1469598103934665603
-    for c in s.encode():
-        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return h
+_SEGMENT_IN_MESSAGE = re.compile(r"shared-memory segment (/hvdl-[0-9a-f]+-[0-9a-f]+) ")
+
+
+def segments_named_by_the_engine(res):
+    """/dev/shm paths of the job's segment, as the ranks reported them: mapped after init,
+    or named in an error from setting it up."""
+    paths = set()
+    for lines in res.rank_lines().values():
+        for line in lines:
+            if line.startswith("SEGMENT "):
+                paths.add(line.split(" ", 1)[1])
+            paths.update("/dev/shm" + m for m in _SEGMENT_IN_MESSAGE.findall(line))
+    return paths
 
 
 @pytest.mark.parametrize("site,victim,env,op,reason", CASES, ids=[f"{c[0]}@{c[1]}" for c in CASES])
-def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, reason):
+def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, reason, tmp_path):
     host = f"inj{uuid.uuid4().hex[:8]}"
     env = dict(env, HOROVODLIKE_TEST_INJECT=f"{site}:{victim}", HVDTEST_OP=op,
+               HVDTEST_DIR=str(tmp_path),
                HOROVODLIKE_PEER_TIMEOUT_SECONDS="20")
     res = run_ranks(SCRIPT, NP, env=env, timeout=90,
                     launcher_args=["-H", f"{host}:{NP}", "--ssh-command", "sh -c {command}"])
@@ -94,7 +119,15 @@ def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, r
         assert reason in msg, f"rank {r} does not name the cause: {msg}"
         assert f"(injected by HOROVODLIKE_TEST_INJECT={site})" in msg, f"rank {r}: {msg}"
     assert res.elapsed < 60, res.describe()
-    assert not glob.glob(f"/dev/shm/hvdl-*-{_fnv(host):016x}"), "a shared-memory segment was left"
+    segments = segments_named_by_the_engine(res)
+    if env.get("HOROVODLIKE_SHM") == "0":
+        assert not segments, f"the engine used a segment with HOROVODLIKE_SHM=0: {segments}"
+    else:
+        # 3 ranks on one host: there is one segment, and some rank must have named it,
+        # or the check below would pass on nothing
+        assert len(segments) == 1, f"ranks named segments {segments}\n{res.describe()}"
+        left = [p for p in segments if os.path.exists(p)]
+        assert not left, f"shared-memory segment left behind: {left}"
 
 
 def test_malformed_spec_is_refused_loudly():
