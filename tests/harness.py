@@ -23,7 +23,9 @@ launcher's group is killed too, so nothing is left behind either way.
 Rank scripts are usually ``RANK_PRELUDE + body``: the prelude imports numpy and
 horovodlike, offers check_* helpers that collect failures (so one launch can check many
 cases and still report every failure), and ``finish()`` which agrees across ranks,
-prints failures with context to stderr and exits 1, or prints ``HVDTEST-OK``.
+prints failures with context to stderr and exits 1, or prints ``HVDTEST-OK``. Ranks
+that must happen in an order say so with files: ``arrive("x")`` on one rank,
+``wait_for("x")`` on another (HVDTEST_DIR, the run's own folder), never with a sleep.
 """
 import os
 import re
@@ -302,6 +304,8 @@ def run_ranks(script, np=1, launcher="horovodlikerun", env=None, timeout=120, ar
     the whole process tree, if it runs longer than `timeout` seconds.
     """
     tmp = tempfile.mkdtemp(prefix="hvdtest-")
+    # Where the ranks leave each other files to order themselves (arrive / wait_for)
+    env = {"HVDTEST_DIR": tmp, **(env or {})}
     try:
         if isinstance(script, Path) or ("\n" not in script and os.path.isfile(script)):
             path = Path(script)
@@ -420,6 +424,25 @@ def check_raises(exc_type, fn, *needles, what=None):
         return e
     fail(what, f"expected {exc_type.__name__}, nothing was raised")
     return None
+
+
+def arrive(what):
+    """Tell the other ranks this rank has got to `what` (a file in HVDTEST_DIR)."""
+    open(os.path.join(os.environ["HVDTEST_DIR"], what), "w").close()
+
+
+def wait_for(*whats, timeout=60):
+    """Wait until other ranks have arrive()d at each of `whats`: the handshake that orders
+    ranks, never a sleep. Raises TimeoutError naming what did not come."""
+    deadline = time.monotonic() + timeout
+    paths = [os.path.join(os.environ["HVDTEST_DIR"], w) for w in whats]
+    while True:
+        missing = [w for w, p in zip(whats, paths) if not os.path.exists(p)]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no rank arrived at {missing} within {timeout} s")
+        time.sleep(0.005)
 
 
 def finish_alone():

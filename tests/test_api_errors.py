@@ -212,13 +212,14 @@ def case_duplicate_name_single_rank():
 
 
 def case_duplicate_name_two_ranks():
-    # Rank 1 submits only after a delay, so rank 0's first op cannot have finished.
+    # The others submit only once rank 0 has made its checks, so rank 0's first op
+    # cannot have finished.
     hvd.init()
     R, P = hvd.rank(), hvd.size()
     x = np.arange(6, dtype=np.float32) + R
     exp = sum(np.arange(6, dtype=np.float32) + r for r in range(P))
     if R != 0:
-        time.sleep(1.0)
+        wait_for("rank0-checked")
     h = hvd.allreduce_async(x, op=hvd.Sum, name="dup2")
     if R == 0:
         check(not hvd.poll(h), "poll before rank 1 submitted", "already done?")
@@ -227,6 +228,7 @@ def case_duplicate_name_two_ranks():
         b = hvd.broadcast_async(x, 0, name="bdup")
         check_raises(ValueError, lambda: hvd.broadcast_async(x, 0, name="bdup"),
                      "broadcast.bdup", what="duplicate broadcast name on rank 0")
+        arrive("rank0-checked")
     else:
         b = hvd.broadcast_async(x, 0, name="bdup")
     check_equal(hvd.synchronize(h), exp, "the first 'dup2' allreduce on every rank")
@@ -341,11 +343,13 @@ R, P = hvd.rank(), hvd.size()
 x = np.ones(4, dtype=np.float32)
 check_equal(hvd.allreduce(x, op=hvd.Sum, name="before"), x * P, "allreduce before the loss")
 if R == P - 1:
-    # Let the others finish their copy of "before" (what happens to an op that a rank
-    # crashes in the middle of is not the point here), then vanish: no atexit, no goodbye.
-    time.sleep(0.5)
+    # Wait until the others have their copy of "before" (what happens to an op that a
+    # rank crashes in the middle of is not the point here), then vanish: no atexit, no
+    # goodbye.
+    wait_for(*[f"before-done.{r}" for r in range(P - 1)])
     print("HVDTEST-OK (leaving without shutdown)", flush=True)
     os._exit(0)
+arrive(f"before-done.{R}")
 t0 = time.monotonic()
 e = check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(x, name="after"),
                  f"rank {P - 1}", "lost", what="allreduce after a peer vanished")

@@ -103,10 +103,9 @@ def segments_named_by_the_engine(res):
 
 
 @pytest.mark.parametrize("site,victim,env,op,reason", CASES, ids=[f"{c[0]}@{c[1]}" for c in CASES])
-def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, reason, tmp_path):
+def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, reason):
     host = f"inj{uuid.uuid4().hex[:8]}"
     env = dict(env, HOROVODLIKE_TEST_INJECT=f"{site}:{victim}", HVDTEST_OP=op,
-               HVDTEST_DIR=str(tmp_path),
                HOROVODLIKE_PEER_TIMEOUT_SECONDS="20")
     res = run_ranks(SCRIPT, NP, env=env, timeout=90,
                     launcher_args=["-H", f"{host}:{NP}", "--ssh-command", "sh -c {command}"])

@@ -159,7 +159,9 @@ def test_mpirun_job_with_a_killed_rank_ends_promptly():
 STALL = RANK_PRELUDE + textwrap.dedent("""
     hvd.init()
     if hvd.rank() == 1:
-        time.sleep(3)
+        # The stall under test: away for 3 check periods (the warning comes after one
+        # or two).
+        time.sleep(3 * float(os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"]))
     out = hvd.allreduce(np.ones(4), op=hvd.Sum, name="late")
     check_equal(out, np.full(4, float(hvd.size())), "late allreduce")
     finish()

@@ -43,6 +43,22 @@ VICTIM = textwrap.dedent("""
         print("VICTIM-HIT", flush=True)
         os.kill(os.getpid(), sig)
 
+    def wait_until_victim_stopped(pidfile, timeout=30):
+        # until the victim (its pid in pidfile) is stopped, a zombie or gone
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(pidfile) as f:
+                    pid = int(f.read())
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] in "tTZX":
+                        return
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                if os.path.exists(pidfile):
+                    return                   # the pid is written, its /proc entry gone
+            time.sleep(0.005)
+        raise TimeoutError(f"the victim did not stop within {timeout} s")
+
     if phase == "init" and me == victim:
         hit()
     hvd.init()
@@ -61,12 +77,16 @@ VICTIM = textwrap.dedent("""
                 hvd.allreduce(x, name="big")
         elif phase == "shutdown":
             hvd.allreduce(np.ones(4), name="warm")
+            pidfile = os.path.join(os.environ["HVDTEST_DIR"], "victim.pid")
             if me == victim:
+                with open(pidfile + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.rename(pidfile + ".tmp", pidfile)
                 hit()
             else:
                 # The victim stops before the others shut down; one that stops after the
                 # job has shut down is only a process that has not exited yet.
-                time.sleep(1.0)
+                wait_until_victim_stopped(pidfile)
             hvd.shutdown()
         print("FINISHED", flush=True)
     except hvd.HorovodInternalError as e:

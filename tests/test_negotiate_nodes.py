@@ -96,7 +96,9 @@ STALL = RANK_PRELUDE + textwrap.dedent("""
     for i in range(3):
         hvd.allreduce(np.ones(4), op=hvd.Sum, name="late")
     if r in late:
-        time.sleep(6)                     # its node mate has posted "late" in the segment
+        # The stall under test: away for 3 check periods while its node mate has posted
+        # "late" in the segment (the warning comes after one or two).
+        time.sleep(3 * float(os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"]))
     check_equal(hvd.allreduce(np.ones(4), op=hvd.Sum, name="late"), np.full(4, float(hvd.size())), "late")
     finish()
 """)
@@ -119,10 +121,11 @@ STALL_SHUTDOWN = RANK_PRELUDE + textwrap.dedent("""
     for i in range(3):
         hvd.allreduce(np.ones(2), name="x")
     if hvd.rank() == 3:
-        time.sleep(12)                    # never submits: the stall shutdown ends the job
-        sys.exit(0)
+        wait_for("stalled.0", "stalled.1", "stalled.2")   # never submits: the stall
+        sys.exit(0)                                        # shutdown ends the job
     check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(np.ones(2), name="x"),
                  "stalled", "allreduce.x", "ranks [3]", what="stalled op")
+    arrive(f"stalled.{hvd.rank()}")
     finish_alone()
 """)
 

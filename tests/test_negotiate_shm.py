@@ -118,16 +118,19 @@ OVERFLOW = RANK_PRELUDE + textwrap.dedent("""
                 fail(f"{tag} t{k}", str(out))
     check_all(enqueue(), "first")      # through rank 0: every name gets its cache id
     # Rank 1 posts everything first. Rank 0 holds a gate in flight (rank 1 joins it
-    # late), so its loop is never idle and announces all N in one cycle: it completes
-    # 4095 ids at once and then plans 404 responses, more entries than the log holds.
+    # only once rank 0 has enqueued all N), so its loop is never idle and announces all
+    # N in one cycle: it completes 4095 ids at once and then plans 404 responses, more
+    # entries than the log holds.
     if r == 1:
         hs = enqueue()
-        time.sleep(5)
+        arrive("rank1-enqueued")
+        wait_for("rank0-enqueued")
         gate = hvd.allreduce_async(np.ones(1), op=hvd.Sum, name="gate")
     else:
-        time.sleep(3)
+        wait_for("rank1-enqueued")
         gate = hvd.allreduce_async(np.ones(1), op=hvd.Sum, name="gate")
         hs = enqueue()
+        arrive("rank0-enqueued")
     check_all(hs, "second")
     check_equal(hvd.synchronize(gate), np.full(1, float(n)), "gate")
     finish()
@@ -193,7 +196,9 @@ STALL = RANK_PRELUDE + textwrap.dedent("""
     for i in range(3):
         hvd.allreduce(np.ones(4), op=hvd.Sum, name="late")
     if r == 1:
-        time.sleep(5)                     # the others have posted "late" in the segment
+        # The stall under test: away for 5 check periods while the others have posted
+        # "late" in the segment (the warning comes after one or two).
+        time.sleep(5 * float(os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"]))
     check_equal(hvd.allreduce(np.ones(4), op=hvd.Sum, name="late"), np.full(4, float(hvd.size())), "late")
     finish()
 """)
@@ -213,10 +218,11 @@ STALL_SHUTDOWN = RANK_PRELUDE + textwrap.dedent("""
     for i in range(3):
         hvd.allreduce(np.ones(2), name="x")
     if hvd.rank() == 2:
-        time.sleep(10)                    # never submits: the stall shutdown ends the job
+        wait_for("stalled.0", "stalled.1")   # never submits: the stall shutdown ends the job
         sys.exit(0)
     check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(np.ones(2), name="x"),
                  "stalled", "allreduce.x", "ranks [2]", what="stalled op")
+    arrive(f"stalled.{hvd.rank()}")
     finish_alone()
 """)
 

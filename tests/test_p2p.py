@@ -240,9 +240,9 @@ STALL = RANK_PRELUDE + textwrap.dedent(r"""
     R = hvd.rank()
     if R == 0:
         hvd.send(np.array([1]), 1, name="a")
-        # The stall warning is time-based: the recv of "b" must wait past it (1 s) before
-        # "b" is sent; 3 s covers the once-a-second check.
-        time.sleep(3)
+        # The stall under test: the recv of "b" must wait past the stall check before
+        # "b" is sent; 3 check periods cover the periodic check.
+        time.sleep(3 * float(os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"]))
         hvd.send(np.array([2]), 1, name="b")
     else:
         check_equal(hvd.recv(0, name="b"), np.array([2]), "b")

@@ -246,10 +246,10 @@ LAUNCH_ENV = {"PYTHONPATH": os.environ.get("PYTHONPATH") or str(REPO), "PYTHONUN
 FAKE_REMOTE = ["-H", "a:1,b:1", "--ssh-command", "sh -c {command}"]
 
 
-def _launch(args, script):
+def _launch(args, script, extra_env=None):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HOROVOD_", "HOROVODLIKE_", "OMPI_COMM_WORLD", "PMI"))}
-    env.update(LAUNCH_ENV, HOROVODLIKE_STORE_HOST="127.0.0.1")
+    env.update(LAUNCH_ENV, HOROVODLIKE_STORE_HOST="127.0.0.1", **(extra_env or {}))
     return subprocess.Popen([PYTHON, "-m", "horovodlike.runner", *args, PYTHON, "-c",
                              textwrap.dedent(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -337,8 +337,12 @@ INTERRUPTED = """
     hvd.init()
     r = hvd.rank()
     x = np.full(1 << 20, float(r + 1), np.float32)
+    interrupted = os.path.join(os.environ["HVDTEST_DIR"], "rank0-interrupted")
     if r == 1:
-        time.sleep(2.0)                    # rank 0's wait gets interrupted meanwhile
+        # rank 0's wait gets interrupted meanwhile: join only once it has been
+        deadline = time.monotonic() + 60
+        while not os.path.exists(interrupted) and time.monotonic() < deadline:
+            time.sleep(0.005)
     class Alarm(Exception):
         pass
     def on_alarm(*_):
@@ -353,6 +357,7 @@ INTERRUPTED = """
             print("NOT-INTERRUPTED", flush=True)
         except Alarm:
             print("INTERRUPTED", flush=True)
+        open(interrupted, "w").close()
         # Fresh arrays that would reuse the freed memory if the op had let go of it.
         junk = [np.full(1 << 20, 99.0, np.float32) for _ in range(8)]
     out = hvd.synchronize(h)               # the same handle, waited on again
@@ -362,8 +367,8 @@ INTERRUPTED = """
 """
 
 
-def test_an_interrupted_wait_keeps_the_buffers_and_the_handle():
-    proc = _launch(["-np", "2"], INTERRUPTED)
+def test_an_interrupted_wait_keeps_the_buffers_and_the_handle(tmp_path):
+    proc = _launch(["-np", "2"], INTERRUPTED, {"HVDTEST_DIR": str(tmp_path)})
     try:
         out, _ = proc.communicate(timeout=90)
     finally:

@@ -138,10 +138,11 @@ check(thvd.synchronize(h) is view, "synchronize(allreduce_async_) returns the te
 # ---------------------------------------------------- async: poll, lifetime, handles
 if P > 1:
     if R != 0:
-        time.sleep(0.5)                              # rank 0 must see poll() False
+        wait_for("rank0-polled")                     # rank 0 must see poll() False
     h = thvd.allreduce_async(torch.ones(5), op=thvd.Sum, name="slow")
     if R == 0:
         check(not thvd.poll(h), "poll() is False while the other ranks have not submitted")
+        arrive("rank0-polled")
     deadline = time.time() + 30
     while not thvd.poll(h) and time.time() < deadline:
         time.sleep(0.01)

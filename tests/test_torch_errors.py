@@ -73,14 +73,15 @@ check_raises(ValueError, lambda: thvd.allreduce(ok, process_set=thvd.ProcessSet(
 still_works("value errors")
 
 # The same name twice while the first is in flight: refused, the first still completes.
-# (An op is in flight until every rank has submitted it: rank 0 submits late, so the
-# others are sure to try the duplicate while theirs is still pending.)
+# (An op is in flight until every rank has submitted it: rank 0 submits only once the
+# others have tried the duplicate, so theirs is sure to be still pending.)
 if R == 0:
-    time.sleep(0.5)
+    wait_for(*[f"dup-tried.{r}" for r in range(1, P)])
 h = thvd.allreduce_async(torch.ones(3), op=thvd.Sum, name="dup")
 if R != 0:
     check_raises(ValueError, lambda: thvd.allreduce_async(torch.ones(3), name="dup"), "dup",
                  what="a name reused while in flight")
+    arrive(f"dup-tried.{R}")
 t_equal(thvd.synchronize(h), torch.full((3,), float(P)), "the first 'dup' completes")
 t_equal(thvd.allreduce(torch.ones(3), op=thvd.Sum, name="dup"), torch.full((3,), float(P)),
         "the name is free again after synchronize")
