@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,8 +54,11 @@ BIG_ALLREDUCE = textwrap.dedent("""
 def _spawn_job(script, np_, tmp_path, extra_env=None, hosts=None):
     """N real rank processes sharing a rendezvous store, as horovodlikerun would start them
     (on this host, or on the fake host names `hosts`, one per rank)."""
-    path = tmp_path / "rank.py"
-    path.write_text(script)
+    if isinstance(script, Path):
+        path = script
+    else:
+        path = tmp_path / "rank.py"
+        path.write_text(script)
     key = jobkey.generate()
     store = StoreServer(key=key).start()
     job = f"kill{time.time_ns()}"
