@@ -119,7 +119,7 @@ def test_stall_warning_names_a_rank_missing_from_the_segment():
     assert warn and "allreduce.late" in warn[0] and "ranks [1]" in warn[0], res.stderr[-3000:]
 
 
-STALL_SHUTDOWN = rank_program("negotiate_shm_stall_shutdown")
+STALL_SHUTDOWN = rank_program("negotiate_stall_shutdown")
 
 
 @pytest.mark.timeout(120)
@@ -162,7 +162,7 @@ def test_repeated_barriers_are_agreed_in_the_segment():
         assert planned <= (310 if rank % 2 == 0 else 10), (rank, fast, planned)
 
 
-WAITER = rank_program("negotiate_shm_waiter")
+WAITER = rank_program("negotiate_waiter")
 
 
 @pytest.mark.timeout(120)

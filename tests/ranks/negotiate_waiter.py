@@ -1,5 +1,6 @@
-"""Rank program of tests/test_negotiate_shm.py, run by
-test_a_rank_lost_while_others_wait_in_the_segment_is_named."""
+"""Rank program of tests/test_negotiate_shm.py and tests/test_negotiate_nodes.py: rank 2
+is lost (signal HOW) while the others wait for "k"; each survivor prints how long it
+took to learn of it."""
 import os, signal, sys, time
 import numpy as np
 import horovodlike as hvd
@@ -12,7 +13,7 @@ def main():
         hvd.allreduce(np.ones(4), name="k")
     print(f"ready {r}", flush=True)
     if r == 2:
-        time.sleep(1)                        # the others post "k" and wait in the segment
+        time.sleep(1)                        # the others post "k" and wait
         os.kill(os.getpid(), getattr(signal, os.environ["HOW"]))
     t = time.monotonic()
     try:
