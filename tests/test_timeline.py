@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import pytest
 
-from harness import HOROVODLIKERUN, RANK_PRELUDE, REPO, rank_program, run_ranks
+from harness import HOROVODLIKERUN, REPO, rank_program, run_ranks
 
 LOOP = rank_program("timeline_loop")
 
@@ -160,8 +160,7 @@ def test_size_cap_and_step_window(tmp_path):
 
 
 def test_no_trace_without_the_variable(tmp_path):
-    run_ranks(RANK_PRELUDE + "hvd.init()\nhvd.allreduce(np.ones(3), name='x')\nfinish()\n",
-              np=2, cwd=str(tmp_path)).assert_ok()
+    run_ranks(rank_program("one_allreduce"), np=2, cwd=str(tmp_path)).assert_ok()
     assert not list(tmp_path.glob("*.json"))
 
 
