@@ -24,8 +24,8 @@ import importlib.util
 
 import pytest
 
-from harness import run_ranks
-from test_torch_support import TORCH_PRELUDE, run_torch
+from harness import rank_program, run_ranks
+from test_torch_support import run_torch
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(300)
@@ -400,53 +400,7 @@ def test_pipeline_with_data_parallel_optimizers():
 
 # ---------------------------------------------------------------- bubble (timeline)
 
-SLEEP_STAGES = r'''
-from horovodlike.common.topology import Topology
-from horovodlike.torch.pipeline import PipelineModule, Schedule1F1B, ScheduleGPipe
-import torch.nn as nn
-thvd.init()
-T = float(os.environ["STAGE_SECONDS"])
-
-
-class Sleep(torch.autograd.Function):
-    """Forward sleeps t, backward 2t: the CPU stays free, so the ranks measure the
-    schedule even on fewer cores than ranks."""
-
-    @staticmethod
-    def forward(ctx, x, w):
-        time.sleep(T)
-        ctx.save_for_backward(x, w)
-        return x * w
-
-    @staticmethod
-    def backward(ctx, g):
-        time.sleep(2 * T)
-        x, w = ctx.saved_tensors
-        return g * w, (g * x).sum().reshape(w.shape)
-
-
-class SleepStage(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(()))
-
-    def forward(self, x):
-        return Sleep.apply(x, self.w)
-
-
-P = thvd.size()
-topo = Topology(pp=P)
-if topo.stage() == int(os.environ.get("SLOW_STAGE", "-1")):
-    T *= 2
-pipe = PipelineModule([SleepStage() for _ in range(P)], topology=topo,
-                      loss_fn=lambda o, y: ((o - y) ** 2).mean())
-cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[os.environ["SCHEDULE"]]
-sched = cls(pipe, microbatches=8)
-x, y = torch.ones(16, 4), torch.zeros(16, 4)
-for _ in range(int(os.environ["BATCHES"])):
-    sched.train_batch(x, y)
-finish()
-'''
+SLEEP_STAGES = rank_program("torch_pipeline_sleep_stages")
 
 
 @pytest.mark.parametrize("p,schedule", [(2, "1f1b"), (4, "1f1b")])
@@ -511,59 +465,13 @@ def test_pipeline_fifty_back_to_back_1f1b_batches():
 
 # ---------------------------------------------------------------- faults
 
-FAULT = r'''
-from horovodlike.common.topology import Topology
-from horovodlike.torch.pipeline import PipelineModule, Schedule1F1B
-import signal
-import torch.nn as nn
-thvd.init()
-R = thvd.rank()
-VICTIM, SIG = int(os.environ["VICTIM"]), os.environ["SIG"]
-
-
-class Fault(torch.autograd.Function):
-    """Identity; on the victim, its backward of micro-batch 5 in the second batch (the
-    drain of the last stage) stops or kills the process."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        if R == VICTIM and batch == 2 and sched.current_microbatch == 5:
-            print(f"VICTIM {time.time():.3f}", flush=True)
-            os.kill(os.getpid(), getattr(signal, SIG))
-        return g
-
-
-class Stage(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return Fault.apply(self.lin(x))
-
-
-topo = Topology(pp=4)
-pipe = PipelineModule([Stage() for _ in range(4)], topology=topo,
-                      loss_fn=lambda o, y: ((o - y) ** 2).mean())
-sched = Schedule1F1B(pipe, microbatches=8)
-x, y = torch.ones(16, 4), torch.zeros(16, 4)
-try:
-    for batch in range(1, 4):
-        sched.train_batch(x, y)
-    print("NO-FAILURE", flush=True)
-except Exception as e:
-    print(f"FAILED {time.time():.3f} {type(e).__name__}: {e}".replace("\n", " "), flush=True)
-'''
+FAULT = rank_program("torch_pipeline_fault")
 
 
 @pytest.mark.parametrize("victim,sig", [(3, "SIGKILL"), (1, "SIGSTOP")])
 def test_pipeline_fault_fails_every_rank_naming_the_lost_stage(victim, sig):
     peer_timeout = 4
-    res = run_ranks(TORCH_PRELUDE + FAULT, 4, timeout=90,
+    res = run_ranks(FAULT, 4, timeout=90,
                     env={"VICTIM": str(victim), "SIG": sig,
                          "HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(peer_timeout)})
     lines = res.rank_lines()

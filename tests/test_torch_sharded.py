@@ -16,8 +16,8 @@ import socket
 
 import pytest
 
-from harness import run_ranks
-from test_torch_support import TORCH_PRELUDE, run_torch
+from harness import rank_program, run_ranks
+from test_torch_support import run_torch
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(420)
@@ -434,36 +434,7 @@ def test_refusals_and_errors():
     run_torch(ERRORS, 2, timeout=200)
 
 
-IN_PLACE = r'''
-# The step's two collectives write into the optimizer's own buffers: the all-gather into
-# the flat parameters (its own chunk is already there; the engine returns no buffer of its
-# own) and the reduce-scatter into the gradient shard.
-from horovodlike.common import ops as _ops, request
-from horovodlike.torch import sharded, _tensors
-thvd.init()
-R, P = thvd.rank(), thvd.size()
-n = 6
-full = torch.full((n * P,), -1.0)
-full[R * n:(R + 1) * n] = torch.arange(n, dtype=torch.float32) + 10 * R
-own = full[R * n:(R + 1) * n]
-req = request.allgather("inplace.ag", None, 1)
-res = _ops.synchronize(_ops.submit((own, full), lambda r: r, **req.fields(
-    _tensors.check_tensor(own, "t"), own.shape, own.data_ptr(), full.data_ptr())))
-check(res.data is None and res.nbytes == full.numel() * 4, "allgather wrote the caller's "
-      "output", f"data={res.data} nbytes={res.nbytes}")
-want = torch.cat([torch.arange(n, dtype=torch.float32) + 10 * q for q in range(P)])
-check(torch.equal(full, want), "allgather into the caller's output", str(full.tolist()))
-out = sharded._allgather_into(own.clone(), torch.empty(n * P), "inplace.ag2", None)
-check(torch.equal(_ops.synchronize(out), want), "_allgather_into", "")
-x = torch.arange(2 * P * 3, dtype=torch.float32) * (R + 1)
-shard = torch.full((2 * 3,), -1.0)
-got = _ops.synchronize(sharded._reducescatter_into(x, shard, "inplace.rs", thvd.Sum, None))
-tri = P * (P + 1) / 2
-check(got is shard and torch.equal(shard, torch.arange(R * 6, R * 6 + 6,
-      dtype=torch.float32) * tri), "reducescatter into the caller's output",
-      str(shard.tolist()))
-finish()
-'''
+IN_PLACE = rank_program("torch_sharded_in_place")
 
 
 @pytest.mark.parametrize("np_", [2, 3])
@@ -471,69 +442,21 @@ def test_collectives_write_into_the_optimizers_buffers(np_):
     run_torch(IN_PLACE, np_, timeout=200)
 
 
-STATIC_SETS = r'''
-import torch.nn as nn
-parts = [thvd.ProcessSet([0, 1]), thvd.ProcessSet([2, 3])]
-thvd.init(process_sets=parts)                 # partition groups only, no replica groups
-R, P = thvd.rank(), thvd.size()
-model = nn.Linear(3, 2)
-# the replica groups are missing: the optimizer registers them itself (every rank
-# builds it), without dynamic process sets
-for S in (2, 4, 1):                           # groups; one group; no partition
-    model = nn.Linear(3, 2)                   # each optimizer hooks a model of its own
-    opt = thvd.ShardedDistributedOptimizer(torch.optim.Adam(model.parameters()), shard_size=S)
-    model(torch.ones(1, 3)).sum().backward()
-    opt.step()
-from horovodlike.torch.sharded import partition_ranks
-check(partition_ranks(range(4), 2) == ([[0, 1], [2, 3]], [[0, 2], [1, 3]]),
-      "partition_ranks", str(partition_ranks(range(4), 2)))
-finish()
-'''
+STATIC_SETS = rank_program("torch_sharded_static_sets")
 
 
 def test_static_process_sets_are_completed_by_the_optimizer():
     run_torch(STATIC_SETS, 4, timeout=200)
 
 
-PLAIN_INIT = r'''
-import torch.nn as nn
-thvd.init()                                   # no process sets asked for
-torch.manual_seed(0)
-model = nn.Linear(3, 2)
-opt = thvd.ShardedDistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), shard_size=2)
-model(torch.ones(1, 3) * (thvd.rank() + 1)).sum().backward()
-opt.step()
-w = model.weight.detach().numpy().copy()
-every = thvd.allgather_object(w, name="weights")
-check(all(np.array_equal(every[0], x) for x in every), "every rank's parameters after a step",
-      str(every))
-finish()
-'''
+PLAIN_INIT = rank_program("torch_sharded_plain_init")
 
 
 def test_sharded_optimizer_works_after_a_plain_init():
     run_torch(PLAIN_INIT, 4, timeout=200)
 
 
-KILLED = TORCH_PRELUDE + r'''
-import signal
-import torch.nn as nn
-thvd.init(process_sets="dynamic")
-model = nn.Linear(64, 64)
-opt = thvd.ShardedDistributedOptimizer(torch.optim.Adam(model.parameters()),
-                                       shard_size=int(os.environ["HVDTEST_SHARDS"]))
-try:
-    for step in range(1000):
-        if step == 3 and thvd.rank() == thvd.size() - 1:
-            os.kill(os.getpid(), signal.SIGKILL)
-        opt.zero_grad()
-        model(torch.randn(8, 64)).sum().backward()
-        opt.step()
-except thvd.HorovodInternalError as e:
-    print(f"rank {thvd.rank()} saw: {e}", flush=True)
-    time.sleep(30)                # the launcher must end the job without waiting
-    sys.exit(5)
-'''
+KILLED = rank_program("torch_sharded_killed")
 
 
 @pytest.mark.parametrize("np_,shards", [(3, 3), (4, 2)], ids=["np3-whole", "np4-hybrid"])
