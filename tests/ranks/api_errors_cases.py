@@ -44,7 +44,6 @@ def case_before_init():
     check(hvd.is_initialized(), "is_initialized() after init")
 
 
-
 def case_bad_process_set_at_init():
     # The engine starts, the set is refused, and the engine is stopped again: a later
     # init() starts a working one.
