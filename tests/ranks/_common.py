@@ -19,6 +19,7 @@ except ImportError:          # bfloat16 cases are then left out
 
 _FAILURES = []
 _MAX_FAILURES = 40
+_BEFORE_FINISH = []
 
 
 def fail(what, detail=""):
@@ -134,8 +135,15 @@ def finish_alone():
     print("HVDTEST-OK", flush=True)
 
 
+def before_finish(fn):
+    """Have finish() call fn() first: a check that a wrapper adds to a whole program."""
+    _BEFORE_FINISH.append(fn)
+
+
 def finish():
     """Agree across ranks, report every failure, exit 1 if any rank failed."""
+    for fn in _BEFORE_FINISH:
+        fn()
     r = hvd.rank() if hvd.is_initialized() else 0
     mine = np.array([len(_FAILURES)], dtype=np.int64)
     total = int(hvd.allreduce(mine, op=hvd.Sum, name="hvdtest.finish")[0]) \
