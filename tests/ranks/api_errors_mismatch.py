@@ -1,7 +1,7 @@
 """Rank program of tests/test_api_errors.py, run by
 test_ranks_that_disagree_get_tensor_mismatch_error."""
-import re
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+import re
 
 
 def main():

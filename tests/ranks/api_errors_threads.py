@@ -1,7 +1,7 @@
 """Rank program of tests/test_api_errors.py, run by
 test_unnamed_ops_from_several_threads_pair_by_thread."""
-import threading
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+import threading
 
 
 def main():

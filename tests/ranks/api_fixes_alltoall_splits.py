@@ -1,8 +1,8 @@
 """Rank program of tests/test_api_fixes.py, run by
 test_alltoall_float_splits_raise_value_error_and_process_set_keyword."""
+from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 import torch
 import horovodlike.torch as hvdt
-from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 
 
 def main():

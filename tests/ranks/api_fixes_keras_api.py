@@ -1,9 +1,9 @@
 """Rank program of tests/test_api_fixes.py, run by
 test_keras_adasum_and_positional_arguments_as_in_horovod."""
+from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 import inspect
 import tensorflow as tf
 import horovodlike.keras as hk
-from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 
 
 def main():

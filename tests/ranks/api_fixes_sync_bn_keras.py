@@ -1,8 +1,8 @@
 """Rank program of tests/test_api_fixes.py, run by
 test_sync_batch_normalization_fused_false_in_keras."""
+from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 import tensorflow as tf
 import horovodlike.tensorflow as hvdtf
-from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 
 
 def main():

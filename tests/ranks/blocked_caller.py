@@ -1,7 +1,7 @@
 """Rank program of tests/test_blocked_caller.py, run by
 test_blocked_caller_does_not_hold_back_other_threads."""
-import threading
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+import threading
 
 
 def main():

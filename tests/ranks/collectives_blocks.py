@@ -1,9 +1,8 @@
 """Rank program of tests/test_collectives.py: the blocks that argv names (allreduce_matrix,
 broadcast, topology, ...), run in that order after one hvd.init() (init_shutdown makes
 its own), then finish(). The helpers below compare every collective against numpy."""
-import zlib
-
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+import zlib
 
 R = P = None          # this rank and the job's size, set by main() after init
 

@@ -1,6 +1,6 @@
 """Rank program of tests/test_collectives.py, run by test_init_on_a_list_of_world_ranks."""
-from mpi4py import MPI
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+from mpi4py import MPI
 
 
 def main():

@@ -1,8 +1,8 @@
 """Rank program of tests/test_failures.py, run by
 test_launcher_ends_the_job_and_names_the_killed_rank,
 test_mpirun_job_with_a_killed_rank_ends_promptly."""
-import signal
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+import signal
 
 
 def main():

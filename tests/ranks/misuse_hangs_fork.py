@@ -1,7 +1,7 @@
 """Rank program of tests/test_misuse_hangs.py, run by
 test_fork_after_init_raises_in_the_child_and_init_there_works."""
-import multiprocessing as mp
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+import multiprocessing as mp
 
 
 def main():

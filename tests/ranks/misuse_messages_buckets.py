@@ -1,8 +1,8 @@
 """Rank program of tests/test_misuse_messages.py, run by
 test_bucketed_optimizer_names_the_parameters_that_differ."""
+from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 import torch
 import horovodlike.torch as hvdt
-from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 
 
 def main():

@@ -1,8 +1,8 @@
 """Rank program of tests/test_misuse_messages.py, run by
 test_tf_ragged_and_sparse_tensors_get_a_clear_error."""
+from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 import tensorflow as tf
 import horovodlike.tensorflow as hvdtf
-from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 
 
 def main():

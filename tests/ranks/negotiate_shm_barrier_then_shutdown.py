@@ -1,7 +1,7 @@
 """Rank program of tests/test_negotiate_shm.py, run by
 test_an_op_finished_on_rank_0_before_a_shutdown_finishes_everywhere."""
-import signal, subprocess
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+import signal, subprocess
 
 
 def main():

@@ -1,6 +1,6 @@
 """Rank program of tests/test_p2p.py, run by test_p2p_numpy."""
-import zlib
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+import zlib
 
 
 def main():

@@ -1,7 +1,7 @@
 """Rank program of tests/test_p2p.py, run by test_p2p_torch."""
+from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 import torch
 import horovodlike.torch as th
-from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 
 
 def main():

@@ -1,6 +1,6 @@
 """Rank program of tests/test_torch_collectives.py, run by test_torch_collectives."""
-import gc, zlib
 from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
+import gc, zlib
 
 
 def main():

@@ -1,10 +1,10 @@
 """Rank program of tests/test_torch_pipeline.py, run by
 test_pipeline_fault_fails_every_rank_naming_the_lost_stage."""
+from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 from horovodlike.common.topology import Topology
 from horovodlike.torch.pipeline import PipelineModule, Schedule1F1B
 import signal
 import torch.nn as nn
-from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 
 
 def main():

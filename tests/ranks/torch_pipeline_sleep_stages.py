@@ -1,10 +1,10 @@
 """Rank program of tests/test_torch_pipeline.py, run by
 test_pipeline_bubble_from_the_timeline_matches_the_cost_model,
 test_timeline_viewer_names_the_stage_that_holds_the_pipeline_up."""
+from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 from horovodlike.common.topology import Topology
 from horovodlike.torch.pipeline import PipelineModule, Schedule1F1B, ScheduleGPipe
 import torch.nn as nn
-from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 
 
 def main():

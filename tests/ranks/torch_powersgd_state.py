@@ -1,7 +1,7 @@
 """Rank program of tests/test_torch_powersgd.py, run by
 test_powersgd_state_round_trips_and_bf16."""
-from horovodlike.torch.elastic import TorchState
 from torch_powersgd_common import *  # noqa: F401,F403 (init, the shared helpers, torch, thvd, hvd, np)
+from horovodlike.torch.elastic import TorchState
 
 
 def main():

@@ -1,10 +1,10 @@
 """Rank program of tests/test_torch_powersgd.py, run by
 test_tensorflow_bf16_compressor_and_powersgd_refusal."""
+from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 import tensorflow as tf
 import horovodlike.tensorflow as tfhvd
 from horovodlike.tensorflow.compression import PowerSGD as TFPowerSGD
 from horovodlike.torch import PowerSGD
-from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 
 
 def main():

@@ -1,7 +1,7 @@
 """Rank program of tests/test_torch_process_sets_join.py, run by
 test_join_with_uneven_work."""
-import torch.nn as nn
 from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
+import torch.nn as nn
 
 
 def main():

@@ -1,8 +1,8 @@
 """Rank program of tests/test_torch_sharded.py, run by
 test_a_killed_rank_fails_the_job_naming_it."""
+from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 import signal
 import torch.nn as nn
-from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 
 
 def main():

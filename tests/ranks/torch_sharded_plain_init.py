@@ -1,7 +1,7 @@
 """Rank program of tests/test_torch_sharded.py, run by
 test_sharded_optimizer_works_after_a_plain_init."""
-import torch.nn as nn
 from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
+import torch.nn as nn
 
 
 def main():

@@ -1,7 +1,7 @@
 """Rank program of tests/test_torch_sharded.py, run by
 test_static_process_sets_are_completed_by_the_optimizer."""
-import torch.nn as nn
 from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
+import torch.nn as nn
 
 
 def main():

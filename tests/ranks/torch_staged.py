@@ -2,9 +2,8 @@
 its finish(), checks that its ops really went through the staging pipeline, in pieces:
 at least argv[2] staged ops; with argv[3] == "1" (allreduce and broadcast, which are cut
 into pieces of rows) also several pieces per op and fused groups."""
-import runpy
-
 from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
+import runpy
 
 
 def check_staged(min_ops, pieces):

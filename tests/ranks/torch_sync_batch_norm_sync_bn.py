@@ -1,7 +1,7 @@
 """Rank program of tests/test_torch_sync_batch_norm.py, run by
 test_sync_batch_norm_matches_batch_norm_on_the_global_batch."""
-import torch.nn as nn
 from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
+import torch.nn as nn
 
 
 def main():

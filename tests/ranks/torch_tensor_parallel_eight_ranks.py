@@ -1,8 +1,8 @@
 """Rank program of tests/test_torch_tensor_parallel.py, run by
 test_pp2_tp2_dp2_at_8_ranks_layout_and_training."""
+from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 from horovodlike.common.topology import Topology
 from horovodlike.torch.pipeline import PipelineModule, Schedule1F1B
-from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 
 
 def main():

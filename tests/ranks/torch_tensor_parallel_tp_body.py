@@ -1,7 +1,7 @@
 """Rank program of tests/test_torch_tensor_parallel.py, run by
 test_tensor_parallel_equivalence_checkpoints_memory_and_errors."""
-import math
 from torch_tensor_parallel_common import *  # noqa: F401,F403 (init, the shared helpers, torch, thvd, hvd, np)
+import math
 
 
 def main():
