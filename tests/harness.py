@@ -20,12 +20,14 @@ including ranks that horovodlikerun started in sessions of their own; then
 ``RankTimeout`` is raised with the tail of the output. After a normal exit the
 launcher's group is killed too, so nothing is left behind either way.
 
-Rank scripts are usually ``RANK_PRELUDE + body``: the prelude imports numpy and
-horovodlike, offers check_* helpers that collect failures (so one launch can check many
-cases and still report every failure), and ``finish()`` which agrees across ranks,
-prints failures with context to stderr and exits 1, or prints ``HVDTEST-OK``. Ranks
-that must happen in an order say so with files: ``arrive("x")`` on one rank,
-``wait_for("x")`` on another (HVDTEST_DIR, the run's own folder), never with a sleep.
+Rank programs are modules under tests/ranks/ (``run_ranks(rank_program("name"), ...)``),
+each with a main() and its parameters in argv or the environment. They start with
+``from _common import *``: numpy, horovodlike, check_* helpers that collect failures (so
+one launch can check many cases and still report every failure), and ``finish()`` which
+agrees across ranks, prints failures with context to stderr and exits 1, or prints
+``HVDTEST-OK``. RANK_PRELUDE is that module's text, for a program still given as a
+string. Ranks that must happen in an order say so with files: ``arrive("x")`` on one
+rank, ``wait_for("x")`` on another (HVDTEST_DIR, the run's own folder), never a sleep.
 """
 import os
 import re
