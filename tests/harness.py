@@ -20,10 +20,14 @@ including ranks that horovodlikerun started in sessions of their own; then
 ``RankTimeout`` is raised with the tail of the output. After a normal exit the
 launcher's group is killed too, so nothing is left behind either way.
 
-Rank scripts are usually ``RANK_PRELUDE + body``: the prelude imports numpy and
-horovodlike, offers check_* helpers that collect failures (so one launch can check many
-cases and still report every failure), and ``finish()`` which agrees across ranks,
-prints failures with context to stderr and exits 1, or prints ``HVDTEST-OK``.
+Rank programs are modules under tests/ranks/ (``run_ranks(rank_program("name"), ...)``),
+each with a main() and its parameters in argv or the environment. They start with
+``from _common import *``: numpy, horovodlike, check_* helpers that collect failures (so
+one launch can check many cases and still report every failure), and ``finish()`` which
+agrees across ranks, prints failures with context to stderr and exits 1, or prints
+``HVDTEST-OK``. RANK_PRELUDE is that module's text, for a program still given as a
+string. Ranks that must happen in an order say so with files: ``arrive("x")`` on one
+rank, ``wait_for("x")`` on another (HVDTEST_DIR, the run's own folder), never a sleep.
 """
 import os
 import re
@@ -302,6 +306,8 @@ def run_ranks(script, np=1, launcher="horovodlikerun", env=None, timeout=120, ar
     the whole process tree, if it runs longer than `timeout` seconds.
     """
     tmp = tempfile.mkdtemp(prefix="hvdtest-")
+    # Where the ranks leave each other files to order themselves (arrive / wait_for)
+    env = {"HVDTEST_DIR": tmp, **(env or {})}
     try:
         if isinstance(script, Path) or ("\n" not in script and os.path.isfile(script)):
             path = Path(script)
@@ -325,125 +331,15 @@ def run_ranks(script, np=1, launcher="horovodlikerun", env=None, timeout=120, ar
 
 # ------------------------------------------------------------ rank prelude
 
-RANK_PRELUDE = r'''
-import os, sys, time, traceback, warnings
-import numpy as np
-import horovodlike as hvd
-try:
-    from ml_dtypes import bfloat16
-except ImportError:          # bfloat16 cases are then left out
-    bfloat16 = None
-
-_FAILURES = []
-_MAX_FAILURES = 40
+RANKS = REPO / "tests" / "ranks"
+RANK_PRELUDE = (RANKS / "_common.py").read_text()
 
 
-def fail(what, detail=""):
-    if len(_FAILURES) < _MAX_FAILURES:
-        _FAILURES.append(f"{what}: {detail}")
-    elif len(_FAILURES) == _MAX_FAILURES:
-        _FAILURES.append("... (more failures not shown)")
+def rank_program(name):
+    """The path of the rank program tests/ranks/<name>.py, for run_ranks (which runs it by
+    path, so `from _common import *` finds the shared helpers)."""
+    path = RANKS / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no rank program {path}")
+    return path
 
-
-def _show(a, n=8):
-    a = np.asarray(a)
-    return np.array2string(a.ravel()[:n].astype(np.float64) if a.dtype.name == "bfloat16"
-                           else a.ravel()[:n], threshold=n) + (" ..." if a.size > n else "")
-
-
-def _diff(got, exp, bad):
-    idx = np.flatnonzero(np.asarray(bad).ravel())[:5]
-    g, e = np.asarray(got).ravel(), np.asarray(exp).ravel()
-    return "; ".join(f"[{i}] got {g[i]!r} expected {e[i]!r}" for i in idx) + \
-        f" ({int(np.count_nonzero(bad))} of {np.size(bad)} differ)"
-
-
-def _meta_ok(got, exp, what):
-    if not isinstance(got, np.ndarray):
-        fail(what, f"expected a numpy array, got {type(got).__name__}")
-        return False
-    if got.dtype != exp.dtype or got.shape != exp.shape:
-        fail(what, f"got dtype={got.dtype} shape={got.shape}, "
-                   f"expected dtype={exp.dtype} shape={exp.shape}")
-        return False
-    return True
-
-
-def check_equal(got, exp, what):
-    """Same dtype, shape and values (floats compared as float64; -0.0 == 0.0)."""
-    exp = np.asarray(exp)
-    if not _meta_ok(got, exp, what):
-        return False
-    if exp.dtype.kind in "fV" or exp.dtype.name == "bfloat16":
-        g, e = got.astype(np.float64), exp.astype(np.float64)
-        bad = ~((g == e) | (np.isnan(g) & np.isnan(e)))
-    else:
-        bad = got != exp
-    if np.any(bad):
-        fail(what, _diff(got, exp, bad))
-        return False
-    return True
-
-
-def check_close(got, exp, what, rtol, atol):
-    exp = np.asarray(exp)
-    if not _meta_ok(got, exp, what):
-        return False
-    g, e = got.astype(np.float64), exp.astype(np.float64)
-    bad = ~(np.abs(g - e) <= atol + rtol * np.abs(e))
-    if np.any(bad):
-        fail(what, _diff(got, exp, bad) + f" rtol={rtol} atol={atol}")
-        return False
-    return True
-
-
-def check(cond, what, detail=""):
-    if not cond:
-        fail(what, detail)
-    return bool(cond)
-
-
-def check_raises(exc_type, fn, *needles, what=None):
-    """fn() must raise exc_type whose message contains every needle; returns the error."""
-    what = what or getattr(fn, "__name__", "call")
-    try:
-        fn()
-    except exc_type as e:
-        msg = str(e)
-        missing = [n for n in needles if n not in msg]
-        if missing:
-            fail(what, f"{type(e).__name__} message {msg!r} lacks {missing}")
-        return e
-    except Exception as e:
-        fail(what, f"expected {exc_type.__name__}, got {type(e).__name__}: {e}\n"
-                   + traceback.format_exc())
-        return e
-    fail(what, f"expected {exc_type.__name__}, nothing was raised")
-    return None
-
-
-def finish_alone():
-    """For a job that has ended failed, where no collective can agree: report this
-    rank's failures and exit 1 if it has any, else print the OK sentinel."""
-    if _FAILURES:
-        sys.stderr.write("\n".join("  " + f for f in _FAILURES) + "\n")
-        sys.stderr.flush()
-        sys.exit(1)
-    print("HVDTEST-OK", flush=True)
-
-
-def finish():
-    """Agree across ranks, report every failure, exit 1 if any rank failed."""
-    r = hvd.rank() if hvd.is_initialized() else 0
-    mine = np.array([len(_FAILURES)], dtype=np.int64)
-    total = int(hvd.allreduce(mine, op=hvd.Sum, name="hvdtest.finish")[0]) \
-        if hvd.is_initialized() else len(_FAILURES)
-    if _FAILURES:
-        sys.stderr.write(f"rank {r}: {len(_FAILURES)} failure(s):\n" +
-                         "\n".join("  " + f for f in _FAILURES) + "\n")
-        sys.stderr.flush()
-    if total:
-        print(f"HVDTEST-FAILED rank={r} mine={len(_FAILURES)} all={total}", flush=True)
-        sys.exit(1)
-    print(f"HVDTEST-OK rank={r}", flush=True)
-'''

@@ -16,7 +16,7 @@ from harness import HOROVODLIKERUN, PYTHON, REPO, _env, kill_tree
 EXAMPLES = REPO / "examples" / "elastic"
 
 
-def _run_and_kill(tmp_path, example, args, env=None, timeout=500):
+def _run_and_kill(tmp_path, example, args, timeout, env=None):
     (tmp_path / "hosts.txt").write_text("node1:1\nnode2:1\nnode3:1\n")
     head = [HOROVODLIKERUN] if HOROVODLIKERUN else [PYTHON, "-m", "horovodlike.runner"]
     argv = [*head, "-np", "3", "--min-np", "2", "--max-np", "3",
@@ -56,21 +56,21 @@ def _run_and_kill(tmp_path, example, args, env=None, timeout=500):
     return [line for line in out if "done: rank" in line], text
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(115)        # 39 s on a loaded 2-core machine
 def test_pytorch_example_survives_a_kill(tmp_path):
     done, text = _run_and_kill(tmp_path, "pytorch_digits_elastic.py",
-                               ["--epochs", "4", "--batch-sleep", "0.02"])
+                               ["--epochs", "4", "--batch-sleep", "0.02"], timeout=80)
     assert len(done) == 2 and all("of 2," in d for d in done), text
     assert len({d.rsplit("sha256 ", 1)[1] for d in done}) == 1, done
     assert "epoch 3:" in text
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(145)        # 49 s on a loaded 2-core machine
 def test_keras_example_survives_a_kill(tmp_path):
     from tf_support import TF_ENV
     done, text = _run_and_kill(tmp_path, "tensorflow2_keras_digits_elastic.py",
                                ["--epochs", "4", "--steps-per-epoch", "20",
-                                "--batch-sleep", "0.02"], env=TF_ENV)
+                                "--batch-sleep", "0.02"], timeout=110, env=TF_ENV)
     assert len(done) == 2 and all("of 2," in d for d in done), text
     assert len({d.rsplit("sha256 ", 1)[1] for d in done}) == 1, done
     assert "epoch 4:" in text or "epoch 3:" in text

@@ -4,114 +4,13 @@ longer than --elastic-timeout, a host that keeps failing (blacklist, cooldown,
 --reset-limit), and a rank that exits 0 early. Each job trains an MLP on scikit-learn's
 digits with hvd.elastic.TorchState and ElasticSampler; faults are caused for real from
 inside the job (a rank SIGKILLs itself, exits, or rewrites the discovery's host file)."""
-import textwrap
 
 import pytest
 
 from elastic_support import records, run_elastic
+from harness import rank_program
 
-SCRIPT = textwrap.dedent("""
-    import hashlib, os, signal, sys, time
-    import numpy as np
-    import torch
-    import horovodlike.torch as hvd
-    from sklearn.datasets import load_digits
-
-    torch.set_num_threads(1)
-    hvd.init()
-    host, wid = os.environ["HOROVOD_HOSTNAME"], os.environ["HOROVODLIKE_ELASTIC_WORKER"]
-    print(f"hello worker={wid} host={host} rank={hvd.rank()} size={hvd.size()}", flush=True)
-
-    EPOCHS = int(os.environ.get("EL_EPOCHS", "4"))
-    COMMIT = int(os.environ.get("EL_COMMIT", "4"))
-    FAULT = os.environ.get("EL_FAULT", "")            # kind:host:epoch:batch
-    HOSTS_AT = os.environ.get("EL_HOSTS_AT", "")      # epoch:batch:new host file (\\n as ;)
-    SLOW = float(os.environ.get("EL_SLOW", "0"))      # seconds per batch ...
-    SLOW_BELOW = int(os.environ.get("EL_SLOW_BELOW", "1000"))   # ... while size < this
-
-    digits = load_digits()
-    x = torch.tensor((digits.data / 16.0).astype(np.float32))
-    y = torch.tensor(digits.target, dtype=torch.int64)
-    train_set = torch.utils.data.TensorDataset(x[:1400], y[:1400])
-    x_test, y_test = x[1400:], y[1400:]
-
-    # Every worker starts from different weights: only the sync makes them agree.
-    torch.manual_seed(1000 + int(wid))
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 10))
-    base_lr = 0.02
-    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr * hvd.size(), momentum=0.9)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=7)
-    loader = torch.utils.data.DataLoader(train_set, batch_size=16, sampler=sampler)
-
-    def digest():
-        parts = [t.detach().numpy().tobytes() for t in model.state_dict().values()]
-        st = optimizer.state_dict()["state"]
-        for k in sorted(st):
-            parts += [v.numpy().tobytes() for _, v in sorted(st[k].items()) if torch.is_tensor(v)]
-        return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
-
-    def fault(epoch, batch):
-        if not FAULT:
-            return
-        kind, fhost, fepoch, fbatch = FAULT.split(":")
-        at = (int(fepoch), int(fbatch))
-        # "fail" keeps failing on its host (a new worker there fails at once)
-        if host != fhost or ((epoch, batch) < at if kind == "fail" else (epoch, batch) != at):
-            return
-        print(f"fault {kind} worker={wid}", flush=True)
-        if kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        sys.exit(0 if kind == "exit0" else 3)
-
-    def hosts_change(epoch, batch):
-        if HOSTS_AT and hvd.rank() == 0:
-            e, b, text = HOSTS_AT.split(":", 2)
-            path = os.environ["EL_HOSTFILE"]
-            want = text.replace(";", "\\n")
-            if (epoch, batch) == (int(e), int(b)) and open(path).read() != want:
-                open(path, "w").write(want)
-                open(path + ".marker", "w").write("x")
-                print(f"hosts-changed worker={wid}", flush=True)
-
-    def on_reset():
-        for group in optimizer.param_groups:
-            group["lr"] = base_lr * hvd.size()
-
-    @hvd.elastic.run
-    def train(state):
-        print(f"start worker={wid} size={hvd.size()} rank={hvd.rank()} epoch={state.epoch} "
-              f"batch={state.batch} hash={digest()}", flush=True)
-        for state.epoch in range(state.epoch, EPOCHS):
-            for i, (xb, yb) in enumerate(loader):
-                batch = state.batch
-                fault(state.epoch, batch)
-                hosts_change(state.epoch, batch)
-                optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(xb), yb).backward()
-                optimizer.step()
-                state.batch = batch + 1
-                sampler.record_batch(i, 16)
-                if state.batch % COMMIT == 0:
-                    state.commit()
-                else:
-                    state.check_host_updates()
-                if SLOW and hvd.size() < SLOW_BELOW:
-                    time.sleep(SLOW)
-            print(f"epoch-done worker={wid} epoch={state.epoch} size={hvd.size()}", flush=True)
-            state.batch = 0
-            sampler.set_epoch(state.epoch + 1)
-            state.commit()
-
-    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
-    state.register_reset_callbacks([on_reset])
-    train(state)
-    with torch.no_grad():
-        acc = (model(x_test).argmax(1) == y_test).float().mean().item()
-    print(f"final worker={wid} rank={hvd.rank()} size={hvd.size()} epoch={state.epoch} "
-          f"hash={digest()} acc={acc:.4f}", flush=True)
-""")
+SCRIPT = rank_program("elastic_torch_script")
 
 THREE = "a:1\nb:1\nc:1\n"
 
@@ -141,12 +40,13 @@ def _starts_agree(res):
     return by_round
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(210)        # two jobs, 72 s together on a loaded 2-core machine
 def test_sigkilled_rank_job_goes_on_from_last_commit(tmp_path):
     """(a) np=3, min-np=2: a rank SIGKILLs itself mid-epoch; the job re-forms on 2 ranks
     from the last commit, finishes every epoch with bit-identical parameters, and reaches
     an uninterrupted run's accuracy within 0.04."""
-    res = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3, env={"EL_FAULT": "kill:c:1:9"})
+    res = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3, env={"EL_FAULT": "kill:c:1:9"},
+                      timeout=100)
     finals = _assert_finished_together(res, 2)
     assert "fault kill" in res.stdout and "SIGKILL" in res.stderr, res.describe()
     assert "blacklisting host c" in res.stderr
@@ -160,20 +60,20 @@ def test_sigkilled_rank_job_goes_on_from_last_commit(tmp_path):
     assert any(r["epoch"] == "1" and r["batch"] == "8" and r["size"] == "2"
                for _, r in records(res, "start")), res.describe()
 
-    clean = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3)
+    clean = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3, timeout=100)
     reference = _assert_finished_together(clean, 3)
     acc, ref = float(finals[0]["acc"]), float(reference[0]["acc"])
     assert ref > 0.85, clean.describe()
     assert abs(acc - ref) <= 0.04, f"accuracy {acc} vs uninterrupted {ref}"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(210)        # 73 s on a loaded 2-core machine
 def test_discovered_hosts_join_with_the_committed_state(tmp_path):
     """(b) The discovery adds a host with 2 slots mid-run: the job grows from 2 to 4 and
     the new ranks start from the same parameters and optimizer state as the others."""
     res = run_elastic(SCRIPT, tmp_path, "a:1\nb:1\n", 2, 2, 4,
                       env={"EL_HOSTS_AT": "1:2:a:1;b:1;c:2;", "EL_EPOCHS": "6",
-                           "EL_SLOW": "0.2", "EL_SLOW_BELOW": "4"})
+                           "EL_SLOW": "0.2", "EL_SLOW_BELOW": "4"}, timeout=195)
     _assert_finished_together(res, 4, epochs=6)
     assert "hosts-changed" in res.stdout
     by_round = _starts_agree(res)
@@ -185,7 +85,7 @@ def test_discovered_hosts_join_with_the_committed_state(tmp_path):
     assert sorted(h["host"] for _, h in hellos) == ["a", "b", "c", "c"]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(270)        # 91 s on a loaded 2-core machine
 def test_removed_host_is_drained_even_below_min_np(tmp_path):
     """(c) Host c leaves the discovery: its rank leaves at the next commit (exit 0, no
     restore). That leaves 2 < --min-np 3 slots; the job waits, host d appears a few
@@ -196,7 +96,7 @@ def test_removed_host_is_drained_even_below_min_np(tmp_path):
                       env={"EL_HOSTS_AT": "1:5:a:1;b:1;", "EL_EPOCHS": "4",
                            "EL_SLOW": "0.1"},
                       extra=["--elastic-timeout", "60"],
-                      on_marker=(marker, 4.0, "a:1\nb:1\nd:1\n"))
+                      on_marker=(marker, 4.0, "a:1\nb:1\nd:1\n"), timeout=255)
     _assert_finished_together(res, 3)
     assert "waiting for 3 slots (have 2)" in res.stderr, res.describe()
     assert "leaves the job: its slot was removed" in res.stderr, res.describe()
@@ -210,45 +110,47 @@ def test_removed_host_is_drained_even_below_min_np(tmp_path):
     assert len(grown) == 1 and grown[0] > (1, 5), by_round
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(130)        # 44 s on a loaded 2-core machine
 def test_too_few_slots_for_longer_than_the_timeout_fails(tmp_path):
     """(d) Host b leaves for good: with 1 < --min-np 2 slots the job waits
     --elastic-timeout seconds and fails saying why."""
     res = run_elastic(SCRIPT, tmp_path, "a:1\nb:1\n", 2, 2, 2,
                       env={"EL_HOSTS_AT": "1:3:a:1;", "EL_SLOW": "0.02"},
-                      extra=["--elastic-timeout", "6"], timeout=240)
+                      extra=["--elastic-timeout", "6"], timeout=115)
     assert res.returncode != 0, res.describe()
     assert "timed out after 6 s waiting for at least 2 slots (--min-np 2); only 1 " \
            "available (usable hosts: a:1)" in res.stderr, res.describe()
     assert not _finals(res)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(17)         # 5.7 s on a loaded 2-core machine (3 s of it waiting)
 def test_not_enough_slots_to_start_fails_after_the_timeout(tmp_path):
     res = run_elastic(SCRIPT, tmp_path, "a:1\n", 2, 2, 2,
-                      extra=["--elastic-timeout", "3"], timeout=60)
+                      extra=["--elastic-timeout", "3"], timeout=15)
     assert res.returncode == 1, res.describe()
     assert "timed out after 3 s waiting for at least 2 slots" in res.stderr
     assert "hello" not in res.stdout
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(175)        # 59 s on a loaded 2-core machine
 def test_failing_host_is_blacklisted_for_good(tmp_path):
     """(e) A rank on host c exits 3: c is blacklisted (no cooldown: for good) and never
     gets a worker again; the job finishes on a and b."""
-    res = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3, env={"EL_FAULT": "fail:c:0:5"})
+    res = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3, env={"EL_FAULT": "fail:c:0:5"},
+                      timeout=160)
     _assert_finished_together(res, 2)
     assert "exited with code 3; blacklisting host c" in res.stderr
     assert [h["host"] for _, h in records(res, "hello")].count("c") == 1
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(225)        # 76 s on a loaded 2-core machine
 def test_cooldown_brings_a_host_back_and_reset_limit_stops_the_job(tmp_path):
     """(e) With --blacklist-cooldown-range 1 2 host c comes back after its cooldown and
     fails again; --reset-limit 2 ends the job with Horovod's reason."""
     res = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3,
                       env={"EL_FAULT": "fail:c:0:5", "EL_SLOW": "0.05", "EL_EPOCHS": "30"},
-                      extra=["--blacklist-cooldown-range", "1", "2", "--reset-limit", "2"])
+                      extra=["--blacklist-cooldown-range", "1", "2", "--reset-limit", "2"],
+                      timeout=210)
     assert res.returncode == 1, res.describe()
     assert "number of resets during the elastic job exceeded the limit: 2" in res.stderr, \
         res.describe()
@@ -256,64 +158,26 @@ def test_cooldown_brings_a_host_back_and_reset_limit_stops_the_job(tmp_path):
     assert [h["host"] for _, h in records(res, "hello")].count("c") >= 2
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(135)        # 45 s on a loaded 2-core machine
 def test_rank_exiting_zero_early_does_not_end_the_job(tmp_path):
     """(g) The rank on host c exits 0 in epoch 1 while the others train: the job goes on
     with 2 ranks and finishes every epoch (Horovod ended the whole job)."""
-    res = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3, env={"EL_FAULT": "exit0:c:1:3"})
+    res = run_elastic(SCRIPT, tmp_path, THREE, 3, 2, 3, env={"EL_FAULT": "exit0:c:1:3"},
+                      timeout=120)
     _assert_finished_together(res, 2)
     assert "worker 2 (rank 2, host c) finished" in res.stderr
     assert "blacklisting" not in res.stderr
     _starts_agree(res)
 
 
-PROCESS_SETS = textwrap.dedent("""
-    import os, signal, time
-    import torch
-    import horovodlike.torch as hvd
-
-    hvd.init(process_sets="dynamic")
-    host = os.environ["HOROVOD_HOSTNAME"]
-    sets = {"pair": hvd.add_process_set([0, 1])}
-    first = sets["pair"]
-
-    def on_reset():                 # the ranks changed: make the set again
-        sets["pair"] = hvd.add_process_set([0, 1])
-
-    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
-    state.register_reset_callbacks([on_reset])
-
-    @hvd.elastic.run
-    def train(state):
-        while state.step < 20:
-            if host == "b" and state.step == 8:
-                os.kill(os.getpid(), signal.SIGKILL)
-            total = hvd.allreduce(torch.ones(2), name="all", op=hvd.Sum)
-            if hvd.rank() in (0, 1):
-                pair = hvd.allreduce(torch.ones(2), name="pair", op=hvd.Sum,
-                                     process_set=sets["pair"])
-                assert pair.tolist() == [2.0, 2.0], pair
-            state.step += 1
-            state.commit()
-            time.sleep(0.02)
-        return total
-
-    total = train(state)
-    try:
-        hvd.allreduce(torch.ones(1), name="stale", process_set=first)
-        refused = "no"
-    except ValueError as e:
-        refused = "yes" if "not registered" in str(e) else repr(e)
-    print(f"final rank={hvd.rank()} size={hvd.size()} total={int(total[0])} "
-          f"stale_refused={refused} pair={','.join(map(str, sets['pair'].ranks))}", flush=True)
-""")
+PROCESS_SETS = rank_program("elastic_torch_process_sets")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(48)         # 16 s on a loaded 2-core machine
 def test_process_sets_after_a_reset(tmp_path):
     """After a reset rank() and size() describe the new round, a process set made before
     is refused as unregistered, and one re-added in a reset callback works."""
-    res = run_elastic(PROCESS_SETS, tmp_path, THREE, 3, 2, 3, timeout=240)
+    res = run_elastic(PROCESS_SETS, tmp_path, THREE, 3, 2, 3, timeout=40)
     assert res.returncode == 0, res.describe()
     finals = sorted((r["rank"], r) for _, r in records(res, "final"))
     assert [r for r, _ in finals] == ["0", "1"], res.describe()

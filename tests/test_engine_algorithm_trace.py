@@ -5,24 +5,9 @@ hierarchically and are traced as "hierarchical" (an allgather was once traced as
 one node's ranks uses shared memory."""
 import json
 
-from harness import run_ranks
+from harness import rank_program, run_ranks
 
-SCRIPT = r'''
-import os, sys
-import numpy as np
-import horovodlike as hvd
-sets = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])]
-hvd.init(process_sets=sets)
-r = hvd.rank()
-local = sets[0] if r < 2 else sets[1]
-hvd.allreduce(np.ones(1 << 16, np.float32), name="ar")
-hvd.allgather(np.ones((r + 1, 3), np.float32), name="ag")
-hvd.broadcast(np.ones(10), root_rank=0, name="bc")
-hvd.alltoall(np.ones((4, 2), np.float32), name="a2a")
-hvd.allreduce(np.ones(100, np.float32), name="local", process_set=local)
-hvd.barrier()
-print("OK", flush=True)
-'''
+SCRIPT = rank_program("engine_algorithm_trace_script")
 
 
 def test_traced_algorithm_is_the_one_chosen(tmp_path):

@@ -28,6 +28,7 @@ import time
 
 import pytest
 
+from harness import rank_program
 
 HOST = socket.gethostname()
 # The ranks import the same package as this test (a sanitized copy, say), not the checkout.
@@ -90,76 +91,7 @@ def test_engine_hmac_sha256_matches_python_on_every_padding_length():
 
 # ------------------------------------------------------------------ real ranks
 
-RANK = textwrap.dedent("""
-    import os, sys, time
-    import numpy as np
-    from horovodlike.common import engine
-    rank, size, d = int(os.environ["T_RANK"]), int(os.environ["T_SIZE"]), os.environ["T_DIR"]
-    key = bytes.fromhex(os.environ.get("T_KEY", ""))
-    iters, idle = int(os.environ.get("T_ITERS", "3")), float(os.environ.get("T_IDLE", "0"))
-    elems = int(os.environ.get("T_ELEMS", "1000"))
-    addr = os.environ.get("T_ADDR", "127.0.0.1")     # where this rank listens and is reached
-    blob = engine.prepare(os.environ["T_HOST"], addr, addr, key)
-    with open(f"{d}/blob.{rank}.tmp", "wb") as f:
-        f.write(blob)
-    os.rename(f"{d}/blob.{rank}.tmp", f"{d}/blob.{rank}")
-    print("blob", blob.hex(), flush=True)
-    blobs = []
-    for r in range(size):
-        while not os.path.exists(f"{d}/blob.{r}"):
-            time.sleep(0.01)
-        with open(f"{d}/blob.{r}", "rb") as f:
-            blobs.append(f.read())
-    time.sleep(float(os.environ.get("T_PRESTART_SLEEP", "0")))
-    t = time.monotonic()
-    try:
-        engine.start(rank, size, blobs)
-    except Exception as e:
-        print("start-failed", type(e).__name__, e, flush=True)
-        sys.exit(3)
-    print(f"started {time.monotonic() - t:.3f}", flush=True)
-    x = np.ones(elems, np.float32)
-    flood = int(os.environ.get("T_FLOOD", "0"))
-    if flood:
-        # Many ops with long names, none waited for: the announcements to rank 0 outgrow
-        # every socket buffer, so the engine thread blocks sending them.
-        hs = [engine.enqueue(engine.ALLREDUCE, f"{i:06d}" + "n" * 2000, engine.DTYPES["float32"],
-                             x.shape, x.ctypes.data, x.ctypes.data) for i in range(flood)]
-        print("flooded", flush=True)
-        errors = set()
-        for h in hs:
-            try:
-                while not engine.wait(h, 1.0):
-                    pass
-                engine.release(h)
-            except Exception as e:
-                errors.add(f"{type(e).__name__} {e}")
-        print("flood-ended", sorted(errors), flush=True)
-        engine.shutdown()
-        print("done", flush=True)
-        sys.exit(0)
-    try:
-        for i in range(iters):
-            h = engine.enqueue(engine.ALLREDUCE, f"x{i % 2}", engine.DTYPES["float32"], x.shape,
-                               x.ctypes.data, x.ctypes.data)
-            while not engine.wait(h, 1.0):
-                pass
-            engine.release(h)
-            print(f"op {i} {x[0]}", flush=True)
-            x[:] = 1
-        until = time.monotonic() + idle
-        while time.monotonic() < until and engine.is_running():
-            time.sleep(0.05)
-        h = engine.enqueue(engine.BARRIER, "end")
-        while not engine.wait(h, 1.0):
-            pass
-        engine.release(h)
-    except Exception as e:
-        print("op-failed", type(e).__name__, e, flush=True)
-        sys.exit(0)
-    engine.shutdown()
-    print("done", flush=True)
-""")
+RANK = rank_program("engine_hostile_engine")
 
 
 class Job:
@@ -167,7 +99,6 @@ class Job:
 
     def __init__(self, tmp_path, size, key=KEY, env=None):
         self.dir, self.size, self.key = tmp_path, size, key
-        (tmp_path / "rank.py").write_text(RANK)
         self.env = {k: str(v) for k, v in (env or {}).items()}
         self.procs = {}
 
@@ -176,7 +107,7 @@ class Job:
                  T_KEY=self.key.hex(), T_HOST=HOST, PYTHONPATH=PACKAGE_ROOT, PYTHONUNBUFFERED="1")
         e.update(self.env)
         e.update({k: str(v) for k, v in env.items()})
-        self.procs[rank] = subprocess.Popen([sys.executable, str(self.dir / "rank.py")],
+        self.procs[rank] = subprocess.Popen([sys.executable, str(RANK)],
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                             env=e, text=True, start_new_session=True)
         return self.procs[rank]

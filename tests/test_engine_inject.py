@@ -3,56 +3,21 @@ engine fails for real on one rank, and every rank of the job must report that ca
 rank, the site's own reason, and that it was injected), the job must end without a hang,
 and no shared-memory segment may be left behind.
 
-The job runs on a made-up host name of its own, so the segment it would leave is known
-by name (the engine names it after the job's nonce and the host)."""
-import glob
+The segment's name is the engine's own answer, not recomputed here: every rank that got
+through init prints the /dev/shm file it has mapped (read from /proc/self/maps), and a
+rank whose init failed while setting the segment up names it in its error. The job runs
+on a made-up host name of its own, which the failure messages must name."""
+import os
+import re
 import uuid
 
 import pytest
 
-from harness import run_ranks
+from harness import rank_program, run_ranks
 
 NP = 3
 
-SCRIPT = r'''
-import os, sys
-import numpy as np
-import horovodlike as hvd
-op = os.environ["HVDTEST_OP"]
-try:
-    hvd.init()
-    r = hvd.rank()
-    if op == "big_allreduce":
-        hvd.allreduce(np.ones(1 << 20, np.float32), name="big")
-    elif op == "small_allreduce":
-        hvd.allreduce(np.ones(16, np.float32), name="small")
-    elif op == "fused":
-        # The six must reach rank 0's coordinator together, whatever the scheduling: an
-        # idle engine announces a request at once, so rank 0 first puts a gate in flight
-        # that the others join only later; its six then wait out one cycle and travel in
-        # one frame, after everyone else's, and become ready (and fuse) together.
-        import time
-        six = lambda: [hvd.allreduce_async(np.ones(1000, np.float32), name=f"f{i}") for i in range(6)]
-        gate = lambda: hvd.allreduce_async(np.ones(1, np.float32), name="gate")
-        if r == 0:
-            hs = [gate()] + six()
-        else:
-            hs = six()
-            time.sleep(1.0)
-            hs.append(gate())
-        for h in hs:
-            hvd.synchronize(h)
-    elif op == "allgather":
-        hvd.allgather(np.ones((r + 1, 3), np.float32), name="gather")
-    elif op == "reducescatter":
-        hvd.reducescatter(np.ones((6, 2), np.float32), name="scatter")
-    print("OP_OK", flush=True)
-    for i in range(3):                       # whatever was missed above fails here
-        hvd.allreduce(np.ones(1 << 18, np.float32), name=f"more{i}")
-    print("NOERROR", flush=True)
-except Exception as e:
-    print(f"ERR {type(e).__name__}: {e}", flush=True)
-'''
+SCRIPT = rank_program("engine_inject_op")
 
 # Every site the engine has (its own list, so that a new site without a case fails
 # test_every_engine_site_has_a_case) -> the failures caused there: failing rank, extra
@@ -101,11 +66,19 @@ def test_every_engine_site_has_a_case():
         f"the engine's sites {sorted(ENGINE_SITES)} and the cases here {sorted(SITE_CASES)} differ"
 
 
-def _fnv(s):
-    h = 1469598103934665603
-    for c in s.encode():
-        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return h
+_SEGMENT_IN_MESSAGE = re.compile(r"shared-memory segment (/hvdl-[0-9a-f]+-[0-9a-f]+) ")
+
+
+def segments_named_by_the_engine(res):
+    """/dev/shm paths of the job's segment, as the ranks reported them: mapped after init,
+    or named in an error from setting it up."""
+    paths = set()
+    for lines in res.rank_lines().values():
+        for line in lines:
+            if line.startswith("SEGMENT "):
+                paths.add(line.split(" ", 1)[1])
+            paths.update("/dev/shm" + m for m in _SEGMENT_IN_MESSAGE.findall(line))
+    return paths
 
 
 @pytest.mark.parametrize("site,victim,env,op,reason", CASES, ids=[f"{c[0]}@{c[1]}" for c in CASES])
@@ -124,7 +97,15 @@ def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, r
         assert reason in msg, f"rank {r} does not name the cause: {msg}"
         assert f"(injected by HOROVODLIKE_TEST_INJECT={site})" in msg, f"rank {r}: {msg}"
     assert res.elapsed < 60, res.describe()
-    assert not glob.glob(f"/dev/shm/hvdl-*-{_fnv(host):016x}"), "a shared-memory segment was left"
+    segments = segments_named_by_the_engine(res)
+    if env.get("HOROVODLIKE_SHM") == "0":
+        assert not segments, f"the engine used a segment with HOROVODLIKE_SHM=0: {segments}"
+    else:
+        # 3 ranks on one host: there is one segment, and some rank must have named it,
+        # or the check below would pass on nothing
+        assert len(segments) == 1, f"ranks named segments {segments}\n{res.describe()}"
+        left = [p for p in segments if os.path.exists(p)]
+        assert not left, f"shared-memory segment left behind: {left}"
 
 
 def test_malformed_spec_is_refused_loudly():

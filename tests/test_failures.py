@@ -12,49 +12,28 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from harness import MPIRUN_SKIP_REASON, RANK_PRELUDE, REPO, run_ranks
+from harness import MPIRUN_SKIP_REASON, REPO, rank_program, run_ranks
 from horovodlike.common import jobkey
 from horovodlike.common.store import StoreServer
 
 HOST = socket.gethostname()
 
-BIG_ALLREDUCE = textwrap.dedent("""
-    import os, sys, time
-    import numpy as np
-    import horovodlike as hvd
-    hvd.init()
-    r = hvd.rank()
-    print(f"ready {r} {os.getpid()}", flush=True)
-    x = np.ones(8 << 20, np.float32)          # 32 MiB: each allreduce takes a while
-    t = None
-    try:
-        for i in range(100000):
-            h = hvd.allreduce_async(x, name=f"big.{i % 2}")
-            if i == 3:
-                print(f"midway {r}", flush=True)
-            t = time.monotonic()
-            hvd.synchronize(h)
-    except hvd.HorovodInternalError as e:
-        print(f"lost {r} after {time.monotonic() - t:.2f}s: {e}", flush=True)
-        try:
-            hvd.allreduce(np.ones(3), name="after")
-            print(f"later-op-succeeded {r}", flush=True)
-        except hvd.HorovodInternalError as e2:
-            print(f"later-op-failed {r}: {e2}", flush=True)
-        sys.exit(0)
-""")
+BIG_ALLREDUCE = rank_program("failures_big_allreduce")
 
 
 def _spawn_job(script, np_, tmp_path, extra_env=None, hosts=None):
     """N real rank processes sharing a rendezvous store, as horovodlikerun would start them
     (on this host, or on the fake host names `hosts`, one per rank)."""
-    path = tmp_path / "rank.py"
-    path.write_text(script)
+    if isinstance(script, Path):
+        path = script
+    else:
+        path = tmp_path / "rank.py"
+        path.write_text(script)
     key = jobkey.generate()
     store = StoreServer(key=key).start()
     job = f"kill{time.time_ns()}"
@@ -123,21 +102,7 @@ def test_killed_rank_fails_survivors_promptly_naming_it(tmp_path, victim):
     assert not glob.glob("/dev/shm/hvdl-*")
 
 
-KILL_SELF = RANK_PRELUDE + textwrap.dedent("""
-    import signal
-    hvd.init()
-    x = np.ones(4 << 20, np.float32)
-    for i in range(1000):
-        h = hvd.allreduce_async(x, name="big")
-        if hvd.rank() == 1 and i == 2:
-            os.kill(os.getpid(), signal.SIGKILL)    # dies with its allreduce in flight
-        try:
-            hvd.synchronize(h)
-        except hvd.HorovodInternalError as e:
-            print(f"rank {hvd.rank()} saw: {e}", flush=True)
-            time.sleep(30)       # the launcher must not wait for this
-            sys.exit(5)
-""")
+KILL_SELF = rank_program("failures_kill_self")
 
 
 @pytest.mark.timeout(120)
@@ -156,14 +121,7 @@ def test_mpirun_job_with_a_killed_rank_ends_promptly():
     assert res.elapsed < 40, res.describe()
 
 
-STALL = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    if hvd.rank() == 1:
-        time.sleep(3)
-    out = hvd.allreduce(np.ones(4), op=hvd.Sum, name="late")
-    check_equal(out, np.full(4, float(hvd.size())), "late allreduce")
-    finish()
-""")
+STALL = rank_program("failures_stall")
 
 
 @pytest.mark.timeout(120)
@@ -175,17 +133,7 @@ def test_stall_warning_names_tensor_and_missing_rank():
     assert "allreduce.late" in warn[0] and "ranks [1]" in warn[0], warn
 
 
-STALL_SHUTDOWN = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    name = "only.rank0" if hvd.rank() == 0 else "only.others"
-    t = time.monotonic()
-    e = check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(np.ones(2), name=name),
-                     "stalled", what="stalled op")
-    check(time.monotonic() - t < 20, "stall shutdown came in time")
-    check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(np.ones(2), name="next"),
-                 "stalled", what="later op after a stall shutdown")
-    finish_alone()
-""")
+STALL_SHUTDOWN = rank_program("failures_stall_shutdown")
 
 
 @pytest.mark.timeout(120)
@@ -198,30 +146,7 @@ def test_stall_shutdown_fails_every_rank():
     assert "never submitted" in res.stderr and "only.rank0" in res.stderr, res.describe()
 
 
-MISMATCHES = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    last = n - 1
-    check_raises(hvd.TensorMismatchError,
-                 lambda: hvd.allreduce(np.ones((17 + (r == last), 17), np.float32), name="shape"),
-                 "allreduce.shape", "shape", "[17, 17]", f"rank {last} has [18, 17]", what="shape")
-    check_raises(hvd.TensorMismatchError,
-                 lambda: hvd.allreduce(np.ones(4, np.float32 if r else np.float64), name="dt"),
-                 "dtype", "float64", "float32", what="dtype")
-    check_raises(hvd.TensorMismatchError,
-                 lambda: hvd.allreduce(np.ones(4), op=hvd.Sum if r else hvd.Max, name="op"),
-                 "reduce op", "Max", "Sum", what="reduce op")
-    check_raises(hvd.TensorMismatchError,
-                 lambda: hvd.broadcast(np.ones(4), root_rank=min(r, 1), name="root"),
-                 "root rank", what="root")
-    check_raises(hvd.TensorMismatchError,
-                 lambda: hvd.allgather(np.ones((2, 3 + (r == last)), np.float32), name="ag"),
-                 "allgather.ag", "shape", what="allgather trailing dims")
-    # and the engine goes on
-    out = hvd.allreduce(np.ones(5), op=hvd.Sum, name="after")
-    check_equal(out, np.full(5, float(n)), "op after mismatches")
-    finish()
-""")
+MISMATCHES = rank_program("failures_mismatches")
 
 
 @pytest.mark.timeout(120)
@@ -248,27 +173,7 @@ def test_mpi_world_size_disagreeing_with_launcher_fails_loudly():
 # connections: its listener is open, so its peers' connections are accepted by the kernel
 # and then meet silence. The script stops itself at that point, so the test needs no
 # timing guess.
-STOP_AT_START = textwrap.dedent("""
-    import os, signal, sys
-    from horovodlike.common import engine
-    victim = int(os.environ["HVDTEST_VICTIM"])
-    _start = engine.start
-
-    def start(rank, size, blobs):
-        if rank == victim:
-            print(f"stopping {rank}", flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP)
-        return _start(rank, size, blobs)
-
-    engine.start = start
-    import horovodlike as hvd
-    try:
-        hvd.init()
-    except Exception as e:
-        print(f"init failed on rank {os.environ['HOROVOD_RANK']}: {e}", flush=True)
-        sys.exit(3)
-    print("init passed", flush=True)
-""")
+STOP_AT_START = rank_program("failures_stop_at_start")
 START_TIMEOUT = 6
 
 

@@ -18,60 +18,17 @@ ends the job (MPI's own waits, in MPI_Init and MPI_Finalize, would wait for ever
 import glob
 import re
 import socket
-import textwrap
 
 import pytest
 
-from harness import requires_mpirun, run_ranks
+from harness import requires_mpirun, rank_program, run_ranks
 
 HOST = socket.gethostname()
 NP = 3
 PEER_TIMEOUT = 3
 START_TIMEOUT = 6
 
-VICTIM = textwrap.dedent("""
-    import os, signal, sys, threading, time
-    import numpy as np
-    import horovodlike as hvd
-
-    phase, victim = os.environ["FAULT_PHASE"], int(os.environ["FAULT_VICTIM"])
-    sig = getattr(signal, os.environ["FAULT_SIGNAL"])
-    me = int(os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"])
-
-    def hit():
-        print("VICTIM-HIT", flush=True)
-        os.kill(os.getpid(), sig)
-
-    if phase == "init" and me == victim:
-        hit()
-    hvd.init()
-    try:
-        if phase == "negotiation":
-            hvd.allreduce(np.ones(4), name="warm")
-            if me == victim:
-                hit()
-            hvd.allreduce(np.ones(4), name="never-agreed")
-        elif phase in ("shm", "ring"):
-            x = np.ones(1 << 22, np.float32)
-            hvd.allreduce(x, name="warm")
-            if me == victim:
-                threading.Timer(0.3, hit).start()
-            for i in range(100000):
-                hvd.allreduce(x, name="big")
-        elif phase == "shutdown":
-            hvd.allreduce(np.ones(4), name="warm")
-            if me == victim:
-                hit()
-            else:
-                # The victim stops before the others shut down; one that stops after the
-                # job has shut down is only a process that has not exited yet.
-                time.sleep(1.0)
-            hvd.shutdown()
-        print("FINISHED", flush=True)
-    except hvd.HorovodInternalError as e:
-        print(f"FAILED: {e}", flush=True)
-        sys.exit(3)
-""")
+VICTIM = rank_program("faults_victim")
 
 PHASES = ["init", "negotiation", "shm", "ring", "shutdown"]
 ROLES = {"worker": NP - 1, "coordinator": 0}
@@ -157,24 +114,7 @@ def test_mpirun_stopped_rank_ends_the_job(phase, role):
 
 # A rank that stops (or hangs) once the job has shut down: its engine is gone, so no
 # peer can name it; horovodlikerun must notice it is quiet and end it (--shutdown-grace).
-AFTER_SHUTDOWN = textwrap.dedent("""
-    import os, signal, time
-    import numpy as np
-    import horovodlike as hvd
-
-    victim, mode = int(os.environ["FAULT_VICTIM"]), os.environ["FAULT_MODE"]
-    hvd.init()
-    me = hvd.rank()
-    hvd.allreduce(np.ones(4), name="warm")
-    hvd.shutdown()
-    if me == victim:
-        if mode == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
-        end = time.monotonic() + float(os.environ["FAULT_BUSY"])
-        while time.monotonic() < end:      # busy and silent: working, not hung
-            pass
-    print("FINISHED", flush=True)
-""")
+AFTER_SHUTDOWN = rank_program("faults_after_shutdown")
 GRACE = 2
 
 

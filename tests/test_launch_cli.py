@@ -21,7 +21,7 @@ from horovodlike.runner.job_env import job_env  # noqa: E402
 from horovodlike.runner.mpirun import mpirun_argv  # noqa: E402
 from horovodlike.runner.launch import build_parser, parse_args  # noqa: E402
 
-from harness import MPIRUN_SKIP_REASON  # noqa: E402
+from harness import MPIRUN_SKIP_REASON, rank_program  # noqa: E402
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(180)
@@ -350,20 +350,13 @@ def launch(args, timeout=90, cwd=None, **env):
                           env=launcher_env(**env), start_new_session=True)
 
 
-ALLREDUCE = """
-import os, sys, numpy as np, horovodlike as hvd
-hvd.init()
-out = hvd.allreduce(np.full(4, hvd.rank() + 1.0), op=hvd.Sum)
-print("sum", out.tolist(), "iface", os.environ.get("HOROVOD_GLOO_IFACE"), flush=True)
-print("to stderr", hvd.rank(), file=sys.stderr, flush=True)
-hvd.shutdown()
-"""
+ALLREDUCE = rank_program("launch_cli_allreduce")
 
 
 def test_output_filename_writes_horovods_per_rank_layout(tmp_path):
     out = tmp_path / "logs"
     res = launch(["-np", "2", "--output-filename", str(out), "-prefix-timestamp",
-                  sys.executable, "-c", ALLREDUCE])
+                  sys.executable, str(ALLREDUCE)])
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == ["rank.0", "rank.1"]
     stamp = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}"
@@ -384,7 +377,7 @@ def test_output_filename_pads_ranks_like_horovod():
 
 
 def test_network_interface_reaches_the_ranks_and_a_missing_one_is_refused():
-    res = launch(["-np", "2", "--network-interface", "lo", sys.executable, "-c", ALLREDUCE])
+    res = launch(["-np", "2", "--network-interface", "lo", sys.executable, str(ALLREDUCE)])
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("sum [3.0, 3.0, 3.0, 3.0] iface lo") == 2, res.stdout
     names = {n for _, n in socket.if_nameindex()}
@@ -397,7 +390,7 @@ def test_hostfile_and_notices_on_a_real_launch(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost slots=2\n")
     res = launch(["-np", "2", "-hostfile", str(hosts), "--autotune", "--num-nccl-streams",
-                  "2", "--disable-cache", "--jsrun", sys.executable, "-c", ALLREDUCE])
+                  "2", "--disable-cache", "--jsrun", sys.executable, str(ALLREDUCE)])
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("sum [3.0, 3.0, 3.0, 3.0]") == 2
     notices = [l for l in res.stderr.splitlines() if " ignored: " in l]
@@ -420,29 +413,14 @@ hvd.init()
     assert elapsed < 30, elapsed
 
 
-AFFINITY = """
-import os, threading, horovodlike as hvd
-main_before = os.sched_getaffinity(0)
-hvd.init()
-masks = {}
-for tid in os.listdir("/proc/self/task"):
-    with open(f"/proc/self/task/{tid}/status") as f:
-        for line in f:
-            if line.startswith("Cpus_allowed_list:"):
-                masks[int(tid)] = line.split()[1]
-hvd.barrier()            # nobody shuts down (ending the peers' engines) before all looked
-main = masks.pop(threading.get_native_id())
-print("main", main, "unchanged", os.sched_getaffinity(0) == main_before,
-      "others", sorted(masks.values()), flush=True)
-hvd.shutdown()
-"""
+AFFINITY = rank_program("launch_cli_affinity")
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or
                     not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1")
 @pytest.mark.parametrize("spec, cores", [("0", ["0", "1"]), ("1,0", ["1", "0"])])
 def test_thread_affinity_pins_the_engine_thread(spec, cores):
-    res = launch(["-np", "2", "--thread-affinity", spec, sys.executable, "-c", AFFINITY])
+    res = launch(["-np", "2", "--thread-affinity", spec, sys.executable, str(AFFINITY)])
     assert res.returncode == 0, res.stderr
     for rank, core in enumerate(cores):
         line = next(l for l in res.stdout.splitlines() if l.startswith(f"[{rank}]<stdout>:"))
@@ -455,14 +433,14 @@ def test_thread_affinity_pins_the_engine_thread(spec, cores):
 
 def test_log_with_timestamp_stamps_engine_log_lines():
     res = launch(["-np", "2", "--log-level", "INFO", "--log-with-timestamp",
-                  sys.executable, "-c", ALLREDUCE])
+                  sys.executable, str(ALLREDUCE)])
     assert res.returncode == 0, res.stderr
     engine_lines = [l for l in res.stderr.splitlines() if "[horovodlike rank" in l]
     assert engine_lines, res.stderr
     for l in engine_lines:
         assert re.match(r"\[\d\]<stderr>:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\] "
                         r"\[horovodlike rank \d\]", l), l
-    res = launch(["-np", "2", "--log-level", "INFO", sys.executable, "-c", ALLREDUCE])
+    res = launch(["-np", "2", "--log-level", "INFO", sys.executable, str(ALLREDUCE)])
     assert re.search(r"<stderr>:\[horovodlike rank \d\]", res.stderr), res.stderr
 
 
@@ -479,7 +457,7 @@ def test_ssh_port_and_identity_file_reach_ssh(tmp_path):
         """))
     (bin_dir / "ssh").chmod(0o755)
     res = launch(["-np", "2", "-H", "nodea:1,nodeb:1", "-p", "2222", "-i", "/keys/id",
-                  sys.executable, "-c", ALLREDUCE],
+                  sys.executable, str(ALLREDUCE)],
                  PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                  HOROVODLIKE_STORE_HOST="127.0.0.1", HOROVODLIKE_IFACE_ADDR="127.0.0.1")
     assert res.returncode == 0, res.stderr
@@ -502,11 +480,9 @@ def test_check_build_and_version_from_the_command_line():
 
 @pytest.mark.skipif(MPIRUN_SKIP_REASON is not None, reason=MPIRUN_SKIP_REASON or "")
 def test_mpi_runs_the_job_through_mpirun(tmp_path):
-    script = ALLREDUCE.replace('print("sum"', 'print("mpi", os.environ.get('
-                               '"OMPI_COMM_WORLD_SIZE"), "sum"')
     res = launch(["-np", "2", "--mpi", "--verbose", "--mpi-args=--oversubscribe",
                   "--binding-args=-bind-to none", "--cycle-time-ms", "3",
-                  sys.executable, "-c", script + "\nprint('ct', os.environ['HOROVOD_CYCLE_TIME'])"],
+                  sys.executable, str(ALLREDUCE), "--mpi-details"],
                  timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "horovodlikerun: mpirun " in res.stderr and "--bind-to none" in res.stderr

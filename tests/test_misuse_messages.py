@@ -5,52 +5,19 @@ import importlib.util
 
 import pytest
 
-from harness import RANK_PRELUDE, run_ranks
+from harness import rank_program, run_ranks
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(120)
 
-BUCKETS = RANK_PRELUDE + r'''
-import torch
-import horovodlike.torch as hvdt
-hvdt.init()
-R = hvdt.rank()
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 4 + R)             # rank 1 built a different model
-opt = hvdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                named_parameters=model.named_parameters())
-model(torch.ones(2, 4)).sum().backward()
-e = check_raises(hvdt.TensorMismatchError, opt.step,
-                 "the model's parameters differ across ranks",
-                 "'weight': rank 0 has [4, 4], rank 1 has [5, 4]",
-                 "'bias': rank 0 has [4], rank 1 has [5]", what="step() with different models")
-check("bucket" not in str(e).split("(")[0], "no bucket name in the message", str(e))
-# the engine goes on: a following collective works
-check_equal(hvdt.allreduce(torch.ones(2), op=hvdt.Sum, name="after").numpy(),
-            np.full(2, 2.0, dtype=np.float32), "an allreduce after the mismatch")
-finish()
-'''
+BUCKETS = rank_program("misuse_messages_buckets")
 
 
 def test_bucketed_optimizer_names_the_parameters_that_differ():
     run_ranks(BUCKETS, 2, "horovodlikerun", timeout=90).assert_ok()
 
 
-LATE = RANK_PRELUDE + r'''
-if os.environ["HOROVOD_RANK"] == "1":
-    time.sleep(30)           # a rank far slower to start than --start-timeout allows
-try:
-    hvd.init()
-    fail("init with a late rank", "returned")
-except RuntimeError as e:
-    for needle in ("rank 1 is late: it did not reach hvd.init() within 3 s",
-                   "horovodlikerun --start-timeout"):
-        check(needle in str(e), "the start timeout message", f"{str(e)!r} lacks {needle!r}")
-    check("was lost" not in str(e), "a late rank is not called lost", str(e))
-    print(f"RuntimeError: {e}", file=sys.stderr, flush=True)   # as an uncaught one would
-    finish_alone()
-    sys.exit(1)              # the job failed: the launcher says why
-'''
+LATE = rank_program("misuse_messages_late")
 
 
 def test_start_timeout_names_the_flag_and_calls_a_late_rank_late():
@@ -75,12 +42,7 @@ def test_one_host_kubeflow_style_environment_is_not_called_several_hosts():
     assert "unknown on this host" not in str(info.value)
 
 
-IGNORED_ENV = RANK_PRELUDE + r'''
-hvd.init()
-hvd.shutdown()
-hvd.init()                   # a second init says nothing more
-finish_alone()
-'''
+IGNORED_ENV = rank_program("misuse_messages_ignored_env")
 
 
 def test_ineffective_horovod_variables_get_one_notice_at_init():
@@ -96,28 +58,18 @@ def test_ineffective_horovod_variables_get_one_notice_at_init():
     assert "HOROVOD_CYCLE_TIME (" not in lines[0], lines[0]
 
 
-INTERRUPTED = r'''
-import time
-import horovodlike as hvd
-hvd.init()
-print("ready", flush=True)
-time.sleep(60)
-'''
+INTERRUPTED = rank_program("misuse_messages_interrupted")
 
 
 def test_ctrl_c_prints_one_line_per_rank():
-    import os
     import queue
     import signal
     import subprocess
     import sys
-    import tempfile
     import threading
     from harness import _env, kill_tree
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(INTERRUPTED)
     proc = subprocess.Popen([sys.executable, "-m", "horovodlike.runner", "-np", "2",
-                             sys.executable, f.name], stdout=subprocess.PIPE,
+                             sys.executable, str(INTERRUPTED)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env("horovodlikerun", {}),
                             start_new_session=True)
     lines = queue.Queue()
@@ -132,7 +84,6 @@ def test_ctrl_c_prints_one_line_per_rank():
         err = proc.stderr.read()
     finally:
         kill_tree(proc)
-        os.unlink(f.name)
     reader.join(timeout=10)              # the rank lines come through the launcher's stdout
     while not lines.empty():
         err += lines.get()
@@ -141,21 +92,7 @@ def test_ctrl_c_prints_one_line_per_rank():
         assert err.count(f"horovodlike rank {r}: interrupted (Ctrl-C); exiting") == 1, err
 
 
-TF_COMPOSITE = RANK_PRELUDE + r'''
-import tensorflow as tf
-import horovodlike.tensorflow as hvdtf
-hvdtf.init()
-ragged = tf.ragged.constant([[1.0], [2.0, 3.0]])
-sparse = tf.sparse.SparseTensor([[0, 0]], [1.0], [2, 2])
-for op, call in (("allreduce", lambda t: hvdtf.allreduce(t)),
-                 ("allgather", lambda t: hvdtf.allgather(t)),
-                 ("broadcast", lambda t: hvdtf.broadcast(t, 0))):
-    check_raises(TypeError, lambda: call(ragged),
-                 f"{op}: tf.RaggedTensor is not supported; use a dense tensor", what=f"{op} ragged")
-    check_raises(TypeError, lambda: call(sparse),
-                 f"{op}: tf.SparseTensor is not supported; use a dense tensor", what=f"{op} sparse")
-finish()
-'''
+TF_COMPOSITE = rank_program("misuse_messages_tf_composite")
 
 
 def test_tf_ragged_and_sparse_tensors_get_a_clear_error():

@@ -10,12 +10,11 @@ nodes of two, and a node's leader killed while the others wait in their segments
 """
 import glob
 import re
-import textwrap
 import time
 
 import pytest
 
-from harness import RANK_PRELUDE, run_ranks
+from harness import rank_program, run_ranks
 from test_failures import _cleanup, _read_until, _spawn_job
 from test_negotiate_shm import REPEATED
 
@@ -56,27 +55,7 @@ def test_repeated_requests_are_agreed_per_node(np_, hosts, negotiate):
         assert c[2][0] == 0, c                      # alone on its node: its own frames
 
 
-MISMATCH = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    odd = int(os.environ["ODD"])                          # the rank whose request changes
-    for i in range(3):                                   # cached, agreed in the segments
-        check_equal(hvd.allreduce(np.ones(4), op=hvd.Sum, name="a"), np.full(4, float(n)), f"warm {i}")
-    for late in (True, False):
-        # The changed request reaches rank 0 after its node mates posted theirs (late)
-        # or before (the others wait a second).
-        if (r == odd) == late:
-            time.sleep(1)
-        shape = 5 if r == odd else 4
-        check_raises(hvd.TensorMismatchError,
-                     lambda: hvd.allreduce(np.ones(shape), op=hvd.Sum, name="a"),
-                     "allreduce.a", "shape", "has [4]", f"rank {odd} has [5]",
-                     what=f"changed on rank {odd}, late {late}")
-        for i in range(3):                               # and the engine goes on
-            check_equal(hvd.allreduce(np.ones(4), op=hvd.Sum, name="a"), np.full(4, float(n)),
-                        f"after {late}.{i}")
-    finish()
-""")
+MISMATCH = rank_program("negotiate_nodes_mismatch")
 
 
 @pytest.mark.timeout(150)
@@ -90,16 +69,7 @@ def test_a_changed_request_is_named_at_once_and_the_engine_goes_on(odd):
     assert counts(res.stderr)[0][2] >= 2, res.stderr[-3000:]
 
 
-STALL = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, late = hvd.rank(), [int(q) for q in os.environ["LATE"].split(",")]
-    for i in range(3):
-        hvd.allreduce(np.ones(4), op=hvd.Sum, name="late")
-    if r in late:
-        time.sleep(6)                     # its node mate has posted "late" in the segment
-    check_equal(hvd.allreduce(np.ones(4), op=hvd.Sum, name="late"), np.full(4, float(hvd.size())), "late")
-    finish()
-""")
+STALL = rank_program("negotiate_nodes_stall")
 
 
 @pytest.mark.timeout(120)
@@ -114,17 +84,7 @@ def test_stall_warning_names_exactly_the_missing_rank(late):
     assert warn and "allreduce.late" in warn[0] and f"ranks [{late}]" in warn[0], res.stderr[-3000:]
 
 
-STALL_SHUTDOWN = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    for i in range(3):
-        hvd.allreduce(np.ones(2), name="x")
-    if hvd.rank() == 3:
-        time.sleep(12)                    # never submits: the stall shutdown ends the job
-        sys.exit(0)
-    check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(np.ones(2), name="x"),
-                 "stalled", "allreduce.x", "ranks [3]", what="stalled op")
-    finish_alone()
-""")
+STALL_SHUTDOWN = rank_program("negotiate_stall_shutdown")
 
 
 @pytest.mark.timeout(120)
@@ -135,27 +95,7 @@ def test_stall_shutdown_names_a_rank_missing_from_another_nodes_segment():
     assert res.stdout.count("HVDTEST-OK") == 3, res.describe()
 
 
-JOIN = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    early = int(os.environ["EARLY"])
-    for i in range(10):
-        check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                    np.full(7, float(n), np.float32), f"before {i}")
-    # the early rank leaves: "g" must go through rank 0 (zeros for it) until all join
-    if r == early:
-        hvd.join()
-    else:
-        for i in range(5):
-            check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                        np.full(7, float(n - 1), np.float32), f"joined {i}")
-        time.sleep(0.5)
-        hvd.join()
-    for i in range(10):                       # after the join: the segments again
-        check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                    np.full(7, float(n), np.float32), f"after join {i}")
-    finish()
-""")
+JOIN = rank_program("negotiate_nodes_join")
 
 
 @pytest.mark.timeout(150)
@@ -169,25 +109,7 @@ def test_a_join_takes_every_word_over_until_it_ends(early):
     assert c[0][1] >= 2 * 15, c               # before and after the join, in the segments
 
 
-POSTED_THEN_JOIN = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    for i in range(5):
-        check_equal(hvd.broadcast(np.full(3, float(r)), root_rank=1, name="b"), np.full(3, 1.0), f"before {i}")
-    if r == 2:
-        # posts "b" in its node's word, then joins without waiting: its request counts
-        # as submitted, ahead of its join (as joined, only an allreduce could run)
-        h = hvd.broadcast_async(np.full(3, float(r)), root_rank=1, name="b")
-        hvd.join()
-        check_equal(hvd.synchronize(h), np.full(3, 1.0), "posted then joined")
-    else:
-        time.sleep(0.5)
-        check_equal(hvd.broadcast(np.full(3, float(r)), root_rank=1, name="b"), np.full(3, 1.0), "with 2's")
-        hvd.join()
-    for i in range(5):
-        check_equal(hvd.broadcast(np.full(3, float(r)), root_rank=1, name="b"), np.full(3, 1.0), f"after {i}")
-    finish()
-""")
+POSTED_THEN_JOIN = rank_program("negotiate_nodes_posted_then_join")
 
 
 @pytest.mark.timeout(150)
@@ -197,31 +119,14 @@ def test_a_request_posted_before_a_join_counts_as_submitted():
     res.assert_ok()
 
 
-WAITER = textwrap.dedent("""
-    import os, signal, sys, time
-    import numpy as np
-    import horovodlike as hvd
-    hvd.init()
-    r = hvd.rank()
-    for i in range(5):
-        hvd.allreduce(np.ones(4), name="k")
-    print(f"ready {r}", flush=True)
-    if r == 2:
-        time.sleep(1)                        # the others post "k" and wait
-        os.kill(os.getpid(), signal.SIGKILL)
-    t = time.monotonic()
-    try:
-        hvd.allreduce(np.ones(4), name="k")
-        print(f"finished {r}", flush=True)
-    except hvd.HorovodInternalError as e:
-        print(f"lost {r} after {time.monotonic() - t:.1f}s: {e}", flush=True)
-""")
+WAITER = rank_program("negotiate_waiter")
+
 
 
 @pytest.mark.timeout(120)
 def test_a_node_leader_killed_while_the_others_wait_is_named(tmp_path):
     store, procs = _spawn_job(WAITER, 4, tmp_path, hosts=["a", "a", "b", "b"],
-                              extra_env={"HOROVODLIKE_PEER_TIMEOUT_SECONDS": "4"})
+                              extra_env={"HOW": "SIGKILL", "HOROVODLIKE_PEER_TIMEOUT_SECONDS": "4"})
     try:
         deadline = time.monotonic() + 60
         for p in procs:

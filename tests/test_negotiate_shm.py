@@ -12,12 +12,11 @@ import glob
 import os
 import re
 import signal
-import textwrap
 import time
 
 import pytest
 
-from harness import RANK_PRELUDE, run_ranks
+from harness import rank_program, run_ranks
 from test_failures import HOST, _cleanup, _read_until, _spawn_job
 
 AGREED = re.compile(r"rank (\d+) agreed on (\d+) tensors in shared memory and executed (\d+) "
@@ -42,30 +41,7 @@ def caller_counts(stderr):
     return {int(m[1]): int(m[4]) for m in AGREED.finditer(stderr)}
 
 
-REPEATED = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    iters = int(os.environ["ITERS"])
-    x = np.arange(1000, dtype=np.float32) + r
-    exp = sum(np.arange(1000, dtype=np.float32) + q for q in range(n))
-    for i in range(iters):                       # more entries than the log's ring holds
-        out = hvd.allreduce(x, op=hvd.Sum, name="a")
-        if i % 500 == 0:
-            check_equal(out, exp, f"sum {i}")
-    fused = int(os.environ.get("FUSED", "40"))
-    for it in range(4):                          # fused: FUSED tensors announced together
-        hs = [hvd.allreduce_async(np.full(33, float(r + k), np.float32), op=hvd.Average, name=f"g{k}")
-              for k in range(fused)]
-        for k, h in enumerate(hs):
-            check_close(hvd.synchronize(h), np.full(33, (n - 1) / 2 + k, np.float32), f"avg {it}.{k}",
-                        rtol=1e-6, atol=1e-6)
-        rows = hvd.allgather(np.full((r + 1, 2), r, np.int64), name="ag")
-        check_equal(rows, np.concatenate([np.full((q + 1, 2), q, np.int64) for q in range(n)]), f"ag {it}")
-        check_equal(hvd.broadcast(np.full(5, r), root_rank=n - 1, name="b"), np.full(5, n - 1), f"bc {it}")
-    big = hvd.allreduce(np.full(1 << 18, float(r), np.float32), op=hvd.Sum, name="big")   # two-shot
-    check_equal(big, np.full(1 << 18, float(sum(range(n))), np.float32), "big")
-    finish()
-""")
+REPEATED = rank_program("negotiate_shm_repeated")
 
 
 @pytest.mark.timeout(300)
@@ -104,34 +80,7 @@ def test_repeated_requests_are_agreed_in_the_segment(np_, negotiate, launcher_ar
     assert all(n > 0 for n in caller_counts(res.stderr).values()), res.stderr[-3000:]
 
 
-OVERFLOW = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    N = 4500                  # ids past 4096 go through rank 0, one response each
-    def enqueue():
-        return [hvd.allreduce_async(np.full(3, r + k, np.float32 if k % 2 else np.float64),
-                                    op=hvd.Sum, name=f"t{k}") for k in range(N)]
-    def check_all(hs, tag):
-        for k, h in enumerate(hs):
-            out = hvd.synchronize(h)
-            if out[0] != sum(q + k for q in range(n)):
-                fail(f"{tag} t{k}", str(out))
-    check_all(enqueue(), "first")      # through rank 0: every name gets its cache id
-    # Rank 1 posts everything first. Rank 0 holds a gate in flight (rank 1 joins it
-    # late), so its loop is never idle and announces all N in one cycle: it completes
-    # 4095 ids at once and then plans 404 responses, more entries than the log holds.
-    if r == 1:
-        hs = enqueue()
-        time.sleep(5)
-        gate = hvd.allreduce_async(np.ones(1), op=hvd.Sum, name="gate")
-    else:
-        time.sleep(3)
-        gate = hvd.allreduce_async(np.ones(1), op=hvd.Sum, name="gate")
-        hs = enqueue()
-    check_all(hs, "second")
-    check_equal(hvd.synchronize(gate), np.full(1, float(n)), "gate")
-    finish()
-""")
+OVERFLOW = rank_program("negotiate_shm_overflow")
 
 
 @pytest.mark.timeout(240)
@@ -148,36 +97,7 @@ def test_more_entries_at_once_than_the_log_holds():
     assert counts[0][0] >= 4095 and counts[1][0] >= 4095, counts
 
 
-MISMATCH = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    last = n - 1
-    for i in range(3):                                   # cached, agreed in the segment
-        check_equal(hvd.allreduce(np.ones(4), op=hvd.Sum, name="a"), np.full(4, float(n)), f"warm {i}")
-    for late in (last, 0):
-        # The changed request reaches rank 0 after the others posted theirs (late = last)
-        # or before (late = 0: the last rank changes it at once, the others wait).
-        if r != last and late == 0:
-            time.sleep(1)
-        if r == last and late == last:
-            time.sleep(1)
-        shape = 5 if r == last else 4
-        check_raises(hvd.TensorMismatchError,
-                     lambda: hvd.allreduce(np.ones(shape), op=hvd.Sum, name="a"),
-                     "allreduce.a", "shape", "rank 0 has [4]", f"rank {last} has [5]",
-                     what=f"changed on rank {last}, late {late}")
-        for i in range(3):                               # and the engine goes on
-            check_equal(hvd.allreduce(np.ones(4), op=hvd.Sum, name="a"), np.full(4, float(n)),
-                        f"after {late}.{i}")
-    for i in range(3):                                   # every rank changes it: a new entry
-        check_equal(hvd.allreduce(np.ones(6), op=hvd.Sum, name="a"), np.full(6, float(n)), f"six {i}")
-    check_raises(hvd.TensorMismatchError,                # rank 0 changes the dtype
-                 lambda: hvd.allreduce(np.ones(6, np.float32 if r == 0 else np.float64),
-                                       op=hvd.Sum, name="a"),
-                 "dtype", "float32", "float64", what="dtype on rank 0")
-    check_equal(hvd.allreduce(np.ones(6), op=hvd.Sum, name="a"), np.full(6, float(n)), "last")
-    finish()
-""")
+MISMATCH = rank_program("negotiate_shm_mismatch")
 
 
 @pytest.mark.timeout(150)
@@ -187,16 +107,7 @@ def test_a_changed_request_is_named_and_the_engine_goes_on():
     assert all(fast >= 9 for fast, _ in agreed_counts(res.stderr).values()), res.stderr[-3000:]
 
 
-STALL = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    r = hvd.rank()
-    for i in range(3):
-        hvd.allreduce(np.ones(4), op=hvd.Sum, name="late")
-    if r == 1:
-        time.sleep(5)                     # the others have posted "late" in the segment
-    check_equal(hvd.allreduce(np.ones(4), op=hvd.Sum, name="late"), np.full(4, float(hvd.size())), "late")
-    finish()
-""")
+STALL = rank_program("negotiate_shm_stall")
 
 
 @pytest.mark.timeout(120)
@@ -208,17 +119,7 @@ def test_stall_warning_names_a_rank_missing_from_the_segment():
     assert warn and "allreduce.late" in warn[0] and "ranks [1]" in warn[0], res.stderr[-3000:]
 
 
-STALL_SHUTDOWN = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    for i in range(3):
-        hvd.allreduce(np.ones(2), name="x")
-    if hvd.rank() == 2:
-        time.sleep(10)                    # never submits: the stall shutdown ends the job
-        sys.exit(0)
-    check_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(np.ones(2), name="x"),
-                 "stalled", "allreduce.x", "ranks [2]", what="stalled op")
-    finish_alone()
-""")
+STALL_SHUTDOWN = rank_program("negotiate_stall_shutdown")
 
 
 @pytest.mark.timeout(120)
@@ -229,32 +130,7 @@ def test_stall_shutdown_names_a_rank_missing_from_the_segment():
     assert res.stdout.count("HVDTEST-OK") == 2, res.describe()
 
 
-SETS_AND_JOIN = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init(process_sets="dynamic")
-    r, n = hvd.rank(), hvd.size()
-    pair = hvd.add_process_set([0, 1])        # through rank 0, between the segment's entries
-    for i in range(20):
-        hg = hvd.allreduce_async(np.full(7, r + i, np.float32), op=hvd.Sum, name="g")
-        if r in (0, 1):
-            check_equal(hvd.allreduce(np.full(3, r * i, np.float32), op=hvd.Sum, name="p",
-                                      process_set=pair), np.full(3, float(i), np.float32), f"pair {i}")
-        hh = hvd.allreduce_async(np.full(2, 1.0), op=hvd.Sum, name="h")
-        check_equal(hvd.synchronize(hg), np.full(7, float(sum(q + i for q in range(n))), np.float32), f"g {i}")
-        check_equal(hvd.synchronize(hh), np.full(2, float(n)), f"h {i}")
-    # a join: rank 1 leaves early; the cached "g" must now go through rank 0 (zeros for 1)
-    if r == 1:
-        hvd.join()
-    else:
-        for i in range(5):
-            check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                        np.full(7, float(n - 1), np.float32), f"joined {i}")
-        time.sleep(0.5)
-        hvd.join()
-    for i in range(5):                        # after the join: the segment again
-        check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                    np.full(7, float(n), np.float32), f"after join {i}")
-    finish()
-""")
+SETS_AND_JOIN = rank_program("negotiate_shm_sets_and_join")
 
 
 @pytest.mark.timeout(150)
@@ -268,25 +144,7 @@ def test_process_sets_and_join_beside_the_segment():
     assert all(fast >= 30 for fast, _ in counts.values()), counts
 
 
-BARRIERS_LOOP = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init(process_sets="dynamic")
-    r, n = hvd.rank(), hvd.size()
-    evens = hvd.add_process_set([q for q in range(n) if q % 2 == 0])
-    for i in range(300):
-        late = i % 100 == 50                     # from the segment: the first is rank 0's
-        if r == 0 and late:
-            time.sleep(0.3)
-        t = time.monotonic()
-        hvd.barrier()
-        waited = time.monotonic() - t
-        if r != 0 and late and waited < 0.2:
-            fail(f"barrier {i}", f"passed after {waited:.3f} s, before rank 0 arrived")
-        if r in evens.ranks:
-            hvd.barrier(process_set=evens)
-        s = hvd.allreduce(np.full(1, float(i)), op=hvd.Sum, name="s")
-        check_equal(s, np.full(1, float(i * n)), f"allreduce after barrier {i}")
-    finish()
-""")
+BARRIERS_LOOP = rank_program("negotiate_shm_barriers_loop")
 
 
 @pytest.mark.timeout(150)
@@ -304,25 +162,7 @@ def test_repeated_barriers_are_agreed_in_the_segment():
         assert planned <= (310 if rank % 2 == 0 else 10), (rank, fast, planned)
 
 
-WAITER = textwrap.dedent("""
-    import os, signal, sys, time
-    import numpy as np
-    import horovodlike as hvd
-    hvd.init()
-    r = hvd.rank()
-    for i in range(5):
-        hvd.allreduce(np.ones(4), name="k")
-    print(f"ready {r}", flush=True)
-    if r == 2:
-        time.sleep(1)                        # the others post "k" and wait in the segment
-        os.kill(os.getpid(), getattr(signal, os.environ["HOW"]))
-    t = time.monotonic()
-    try:
-        hvd.allreduce(np.ones(4), name="k")
-        print(f"finished {r}", flush=True)
-    except hvd.HorovodInternalError as e:
-        print(f"lost {r} after {time.monotonic() - t:.1f}s: {e}", flush=True)
-""")
+WAITER = rank_program("negotiate_waiter")
 
 
 @pytest.mark.timeout(120)
@@ -345,32 +185,7 @@ def test_a_rank_lost_while_others_wait_in_the_segment_is_named(tmp_path, how):
     assert not glob.glob("/dev/shm/hvdl-*")
 
 
-BARRIER_THEN_SHUTDOWN = RANK_PRELUDE + textwrap.dedent("""
-    import signal, subprocess
-    hvd.init()
-    r = hvd.rank()
-    hvd.allreduce(np.ones(1), name="sync")
-    if r == 2:
-        # Stopped (whole process) just after its barrier request left, until the others
-        # have finished the barrier and shut down: the barrier's response and rank 0's
-        # goodbye then wait in its socket together.
-        stopper = subprocess.Popen(
-            [sys.executable, "-c", "import os, sys, time, signal; p = int(sys.argv[1]); "
-             "sys.stdin.read(1); time.sleep(0.05); os.kill(p, signal.SIGSTOP); time.sleep(1.5); "
-             "os.kill(p, signal.SIGCONT)", str(os.getpid())], stdin=subprocess.PIPE, text=True)
-        stopper.stdin.write("x")
-        stopper.stdin.flush()
-    else:
-        time.sleep(0.4)
-    try:
-        hvd.barrier()
-    except Exception as e:
-        fail("barrier", repr(e))
-    hvd.shutdown()
-    if r == 2:
-        stopper.wait()
-    finish_alone()
-""")
+BARRIER_THEN_SHUTDOWN = rank_program("negotiate_shm_barrier_then_shutdown")
 
 
 @pytest.mark.timeout(120)

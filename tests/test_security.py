@@ -13,13 +13,12 @@ import socket
 import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
 import pytest
 
-from harness import PYTHON, REPO, kill_tree
+from harness import PYTHON, REPO, kill_tree, rank_program
 from horovodlike.common import bootstrap, jobkey, store as store_mod
 from horovodlike.common.store import StoreAuthError, StoreClient, StoreServer
 
@@ -245,12 +244,11 @@ LAUNCH_ENV = {"PYTHONPATH": os.environ.get("PYTHONPATH") or str(REPO), "PYTHONUN
 FAKE_REMOTE = ["-H", "a:1,b:1", "--ssh-command", "sh -c {command}"]
 
 
-def _launch(args, script):
+def _launch(args, script, extra_env=None):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HOROVOD_", "HOROVODLIKE_", "OMPI_COMM_WORLD", "PMI"))}
-    env.update(LAUNCH_ENV, HOROVODLIKE_STORE_HOST="127.0.0.1")
-    return subprocess.Popen([PYTHON, "-m", "horovodlike.runner", *args, PYTHON, "-c",
-                             textwrap.dedent(script)],
+    env.update(LAUNCH_ENV, HOROVODLIKE_STORE_HOST="127.0.0.1", **(extra_env or {}))
+    return subprocess.Popen([PYTHON, "-m", "horovodlike.runner", *args, PYTHON, str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
 
@@ -277,11 +275,7 @@ def _cmdlines():
     return out
 
 
-SHOW_KEY_AND_WAIT = """
-    import os, time
-    print("KEY", os.environ["HOROVODLIKE_JOB_KEY"], os.getpid(), flush=True)
-    time.sleep(60)
-"""
+SHOW_KEY_AND_WAIT = rank_program("security_show_key_and_wait")
 
 
 @pytest.mark.parametrize("hosts", [[], FAKE_REMOTE], ids=["local", "remote"])
@@ -331,38 +325,11 @@ def _alive(pid):
 
 # ------------------------------------------------------- memory and handles
 
-INTERRUPTED = """
-    import os, signal, time, numpy as np, horovodlike as hvd
-    hvd.init()
-    r = hvd.rank()
-    x = np.full(1 << 20, float(r + 1), np.float32)
-    if r == 1:
-        time.sleep(2.0)                    # rank 0's wait gets interrupted meanwhile
-    class Alarm(Exception):
-        pass
-    def on_alarm(*_):
-        raise Alarm()
-    signal.signal(signal.SIGALRM, on_alarm)
-    h = hvd.allreduce_async(x, op=hvd.Sum, name="big")
-    del x                                  # only the pending op keeps it alive now
-    if r == 0:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
-        try:
-            hvd.synchronize(h)
-            print("NOT-INTERRUPTED", flush=True)
-        except Alarm:
-            print("INTERRUPTED", flush=True)
-        # Fresh arrays that would reuse the freed memory if the op had let go of it.
-        junk = [np.full(1 << 20, 99.0, np.float32) for _ in range(8)]
-    out = hvd.synchronize(h)               # the same handle, waited on again
-    print("RESULT", r, float(out.min()), float(out.max()), flush=True)
-    after = hvd.allreduce(np.ones(4, np.float32), op=hvd.Sum, name="after")
-    print("AFTER", r, float(after[0]), flush=True)
-"""
+INTERRUPTED = rank_program("security_interrupted")
 
 
-def test_an_interrupted_wait_keeps_the_buffers_and_the_handle():
-    proc = _launch(["-np", "2"], INTERRUPTED)
+def test_an_interrupted_wait_keeps_the_buffers_and_the_handle(tmp_path):
+    proc = _launch(["-np", "2"], INTERRUPTED, {"HVDTEST_DIR": str(tmp_path)})
     try:
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -374,37 +341,14 @@ def test_an_interrupted_wait_keeps_the_buffers_and_the_handle():
         assert f"[{r}]<stdout>:AFTER {r} 2.0" in out, out
 
 
-SINGLE = """
-    import numpy as np, horovodlike as hvd
-    hvd.init()
-    stale = hvd.allreduce_async(np.ones(3, np.float32), name="before")
-    hvd.shutdown()
-    hvd.init()
-    fresh = hvd.allreduce_async(np.full(3, 7.0, np.float32), name="after")
-    try:
-        hvd.synchronize(stale)
-        print("STALE-ANSWERED")
-    except ValueError as e:
-        print("STALE-REFUSED", e)
-    print("FRESH", hvd.synchronize(fresh).tolist())
-    try:
-        hvd.allreduce(np.ones(3, ">f4"), name="big-endian")
-    except TypeError as e:
-        print("BYTEORDER", e)
-    for name in ("a\\0b", "a"):
-        try:
-            hvd.allreduce(np.ones(3, np.float32), name=name)
-            print("NAME-OK", repr(name))
-        except ValueError as e:
-            print("NAME-REFUSED", repr(name), e)
-"""
+SINGLE = rank_program("security_single")
 
 
 def test_handles_byte_order_and_names():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HOROVOD_", "HOROVODLIKE_", "OMPI_COMM_WORLD", "PMI"))}
     env.update(LAUNCH_ENV)
-    res = subprocess.run([PYTHON, "-c", textwrap.dedent(SINGLE)], capture_output=True,
+    res = subprocess.run([PYTHON, str(SINGLE)], capture_output=True,
                          text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     out = res.stdout
@@ -417,22 +361,7 @@ def test_handles_byte_order_and_names():
 
 # ------------------------------------------------- two real hosts (network namespaces)
 
-ON_THE_LINK = """
-    import numpy as np, horovodlike as hvd
-    hvd.init()
-    x = hvd.allreduce(np.full(3, float(hvd.rank())), op=hvd.Sum, name="x")
-    local = set()
-    with open("/proc/net/tcp") as f:          # this namespace's sockets
-        for line in f.readlines()[1:]:
-            addr, state = line.split()[1], line.split()[3]
-            if state == "01":                  # established
-                local.add(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)))
-    # Any rank's shutdown is every rank's: without this barrier, rank 0 could stop the
-    # job (and close the sockets) before a slower rank has looked at them.
-    hvd.allreduce(np.zeros(1), name="looked")
-    print("RESULT", hvd.rank(), x.tolist(), sorted(local), flush=True)
-    hvd.shutdown()
-"""
+ON_THE_LINK = rank_program("security_on_the_link")
 
 
 @pytest.mark.timeout(180)
@@ -451,7 +380,7 @@ def test_two_hosts_with_two_ranks_each_connect_on_their_link_addresses():
                if not k.startswith(("HOROVOD_", "HOROVODLIKE_", "OMPI_COMM_WORLD", "PMI"))}
         env.update(LAUNCH_ENV, **net.env())
         proc = subprocess.Popen([PYTHON, "-m", "horovodlike.runner", "-np", "4",
-                                 *net.launcher_args(2), PYTHON, "-c", textwrap.dedent(ON_THE_LINK)],
+                                 *net.launcher_args(2), PYTHON, str(ON_THE_LINK)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
         try:

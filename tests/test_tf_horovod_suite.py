@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import run_ranks
+from harness import rank_program, run_ranks
 
 from tf_support import TF_ENV  # noqa: E402  (skips the module without TensorFlow)
 
@@ -29,16 +29,10 @@ SUBSET = " or ".join([
     "test_horovod_broadcast_graph_mode", "test_horovod_syncbn_cpu",
     "test_partial_distributed_gradient_tape"])
 
-RANK = r'''
-import sys
-import pytest
-rc = pytest.main(["-p", "no:cacheprovider", "-q", "-p", "no:randomly", SUITE, "-k", SUBSET])
-print("HVDTEST-OK" if rc == 0 else f"Horovod's suite: pytest exit status {rc}", flush=True)
-sys.exit(int(rc))
-'''
+RANK = rank_program("tf_horovod_suite")
 
 
 def test_horovod_tensorflow_suite_subset():
-    script = f"SUITE = {str(SUITE)!r}\nSUBSET = {SUBSET!r}\n" + RANK
-    res = run_ranks(script, 2, "horovodlikerun", env=dict(TF_ENV), timeout=360)
+    res = run_ranks(RANK, 2, "horovodlikerun", args=(SUITE, SUBSET), env=dict(TF_ENV),
+                    timeout=360)
     res.assert_ok()

@@ -8,31 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections import defaultdict
 
 import pytest
 
-from harness import HOROVODLIKERUN, RANK_PRELUDE, REPO, run_ranks
+from harness import HOROVODLIKERUN, REPO, rank_program, run_ranks
 
-LOOP = textwrap.dedent("""
-    import sys, time
-    import numpy as np
-    import horovodlike as hvd
-    hvd.init()
-    seconds = float(sys.argv[1])
-    end = time.monotonic() + seconds
-    step = 0
-    while time.monotonic() < end:
-        hs = [hvd.allreduce_async(np.ones(1000 * (i + 1), np.float32), name=f"g{i}") for i in range(6)]
-        for h in hs:
-            hvd.synchronize(h)
-        hvd.allgather(np.ones((hvd.rank() + 1, 3)), name="ag")
-        hvd.broadcast(np.ones(10), root_rank=0, name="bc")
-        step += 1
-    print("steps", step, flush=True)
-""")
+LOOP = rank_program("timeline_loop")
 
 
 def rank_files(base, n):
@@ -50,8 +33,7 @@ def load(path):
 
 @pytest.mark.timeout(180)
 def test_traces_parse_while_the_job_runs_and_after_a_kill(tmp_path):
-    script = tmp_path / "loop.py"
-    script.write_text(LOOP)
+    script = LOOP
     base = tmp_path / "timeline.json"
     env = dict(os.environ, HOROVOD_TIMELINE=str(base), PYTHONPATH=str(REPO))
     # The job runs until the kill ends it (a fixed few seconds raced the parsing: the
@@ -89,18 +71,7 @@ def test_traces_parse_while_the_job_runs_and_after_a_kill(tmp_path):
         assert any(e["name"] == "ALLREDUCE" for e in doc["traceEvents"]), path
 
 
-NESTED = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    for step in range(5):
-        hs = [hvd.allreduce_async(np.ones(5000 + i, np.float32), name=f"w{i}") for i in range(8)]
-        for h in hs:
-            hvd.synchronize(h)
-        hvd.allgather(np.ones((hvd.rank() + 1, 2)), name="ag")
-        hvd.broadcast(np.ones(7), root_rank=hvd.size() - 1, name="bc")
-    check_raises(hvd.TensorMismatchError,
-                 lambda: hvd.allreduce(np.ones(3 + hvd.rank()), name="bad"), what="mismatch")
-    finish()
-""")
+NESTED = rank_program("timeline_nested")
 
 
 def spans(doc):
@@ -154,18 +125,7 @@ def test_events_nest_and_are_ordered(tmp_path):
     assert os.path.samefile(base, rank_files(base, 3)[0])
 
 
-RESTART = RANK_PRELUDE + textwrap.dedent("""
-    hvd.init()
-    a, b = sys.argv[1], sys.argv[2]
-    hvd.start_timeline(a)
-    hvd.allreduce(np.ones(4), name="first")
-    hvd.stop_timeline()
-    hvd.allreduce(np.ones(4), name="untraced")
-    hvd.start_timeline(b, mark_cycles=True)
-    hvd.allreduce(np.ones(4), name="second")
-    hvd.stop_timeline()
-    finish()
-""")
+RESTART = rank_program("timeline_restart")
 
 
 @pytest.mark.timeout(120)
@@ -184,8 +144,7 @@ def test_start_stop_timeline_restarts_with_a_new_path(tmp_path):
 @pytest.mark.timeout(120)
 def test_size_cap_and_step_window(tmp_path):
     capped, window = tmp_path / "cap.json", tmp_path / "win.json"
-    script = tmp_path / "loop.py"
-    script.write_text(LOOP)
+    script = LOOP
     run_ranks(str(script), np=2, args=("2",), env={"HOROVOD_TIMELINE": str(capped),
                                                    "HOROVOD_TIMELINE_MAX_MB": "0.02"})
     for path in rank_files(capped, 2):
@@ -201,29 +160,11 @@ def test_size_cap_and_step_window(tmp_path):
 
 
 def test_no_trace_without_the_variable(tmp_path):
-    run_ranks(RANK_PRELUDE + "hvd.init()\nhvd.allreduce(np.ones(3), name='x')\nfinish()\n",
-              np=2, cwd=str(tmp_path)).assert_ok()
+    run_ranks(rank_program("one_allreduce"), np=2, cwd=str(tmp_path)).assert_ok()
     assert not list(tmp_path.glob("*.json"))
 
 
-BACK_TO_BACK = textwrap.dedent("""
-    import torch
-    import horovodlike.torch as hvd
-    hvd.init()
-    buf = torch.arange(4 * 3000, dtype=torch.float32) + hvd.rank()
-    views = buf.view(4, 3000)           # four tensors back to back in one buffer
-    # float64, so that they fuse among themselves and not with the views
-    apart = [torch.full((3000,), float(hvd.rank()), dtype=torch.float64) for _ in range(4)]
-    for step in range(3):
-        lead = hvd.allreduce_async_(torch.ones(8), name="lead")   # announced alone
-        hs = [hvd.allreduce_async_(v, name=f"view{i}") for i, v in enumerate(views)]
-        hs += [hvd.allreduce_async_(t, name=f"apart{i}") for i, t in enumerate(apart)]
-        for h in [lead] + hs:
-            hvd.synchronize(h)
-    assert torch.equal(buf, torch.arange(4 * 3000, dtype=torch.float32) + 0.5), buf
-    assert all(torch.equal(t, torch.full((3000,), 0.5, dtype=torch.float64)) for t in apart)
-    print("HVDTEST-OK", flush=True)
-""")
+BACK_TO_BACK = rank_program("timeline_back_to_back")
 
 
 @pytest.mark.timeout(120)

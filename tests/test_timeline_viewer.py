@@ -11,11 +11,10 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-from harness import run_ranks
+from harness import rank_program, run_ranks
 
 import horovodlike.timeline_viewer as timeline_viewer
 from horovodlike.timeline_viewer import analyze_paths
@@ -26,20 +25,7 @@ SLOW_RANK = 2
 SLEEP_S = 0.03
 STEPS = 8
 
-DELAYED = textwrap.dedent(f"""
-    import time
-    import numpy as np
-    import horovodlike as hvd
-    hvd.init()
-    x = np.ones(4096, np.float32)
-    for step in range({STEPS}):
-        for name in ("grad.a", "grad.b"):
-            if hvd.rank() == {SLOW_RANK}:
-                time.sleep({SLEEP_S})          # the straggler: late before every allreduce
-            hvd.allreduce(x, name=name)
-    hvd.allgather(np.ones((hvd.rank() + 1, 2)), name="rows")
-    print("HVDTEST-OK", flush=True)
-""")
+DELAYED = rank_program("timeline_viewer_delayed")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +33,7 @@ def trace(tmp_path_factory):
     """Base path of the delayed job's timeline (timeline.json -> timeline.rank<r>.json)."""
     d = tmp_path_factory.mktemp("tl")
     base = d / "timeline.json"
-    res = run_ranks(DELAYED, np=NP, launcher="horovodlikerun",
+    res = run_ranks(DELAYED, np=NP, launcher="horovodlikerun", args=(STEPS, SLOW_RANK, SLEEP_S),
                     env={"HOROVOD_TIMELINE": str(base)}, timeout=120)
     res.assert_ok()
     files = [d / f"timeline.rank{r}.json" for r in range(NP)]

@@ -1,0 +1,33 @@
+"""Rank program of tests/test_p2p.py, run by
+test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it,
+test_stall_inspector_names_a_send_the_peer_does_not_read."""
+import os
+import sys
+import time
+import numpy as np
+import horovodlike as hvd
+
+
+def main():
+    hvd.init()
+    R = hvd.rank()
+    if R == 1:
+        hvd.send(np.arange(4.0), 0, name="first")
+        print("ready", flush=True)
+        time.sleep(300)                     # the test kills or stops this rank here
+    else:
+        hvd.recv(1, name="first")
+        print("ready", flush=True)
+        t = time.monotonic()
+        try:
+            if os.environ["T_WAITS_IN"] == "send":     # more than the socket buffers hold
+                hvd.send(np.zeros(64 << 17), 1, name="never")
+            else:
+                hvd.recv(1, name="never")
+            print("no error", flush=True)
+        except Exception as e:
+            print(f"failed after {time.monotonic() - t:.1f}s: {type(e).__name__}: {e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
