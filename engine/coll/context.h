@@ -39,7 +39,9 @@ struct engine;
  * the engine's own files HVDL_INJECT(e, INJ_X); one comparison when injection is off. */
 enum { INJ_NONE, INJ_RING_ALLOC, INJ_RD_ALLOC, INJ_SHM_ATTACH, INJ_TCP_SEND, INJ_CTRL_SEND,
        INJ_FUSION_ALLOC, INJ_OUTPUT_ALLOC, INJ_PLAN_ALLOC, INJ_SCATTER_ALLOC, INJ_DECODE_ALLOC,
-       INJ_FRAME_ALLOC, INJ_EXEC_ALLOC, INJ_CACHE_ALLOC, INJ_NSITES };
+       INJ_FRAME_ALLOC, INJ_EXEC_ALLOC, INJ_CACHE_ALLOC, INJ_ANNOUNCE_ALLOC, INJ_RECORD_ALLOC,
+       INJ_RESPONSE_ALLOC, INJ_PLAN_FRAME_ALLOC, INJ_TOOK_ALLOC, INJ_LOG_ALLOC, INJ_NODES_ALLOC,
+       INJ_DEADLOCK_ALLOC, INJ_HIER_ALLOC, INJ_NSITES };
 
 /* The context. Everything in it is set at start-up and read-only afterwards, except the
  * scratch buffers, which the algorithms grow, and the segment's phase counters. */

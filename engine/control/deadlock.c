@@ -93,7 +93,7 @@ void hvdl__deadlock_free(engine_t *e) {
 
 static struct deadlock *state(engine_t *e) {
     if (e->dl) return e->dl;
-    struct deadlock *d = calloc(1, sizeof *d);
+    struct deadlock *d = HVDL_INJECT(e, INJ_DEADLOCK_ALLOC) ? NULL : calloc(1, sizeof *d);
     if (!d) return NULL;
     e->dl = d;
     if (e->rank == 0 && (!(d->reports = calloc((size_t)e->size, sizeof *d->reports)) ||
