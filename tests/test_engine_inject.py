@@ -70,7 +70,8 @@ except Exception as e:
     print(f"ERR {type(e).__name__}: {e}", flush=True)
 '''
 
-# A case's environment with this key runs on two made-up nodes of two ranks each.
+# A case's environment with this key runs on two made-up nodes of two ranks each; with
+# _NTH, the site fails at that visit of the rank rather than its first.
 NODES = {"_NODES": "2"}
 
 # Every site the engine has (its own list, so that a new site without a case fails
@@ -111,6 +112,9 @@ SITE_CASES = {
     "deadlock_alloc": [(2, {}, "small_allreduce", "-byte deadlock state")],
     "hier_alloc": [(1, NODES, "allgather", "-byte hierarchical allgather buffer"),
                    (2, NODES, "big_allreduce", "-byte hierarchical share buffer")],
+    # start-up once connected: its first visit, then its second (_NTH)
+    "start_alloc": [(1, {}, "init", "-byte table of the job's nodes"),
+                    (2, {"_NTH": "2"}, "init", "-byte point-to-point state")],
 }
 
 
@@ -143,8 +147,9 @@ def _fnv(s):
 @pytest.mark.parametrize("site,victim,env,op,reason", CASES, ids=[f"{c[0]}@{c[1]}" for c in CASES])
 def test_injected_failure_names_its_cause_on_every_rank(site, victim, env, op, reason):
     host = f"inj{uuid.uuid4().hex[:8]}"
-    env = dict(env, HOROVODLIKE_TEST_INJECT=f"{site}:{victim}", HVDTEST_OP=op,
-               HOROVODLIKE_PEER_TIMEOUT_SECONDS="20")
+    env = dict(env, HVDTEST_OP=op, HOROVODLIKE_PEER_TIMEOUT_SECONDS="20")
+    nth = env.pop("_NTH", None)
+    env["HOROVODLIKE_TEST_INJECT"] = f"{site}:{victim}" + (f":{nth}" if nth else "")
     if env.pop("_NODES", None):
         np_, hosts = 4, [host + "a", host + "b"]
         spec, victim_host = f"{hosts[0]}:2,{hosts[1]}:2", hosts[victim // 2]

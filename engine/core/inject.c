@@ -33,6 +33,9 @@
  *   deadlock_alloc  the deadlock check's state, at its first tick (deadlock.c)
  *   hier_alloc    the hierarchical algorithms' buffers: allgather's (allgather_hier.c)
  *                 and allreduce's share buffer (collectives_shm.c)
+ *   start_alloc   start-up, once connected: the table of the ranks' nodes (api.c), then
+ *                 (its second visit) the point-to-point state (p2p.c); the cause reaches
+ *                 every rank, and every hvdl_start fails with it
  * The tests take this list from the engine (hvdl_inject_site) and cause each site:
  * tests/test_engine_inject.py across processes, tests/c in one.
  *
@@ -44,14 +47,14 @@
  *   control/wire.c: hvdl__response_alloc: a helper; every caller is a site (response_alloc; decode_alloc's path, marked rd_oom)
  *   control/deadlock.c: snapshot: a wait report without memory goes out partial, which proves nothing and fails nothing, by design
  *   control/deadlock.c: hvdl__deadlock_take: rank 0 reading a worker's wait report, only after BLOCKED_S; fails through hvdl__oom as deadlock_alloc's case does
- *   control/coordinator.c: hvdl__coordinator_new: start-up, once: hvdl_start fails with its own message
- *   control/segment/negotiate_shm.c: hvdl__negotiate_shm_open: start-up, once: the job fails with out of memory for the negotiation
- *   control/segment/negotiate_nodes.c: hvdl__negotiate_nodes_open: start-up, once: the job fails with out of memory for the negotiation
- *   core/api.c: hvdl__engine_new build_nodes hvdl__engine_start: start-up, once: hvdl_start fails with its own message
- *   transport/shm.c: hvdl__shm_open: start-up, once, beside shm_attach: out of memory for the segment's record
- *   transport/tcp.c: hvdl__tcp_transport: start-up, once: hvdl_start fails with its own message
- *   transport/handshake.c: accept_expected: start-up, once: out of memory for the table of start-up connections
- *   p2p/p2p.c: hvdl__p2p_start: start-up, once: hvdl_start fails with its own message
+ *   control/coordinator.c: hvdl__coordinator_new: start-up, before rank 0 connects: hvdl_start fails at once with engine set-up failed (its errno); the others fail at their start-up timeout
+ *   control/segment/negotiate_shm.c: hvdl__negotiate_shm_open: start-up, once connected: hvdl__oom tells every rank, the path start_alloc's case takes
+ *   control/segment/negotiate_nodes.c: hvdl__negotiate_nodes_open: start-up, once connected: hvdl__oom tells every rank, the path start_alloc's case takes
+ *   core/api.c: hvdl__engine_new hvdl__engine_start: start-up, before this rank connects: hvdl_prepare or hvdl_start fails at once with out of memory (or engine set-up failed: its errno); the other ranks fail at their start-up timeout, as for a rank that never starts
+ *   core/api.c: build_nodes: the cross-node group, beside start_alloc's table, failing its start the same way
+ *   transport/shm.c: hvdl__shm_open: start-up, once connected, beside shm_attach: hvdl__oom for the segment's record tells every rank
+ *   transport/tcp.c: hvdl__tcp_transport: start-up, before this rank connects: hvdl_start fails at once with engine set-up failed (its errno); the others fail at their start-up timeout
+ *   transport/handshake.c: accept_expected: start-up, while connecting: this rank fails naming the table of start-up connections; the others fail connecting to it
  *   p2p/p2p.c: p2p_main: the point-to-point thread's poll table, at its start: without it every point-to-point op fails with out of memory for the point-to-point thread
  *   core/ops.c: alloc_slot copy_splits hvdl__engine_enqueue: a caller's thread, refused at once with HVDL_ERR_SYSTEM out of memory; nothing was sent
  *   core/process_sets.c: hvdl__engine_set_add: a caller's thread, refused at once with HVDL_ERR_SYSTEM out of memory
@@ -82,6 +85,7 @@ static const char *const SITES[] = {
     [INJ_PLAN_FRAME_ALLOC] = "plan_frame_alloc", [INJ_TOOK_ALLOC] = "took_alloc",
     [INJ_LOG_ALLOC] = "log_alloc",         [INJ_NODES_ALLOC] = "nodes_alloc",
     [INJ_DEADLOCK_ALLOC] = "deadlock_alloc", [INJ_HIER_ALLOC] = "hier_alloc",
+    [INJ_START_ALLOC] = "start_alloc",
 };
 _Static_assert(sizeof SITES / sizeof SITES[0] == INJ_NSITES, "an injection site without a name");
 

@@ -124,6 +124,7 @@ typedef struct inject_case {
     int what;
     const char *reason;
     const char *const *hosts;    /* NULL: one node, "localhost" */
+    int nth;                     /* the visit that fails; 0: the first */
 } inject_case_t;
 
 static void slow_cycle(config_t *c) { no_shm(c); c->cycle_time = 0.02; }
@@ -158,6 +159,8 @@ static const inject_case_t INJECT_CASES[] = {
     {"deadlock_alloc", 2, small_pieces, DO_SMALL_ALLREDUCE, "-byte deadlock state"},
     {"hier_alloc", 0, small_pieces, DO_ALLGATHER, "-byte hierarchical allgather buffer", TWO_NODES},
     {"hier_alloc", 1, small_pieces, DO_BIG_ALLREDUCE, "-byte hierarchical share buffer", TWO_NODES},
+    {"start_alloc", 1, small_pieces, DO_NOTHING, "-byte table of the job's nodes"},
+    {"start_alloc", 2, small_pieces, DO_NOTHING, "-byte point-to-point state", NULL, 2},
 };
 
 /* Every site the engine lists, in-process: each rank reports the victim's cause (3 ranks on
@@ -175,7 +178,7 @@ static void test_injected_failures(void) {
             found = 1;
             double t0 = hvdl_now();
             char spec[64], label[80], want[160], injected[96];
-            snprintf(spec, sizeof spec, "%s:%d", c->site, c->victim);
+            snprintf(spec, sizeof spec, "%s:%d:%d", c->site, c->victim, c->nth ? c->nth : 1);
             snprintf(label, sizeof label, "injected %s", spec);
             const int N = c->hosts ? 4 : 3;
             world_opts_t o = {c->hosts, c->tweak, label, spec, 1};
@@ -184,6 +187,15 @@ static void test_injected_failures(void) {
             if (!out) { fprintf(stderr, "out of memory\n"); exit(2); }
             out->what = c->what;
             if (w->started) world_run(w, do_ops, out);
+            /* A rank whose start finished before another's failed (the point-to-point
+             * state is start-up's last step) learns the cause at its next op. */
+            for (int r = 0; !w->started && r < N; r++) {
+                if (w->start_msg[r][0]) continue;
+                float x = 1;
+                hvdl_request q = make_request(HVDL_OP_ALLREDUCE, HVDL_FLOAT32, 0, "after start", 1, 1, 0);
+                q.input = q.output = &x;
+                CHECK(run_op(w->e[r], &q, NULL, w->start_msg[r]) != HVDL_OK, "%s: rank %d's op ran", label, r);
+            }
             snprintf(want, sizeof want, "rank %d (host %s) failed: ", c->victim, c->hosts ? c->hosts[c->victim] : "localhost");
             snprintf(injected, sizeof injected, "(injected by HOROVODLIKE_TEST_INJECT=%s)", c->site);
             for (int r = 0; r < N; r++) {
