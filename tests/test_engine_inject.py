@@ -112,6 +112,8 @@ SITE_CASES = {
     "deadlock_alloc": [(2, {}, "small_allreduce", "-byte deadlock state")],
     "hier_alloc": [(1, NODES, "allgather", "-byte hierarchical allgather buffer"),
                    (2, NODES, "big_allreduce", "-byte hierarchical share buffer")],
+    # a worker blocked for 2 s reports what it waits for; rank 0 reads the report
+    "wait_alloc": [(0, {}, "stalled", "-byte wait report")],
     # start-up once connected: its first visit, then its second (_NTH)
     "start_alloc": [(1, {}, "init", "-byte table of the job's nodes"),
                     (2, {"_NTH": "2"}, "init", "-byte point-to-point state")],

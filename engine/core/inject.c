@@ -36,6 +36,8 @@
  *   start_alloc   start-up, once connected: the table of the ranks' nodes (api.c), then
  *                 (its second visit) the point-to-point state (p2p.c); the cause reaches
  *                 every rank, and every hvdl_start fails with it
+ *   wait_alloc    rank 0 reading a worker's wait report, once a caller has been blocked
+ *                 BLOCKED_S (deadlock.c)
  * The tests take this list from the engine (hvdl_inject_site) and cause each site:
  * tests/test_engine_inject.py across processes, tests/c in one.
  *
@@ -46,7 +48,6 @@
  *   control/cache.c: cache_store hvdl__cache_apply: the rest of a cache entry (its dim0s, a cached tensor's name) on cache_alloc's and response_alloc's path, failing through the same hvdl__oom
  *   control/wire.c: hvdl__response_alloc: a helper; every caller is a site (response_alloc; decode_alloc's path, marked rd_oom)
  *   control/deadlock.c: snapshot: a wait report without memory goes out partial, which proves nothing and fails nothing, by design
- *   control/deadlock.c: hvdl__deadlock_take: rank 0 reading a worker's wait report, only after BLOCKED_S; fails through hvdl__oom as deadlock_alloc's case does
  *   control/coordinator.c: hvdl__coordinator_new: start-up, before rank 0 connects: hvdl_start fails at once with engine set-up failed (its errno); the others fail at their start-up timeout
  *   control/segment/negotiate_shm.c: hvdl__negotiate_shm_open: start-up, once connected: hvdl__oom tells every rank, the path start_alloc's case takes
  *   control/segment/negotiate_nodes.c: hvdl__negotiate_nodes_open: start-up, once connected: hvdl__oom tells every rank, the path start_alloc's case takes
@@ -85,7 +86,7 @@ static const char *const SITES[] = {
     [INJ_PLAN_FRAME_ALLOC] = "plan_frame_alloc", [INJ_TOOK_ALLOC] = "took_alloc",
     [INJ_LOG_ALLOC] = "log_alloc",         [INJ_NODES_ALLOC] = "nodes_alloc",
     [INJ_DEADLOCK_ALLOC] = "deadlock_alloc", [INJ_HIER_ALLOC] = "hier_alloc",
-    [INJ_START_ALLOC] = "start_alloc",
+    [INJ_START_ALLOC] = "start_alloc",     [INJ_WAIT_ALLOC] = "wait_alloc",
 };
 _Static_assert(sizeof SITES / sizeof SITES[0] == INJ_NSITES, "an injection site without a name");
 

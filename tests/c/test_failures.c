@@ -159,6 +159,7 @@ static const inject_case_t INJECT_CASES[] = {
     {"deadlock_alloc", 2, small_pieces, DO_SMALL_ALLREDUCE, "-byte deadlock state"},
     {"hier_alloc", 0, small_pieces, DO_ALLGATHER, "-byte hierarchical allgather buffer", TWO_NODES},
     {"hier_alloc", 1, small_pieces, DO_BIG_ALLREDUCE, "-byte hierarchical share buffer", TWO_NODES},
+    {"wait_alloc", 0, small_pieces, DO_STALLED, "-byte wait report"},
     {"start_alloc", 1, small_pieces, DO_NOTHING, "-byte table of the job's nodes"},
     {"start_alloc", 2, small_pieces, DO_NOTHING, "-byte point-to-point state", NULL, 2},
 };
