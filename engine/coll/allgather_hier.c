@@ -35,8 +35,10 @@ int hvdl__allgather_hier(ctx_t *c, void *out, const int64_t *block_bytes) {
             if (node_of[r] == node_of[c->cross->ranks[k]]) node_bytes[k] += block_bytes[r];
         total += node_bytes[k];
     }
-    uint8_t *node = malloc((size_t)node_bytes[kme] + 1), *cross = malloc((size_t)total + 1),
-            *all = malloc((size_t)total + 1), *nodes = malloc((size_t)total + 1);
+    int inject = HVDL_CTX_INJECT(c, INJ_HIER_ALLOC);
+    uint8_t *node = inject ? NULL : malloc((size_t)node_bytes[kme] + 1),
+            *cross = malloc((size_t)total + 1), *all = malloc((size_t)total + 1),
+            *nodes = malloc((size_t)total + 1);
     int rc = -1;
     if (!node || !cross || !all || !nodes) {
         hvdl__ctx_oom(c, "hierarchical allgather buffer", 3 * total);

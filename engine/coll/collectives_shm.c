@@ -244,7 +244,8 @@ int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype
          * copies it reduces from are written again only two pieces later, after barrier
          * k + 1, which every rank reaches once it has finished reducing piece k. */
         reduce_share(s, len, dtype, op, 1.0, which, &off, &n);
-        if (buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->rchunk, n))
+        if (HVDL_CTX_INJECT(c, INJ_HIER_ALLOC) ||
+            buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->rchunk, n))
             return hvdl__ctx_oom(c, "hierarchical share buffer", out->len + n);
     }
     *share_bytes = out->len;

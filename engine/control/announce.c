@@ -30,9 +30,13 @@ static int complete(engine_t *e, const int *done, int ndone) {
 int hvdl__announce(engine_t *e) {
     buf_t full = {0};
     int nwords = (e->ncache + 63) / 64, nfull = 0, nbits = 0, ndone = 0, rc = 0;
-    uint64_t *bits = calloc((size_t)nwords + 1, 8);
-    int *done = NULL;        /* ids this rank completed in the segment (negotiate_shm.c) */
-    if (!bits) return hvdl__oom(e, "request bit vector", 8 * (int64_t)(nwords + 1));
+    /* One allocation: the bit vector, then the ids this rank completes in its segment
+     * (negotiate_shm.c; at most one per cache entry, as one op per name is in flight). */
+    size_t bytes = 8 * ((size_t)nwords + 1) + sizeof(int) * (size_t)e->ncache;
+    uint64_t *bits = HVDL_INJECT(e, INJ_ANNOUNCE_ALLOC) ? NULL : malloc(bytes);
+    if (!bits) return hvdl__oom(e, "request bit vector", (int64_t)bytes);
+    memset(bits, 0, 8 * ((size_t)nwords + 1));
+    int *done = (int *)(bits + nwords + 1);
     op_t *o;
     while ((o = hvdl__queue_pop(&e->unsent))) {
         if (strmap_put(&e->mine, o->name, o)) {
@@ -63,13 +67,7 @@ int hvdl__announce(engine_t *e) {
             if (!hvdl__cache_meta_equal(&cached, &o->meta)) id = -1;
         }
         int posted = id < 0 ? 0 : e->negotiation->post(e, id);
-        if (posted == 2) {
-            if (!done && !(done = malloc(sizeof(int) * (size_t)e->ncache))) {
-                rc = hvdl__oom(e, "completed requests", 4 * (int64_t)e->ncache);
-                break;
-            }
-            done[ndone++] = id;      /* ids are distinct: one op per name in flight */
-        }
+        if (posted == 2) { done[ndone++] = id; /* ids are distinct: one op per name in flight */ }
         if (posted) continue;
         if (e->rank == 0) {
             if ((rc = hvdl__coord_record(e, 0, o->name, &o->meta, o->splits, n))) break;
@@ -94,7 +92,6 @@ int hvdl__announce(engine_t *e) {
                  : hvdl__send_frame(e, 0, MSG_REQUESTS, msg.data, msg.len);
         buf_free(&msg);
     }
-    free(done);
     free(bits);
     buf_free(&full);
     return rc;

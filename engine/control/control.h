@@ -56,6 +56,7 @@ typedef struct pending {
     int ref; /* the first rank that submitted: its meta is the reference */
     double first_at, warned_at;
     char *error; /* set when ready and the ranks disagree */
+    int64_t error_oom; /* no memory for error's text (its bytes): planning fails */
     uint8_t *closed_nodes; /* per node: rank 0 took this name's word over (negotiate_nodes.c) */
     struct pending *next; /* link in the ready list, then in a fusion group */
 } pending_t;

@@ -63,43 +63,82 @@ void hvdl__coordinator_free(engine_t *e) {
 
 /* ---- agreement ---- */
 
-static const char *OP_NAMES[] = {"allreduce", "allgather",     "broadcast", "barrier",
-                                 "alltoall",  "reducescatter", "join"};
-static const char *DTYPE_NAMES[] = {"uint8",   "int8",     "int16",   "int32",   "int64",
-                                    "float16", "bfloat16", "float32", "float64", "bool"};
-static const char *REDUCE_NAMES[] = {"Sum", "Average", "Min", "Max", "Product", "Adasum"};
+/* The tables are indexed by their enums (designated) and sized by them, checked at
+ * compile time; a value skipped in the middle is NULL, which name_of shows as "?". */
+enum { NUM_COLLECTIVES = HVDL_OP_JOIN + 1 };   /* the op types rank 0 coordinates */
+static const char *const OP_NAMES[] = {
+    [HVDL_OP_ALLREDUCE] = "allreduce", [HVDL_OP_ALLGATHER] = "allgather",
+    [HVDL_OP_BROADCAST] = "broadcast", [HVDL_OP_BARRIER] = "barrier",
+    [HVDL_OP_ALLTOALL] = "alltoall",   [HVDL_OP_REDUCESCATTER] = "reducescatter",
+    [HVDL_OP_JOIN] = "join",
+};
+_Static_assert(sizeof OP_NAMES / sizeof OP_NAMES[0] == NUM_COLLECTIVES,
+               "a collective without a name");
+static const char *const DTYPE_NAMES[] = {
+    [HVDL_UINT8] = "uint8",       [HVDL_INT8] = "int8",       [HVDL_INT16] = "int16",
+    [HVDL_INT32] = "int32",       [HVDL_INT64] = "int64",     [HVDL_FLOAT16] = "float16",
+    [HVDL_BFLOAT16] = "bfloat16", [HVDL_FLOAT32] = "float32", [HVDL_FLOAT64] = "float64",
+    [HVDL_BOOL] = "bool",
+};
+_Static_assert(sizeof DTYPE_NAMES / sizeof DTYPE_NAMES[0] == HVDL_NUM_DTYPES,
+               "a dtype without a name");
+static const char *const REDUCE_NAMES[] = {
+    [HVDL_SUM] = "Sum", [HVDL_AVERAGE] = "Average", [HVDL_MIN] = "Min",
+    [HVDL_MAX] = "Max", [HVDL_PRODUCT] = "Product", [HVDL_ADASUM] = "Adasum",
+};
+_Static_assert(sizeof REDUCE_NAMES / sizeof REDUCE_NAMES[0] == HVDL_NUM_REDUCE_OPS,
+               "a reduce op without a name");
+#define NAME_OF(table, v) name_of(table, (int)(sizeof table / sizeof table[0]), v)
 
 /* Metadata from the wire is range-checked (wire_check.c); this guards the tables anyway. */
 static const char *name_of(const char *const *names, int n, int v) {
-    return v >= 0 && v < n ? names[v] : "?";
+    return v >= 0 && v < n && names[v] ? names[v] : "?";
 }
+
+/* The fields of a request the ranks must agree on, in the order they are checked. */
+enum {
+    FIELD_OP,
+    FIELD_DTYPE,
+    FIELD_SHAPE,
+    FIELD_REDUCE_OP,
+    FIELD_ROOT,
+    FIELD_SCALES,
+    FIELD_SET,
+    FIELD_COUNT
+};
 
 static void describe_value(const meta_t *m, int field, char *out, size_t cap) {
     switch (field) {
-    case 0: snprintf(out, cap, "%s", name_of(OP_NAMES, 7, m->op)); break;
-    case 1: snprintf(out, cap, "%s", name_of(DTYPE_NAMES, 10, m->dtype)); break;
-    case 2: {
+    case FIELD_OP: snprintf(out, cap, "%s", NAME_OF(OP_NAMES, m->op)); break;
+    case FIELD_DTYPE: snprintf(out, cap, "%s", NAME_OF(DTYPE_NAMES, m->dtype)); break;
+    case FIELD_SHAPE: {
         int n = snprintf(out, cap, "[");
         for (int d = 0; d < m->ndim && n < (int)cap; d++)
             n += snprintf(out + n, cap - (size_t)n, d ? ", %lld" : "%lld", (long long)m->shape[d]);
         if (n < (int)cap) snprintf(out + n, cap - (size_t)n, "]");
         break;
     }
-    case 3: snprintf(out, cap, "%s", name_of(REDUCE_NAMES, 6, m->reduce_op)); break;
-    case 4: snprintf(out, cap, "%d", m->root_rank); break;
-    case 5: snprintf(out, cap, "%g/%g", m->prescale, m->postscale); break;
+    case FIELD_REDUCE_OP: snprintf(out, cap, "%s", NAME_OF(REDUCE_NAMES, m->reduce_op)); break;
+    case FIELD_ROOT: snprintf(out, cap, "%d", m->root_rank); break;
+    case FIELD_SCALES: snprintf(out, cap, "%g/%g", m->prescale, m->postscale); break;
+    case FIELD_SET:
     default: snprintf(out, cap, "%d", m->process_set); break;
     }
 }
 
-static const char *FIELD_NAMES[] = {
-    "op", "dtype", "shape", "reduce op", "root rank", "prescale/postscale", "process set"};
+static const char *const FIELD_NAMES[] = {
+    [FIELD_OP] = "op",           [FIELD_DTYPE] = "dtype",
+    [FIELD_SHAPE] = "shape",     [FIELD_REDUCE_OP] = "reduce op",
+    [FIELD_ROOT] = "root rank",  [FIELD_SCALES] = "prescale/postscale",
+    [FIELD_SET] = "process set",
+};
+_Static_assert(sizeof FIELD_NAMES / sizeof FIELD_NAMES[0] == FIELD_COUNT, "a field without a name");
 
 static int field_differs(const meta_t *a, const meta_t *b, int field) {
     switch (field) {
-    case 0: return a->op != b->op;
-    case 1: return a->dtype != b->dtype;
-    case 2: {
+    case FIELD_OP: return a->op != b->op;
+    case FIELD_DTYPE: return a->dtype != b->dtype;
+    case FIELD_SHAPE: {
         if (a->ndim != b->ndim) return 1;
         /* allgather and alltoall concatenate on the first dimension: it may differ */
         int from = a->op == HVDL_OP_ALLGATHER || a->op == HVDL_OP_ALLTOALL ? 1 : 0;
@@ -107,36 +146,39 @@ static int field_differs(const meta_t *a, const meta_t *b, int field) {
             if (a->shape[d] != b->shape[d]) return 1;
         return 0;
     }
-    case 3: return a->reduce_op != b->reduce_op;
-    case 4: return a->root_rank != b->root_rank;
-    case 5: return a->prescale != b->prescale || a->postscale != b->postscale;
+    case FIELD_REDUCE_OP: return a->reduce_op != b->reduce_op;
+    case FIELD_ROOT: return a->root_rank != b->root_rank;
+    case FIELD_SCALES: return a->prescale != b->prescale || a->postscale != b->postscale;
+    case FIELD_SET:
     default: return a->process_set != b->process_set;
     }
 }
 
-/* The first field on which the submitting ranks disagree, as a message; NULL if none. */
-static char *check_agreement(engine_t *e, const pending_t *p) {
+/* The first field on which the submitting ranks disagree, as a message in msg
+ * (HVDL_MSG_BYTES): 1, or 0 if they agree. */
+static int check_agreement(engine_t *e, const pending_t *p, char *msg) {
     const meta_t *ref = &p->metas[p->ref];
-    for (int f = 0; f < 7; f++) {
+    for (int f = 0; f < FIELD_COUNT; f++) {
         int bad = 0;
         for (int r = 0; r < e->size; r++) bad |= p->have[r] && field_differs(ref, &p->metas[r], f);
         if (!bad) continue;
-        char msg[HVDL_MSG_BYTES], val[256];
+        const int cap = HVDL_MSG_BYTES;
+        char val[256];
         describe_value(ref, f, val, sizeof val);
-        int n = snprintf(msg, sizeof msg, "%s '%s': ranks disagree on %s: rank %d has %s",
-                         name_of(OP_NAMES, 7, ref->op), p->name, FIELD_NAMES[f], p->ref, val);
-        for (int r = 0, shown = 0; r < e->size && n < (int)sizeof msg - 64; r++) {
+        int n = snprintf(msg, (size_t)cap, "%s '%s': ranks disagree on %s: rank %d has %s",
+                         NAME_OF(OP_NAMES, ref->op), p->name, FIELD_NAMES[f], p->ref, val);
+        for (int r = 0, shown = 0; r < e->size && n < cap - 64; r++) {
             if (!p->have[r] || !field_differs(ref, &p->metas[r], f)) continue;
             if (++shown > 6) {
-                n += snprintf(msg + n, sizeof msg - (size_t)n, ", ...");
+                n += snprintf(msg + n, (size_t)(cap - n), ", ...");
                 break;
             }
             describe_value(&p->metas[r], f, val, sizeof val);
-            n += snprintf(msg + n, sizeof msg - (size_t)n, ", rank %d has %s", r, val);
+            n += snprintf(msg + n, (size_t)(cap - n), ", rank %d has %s", r, val);
         }
-        return strdup(msg);
+        return 1;
     }
-    return NULL;
+    return 0;
 }
 
 /* ---- readiness ---- */
@@ -167,16 +209,16 @@ static void maybe_ready(engine_t *e, pending_t *p) {
         k += snprintf(joined_missing + k, sizeof joined_missing - (size_t)k, k ? ", %d" : "%d", r);
         if (k >= (int)sizeof joined_missing - 16) break;
     }
-    if (k) {
-        char msg[HVDL_MSG_BYTES];
-        snprintf(msg, sizeof msg,
-                 "%s '%s': ranks [%s] have called join(); only allreduce can "
-                 "run until every rank has joined",
-                 name_of(OP_NAMES, 7, m->op), p->name, joined_missing);
-        p->error = strdup(msg);
-    } else {
-        p->error = check_agreement(e, p);
-    }
+    char msg[HVDL_MSG_BYTES];
+    int bad = k ? snprintf(msg, sizeof msg,
+                           "%s '%s': ranks [%s] have called join(); only allreduce can "
+                           "run until every rank has joined",
+                           NAME_OF(OP_NAMES, m->op), p->name, joined_missing) > 0
+                : check_agreement(e, p, msg);
+    /* no memory for the text: planning fails with this rank's out of memory, never runs
+     * the op as if the ranks agreed (the request record's site stands for this one) */
+    if (bad && (HVDL_INJECT(e, INJ_RECORD_ALLOC) || !(p->error = strdup(msg))))
+        p->error_oom = (int64_t)strlen(msg) + 1;
     make_ready(c, p);
 }
 
@@ -196,11 +238,13 @@ static int record(engine_t *e, int from, const char *name, const meta_t *m, cons
     coordinator_t *c = e->coord;
     pending_t *p = strmap_get(&c->pending, name);
     if (!p) {
-        p = calloc(1, sizeof *p);
+        /* with its alltoall split table, so that one site stands for the whole record */
+        p = HVDL_INJECT(e, INJ_RECORD_ALLOC) ? NULL : calloc(1, sizeof *p);
         if (!p || !(p->name = strdup(name)) ||
             !(p->metas = calloc((size_t)e->size, sizeof *p->metas)) ||
             !(p->have = calloc((size_t)e->size, 1)) ||
             !(p->have_at = calloc((size_t)e->size, sizeof(double))) ||
+            (splits && !(p->splits = calloc((size_t)e->size * (size_t)e->size, 8))) ||
             strmap_put(&c->pending, name, p)) {
             if (p) pending_free(p);
             return hvdl__oom(e, "request record", (int64_t)e->size * (int64_t)sizeof(meta_t));
@@ -220,7 +264,9 @@ static int record(engine_t *e, int from, const char *name, const meta_t *m, cons
     p->metas[from] = *m;
     p->count++;
     if (splits) {
-        if (!p->splits && !(p->splits = calloc((size_t)e->size * (size_t)e->size, 8))) {
+        /* a record made by a request without splits (the ranks disagree on the op) */
+        if (!p->splits && (HVDL_INJECT(e, INJ_RECORD_ALLOC) ||
+                           !(p->splits = calloc((size_t)e->size * (size_t)e->size, 8)))) {
             hvdl__took_free(&t);
             return hvdl__oom(e, "alltoall split table", 8 * (int64_t)e->size * e->size);
         }
@@ -296,7 +342,10 @@ static int build_response(engine_t *e, response_t *r, pending_t *group, int n) {
     r->meta = first->metas[first->ref];
     r->error = first->error;
     first->error = NULL;
-    if (hvdl__response_alloc(r, n, g->n, r->meta.op)) return hvdl__oom(e, "response", n);
+    if (first->error_oom) return hvdl__oom(e, "error message", first->error_oom);
+    /* one site for the response's tables, its trace and its names */
+    if (HVDL_INJECT(e, INJ_RESPONSE_ALLOC) || hvdl__response_alloc(r, n, g->n, r->meta.op))
+        return hvdl__oom(e, "response", (int64_t)n * (int64_t)sizeof(meta_t));
     r->received_at = hvdl_now();
     if (TL_ON(e) && !(r->ready_at = calloc((size_t)n * (size_t)e->size, sizeof(double))))
         return hvdl__oom(e, "response trace", (int64_t)n * e->size * 8);

@@ -93,7 +93,7 @@ void hvdl__deadlock_free(engine_t *e) {
 
 static struct deadlock *state(engine_t *e) {
     if (e->dl) return e->dl;
-    struct deadlock *d = calloc(1, sizeof *d);
+    struct deadlock *d = HVDL_INJECT(e, INJ_DEADLOCK_ALLOC) ? NULL : calloc(1, sizeof *d);
     if (!d) return NULL;
     e->dl = d;
     if (e->rank == 0 && (!(d->reports = calloc((size_t)e->size, sizeof *d->reports)) ||
@@ -167,7 +167,8 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
     uint32_t n = rd_u32(&r);
     w.partial = partial != 0;
     if (!r.bad && n > MAX_ENTRIES) rd_fail(&r, "it lists more ops than a report may");
-    if (!r.bad && n && !(w.ops = calloc(n, sizeof *w.ops))) return hvdl__oom(e, "wait report", len);
+    if (!r.bad && n && (HVDL_INJECT(e, INJ_WAIT_ALLOC) || !(w.ops = calloc(n, sizeof *w.ops))))
+        return hvdl__oom(e, "wait report", (int64_t)n * (int64_t)sizeof *w.ops);
     for (uint32_t i = 0; !r.bad && i < n; i++) {
         wait_entry_t *x = &w.ops[i];
         rd_get(&r, &x->op, 4);

@@ -95,7 +95,7 @@ int hvdl__read_requests(engine_t *e, reader_t *r, request_list_t *out) {
         }
         out->nfull++;
         if (n) {
-            if (!(q->splits = malloc(8 * (size_t)n)))
+            if (HVDL_INJECT(e, INJ_DECODE_ALLOC) || !(q->splits = malloc(8 * (size_t)n)))
                 return rd_oom(r, "request's splits", 8 * (int64_t)n);
             rd_get(r, q->splits, 8 * (int64_t)n);
             q->nsplits = n;

@@ -6,6 +6,7 @@
  * the hvdl__engine_x forms on several engines in one process. Per-op calls are in ops.c,
  * process sets in process_sets.c.
  */
+#include "fail.h"
 #include "loop.h"
 #include "liveness.h"
 #include "negotiation.h"
@@ -199,7 +200,8 @@ out:
  * each. */
 static int build_nodes(engine_t *e) {
     int local[e->size], nodes = 0, per_node = 0;
-    if (!(e->node = malloc(sizeof(int) * (size_t)e->size))) return -1;
+    if (HVDL_INJECT(e, INJ_START_ALLOC) || !(e->node = malloc(sizeof(int) * (size_t)e->size)))
+        return -1;
     for (int r = 0; r < e->size; r++) {
         local[r] = 0;                      /* index among the ranks of r's node */
         e->node[r] = nodes;
@@ -296,7 +298,11 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     hvdl__log(e, HVDL_LOG_INFO,
               "rank %d waits spin %d us, shm barriers %d us (%d local ranks, %ld cores)", rank,
               e->spin_us, e->shm_spin_us, nlocal, cores);
-    if (build_nodes(e)) return hvdl__err(HVDL_ERR_SYSTEM, "out of memory");
+    /* connected by now: the cause reaches every rank (fail.c), and each fails its start */
+    if (build_nodes(e)) {
+        hvdl__oom(e, "table of the job's nodes", (int64_t)sizeof(int) * size);
+        return startup_failed(e, "mapping the ranks to their nodes");
+    }
     if (hvdl__shm_open(e) || hvdl__negotiation_open(e) || hvdl__clock_sync(e))
         return startup_failed(e, "setting up shared memory, negotiation and the clocks");
     hvdl__ctx_fill(e);
@@ -320,7 +326,7 @@ int hvdl__engine_start(engine_t *e, int rank, int size, const char *all_blobs) {
     int p2p_failed = hvdl__p2p_start(e);
     int failed = p2p_failed || pthread_create(&e->thread, NULL, hvdl__loop, e);
     pthread_sigmask(SIG_SETMASK, &mask, NULL);
-    if (p2p_failed) return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the point-to-point thread");
+    if (p2p_failed) return startup_failed(e, "starting the point-to-point thread");
     if (failed) return hvdl__err(HVDL_ERR_SYSTEM, "cannot start the background thread");
     e->thread_started = 1;
     return HVDL_OK;

@@ -441,8 +441,9 @@ int hvdl__execute_cached(engine_t *e, const int32_t *ids, int n, const double *p
                                   ids[i]);
     response_t r = {0};
     const char *why = NULL;
-    int rc = hvdl__response_alloc(&r, n, e->size, e->cache[ids[0]].meta.op)
-                 ? hvdl__oom(e, "response", n)
+    int rc = HVDL_INJECT(e, INJ_RESPONSE_ALLOC) ||
+                     hvdl__response_alloc(&r, n, e->size, e->cache[ids[0]].meta.op)
+                 ? hvdl__oom(e, "response", (int64_t)n * (int64_t)sizeof(meta_t))
                  : 0;
     for (int i = 0; !rc && i < n; i++, r.ntensors++) {
         r.cached[i] = 1;

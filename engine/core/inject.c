@@ -21,22 +21,52 @@
  *   frame_alloc   the copy of a received control frame (net.c)
  *   exec_alloc    the table of a response's tensors, as it is executed (exec.c)
  *   cache_alloc   a new response-cache entry, on rank 0 and on the workers (cache.c)
+ *   announce_alloc  a rank's announcement: its bit vector and completed ids (announce.c)
+ *   record_alloc  rank 0's record of a request: name, metadata, alltoall splits, and the
+ *                 text of a disagreement (coordinator.c)
+ *   response_alloc  a response's tables: rank 0 planning one (coordinator.c), a rank
+ *                 turning the segment's log entry into one (exec.c)
+ *   plan_frame_alloc  rank 0's table of response frames for the workers (loop.c)
+ *   took_alloc    the bits rank 0 takes over from a segment's words (negotiate.c)
+ *   log_alloc     the one-node log's deferred entries and response queue (negotiate_shm.c)
+ *   nodes_alloc   rank 0's record of the nodes whose word it closed (negotiate_nodes.c)
+ *   deadlock_alloc  the deadlock check's state, at its first tick (deadlock.c)
+ *   hier_alloc    the hierarchical algorithms' buffers: allgather's (allgather_hier.c)
+ *                 and allreduce's share buffer (collectives_shm.c)
+ *   start_alloc   start-up, once connected: the table of the ranks' nodes (api.c), then
+ *                 (its second visit) the point-to-point state (p2p.c); the cause reaches
+ *                 every rank, and every hvdl_start fails with it
+ *   wait_alloc    rank 0 reading a worker's wait report, once a caller has been blocked
+ *                 BLOCKED_S (deadlock.c)
  * The tests take this list from the engine (hvdl_inject_site) and cause each site:
  * tests/test_engine_inject.py across processes, tests/c in one.
  *
- * The engine's other allocations, and why they have no site of their own:
- *   - a site above stands for them: they sit on its path and fail through the same
- *     hvdl__oom (the rest of cache_store; the alltoall splits and a joined rank's zeros
- *     beside exec_alloc; the receive buffer beside frame_alloc; wire.c's other decoding
- *     allocations beside decode_alloc, all marked with rd_oom);
- *   - start-up, once, each failing hvdl_start with its own message (api.c, handshake.c,
- *     shm.c, coordinator and deadlock state, p2p_start, the negotiators' open);
- *   - a caller's thread, refused at once with HVDL_ERR_SYSTEM "out of memory" (ops.c,
- *     process_sets.c, point-to-point enqueue), or a point-to-point message completed
- *     with its own "out of memory" (p2p.c), or tracing, which warns and goes on;
- *   - not yet: negotiation's own (announce.c, coordinator.c, negotiate_shm.c,
- *     negotiate_nodes.c, loop.c's response frames), the wait reports (deadlock.c) and
- *     the hierarchical allgather's and shm share buffers; each reports hvdl__oom.
+ * AUDIT: the allocations with no site of their own, by function, and why.
+ * tests/test_engine_inject.py (test_every_allocation_has_a_site_or_a_reason) finds every
+ * malloc/calloc/realloc/strdup in engine/ and requires a site within 12 lines in its
+ * function, or its function here (`file: functions: why`), and no stale entry.
+ *   control/cache.c: cache_store hvdl__cache_apply: the rest of a cache entry (its dim0s, a cached tensor's name) on cache_alloc's and response_alloc's path, failing through the same hvdl__oom
+ *   control/wire.c: hvdl__response_alloc: a helper; every caller is a site (response_alloc; decode_alloc's path, marked rd_oom)
+ *   control/deadlock.c: snapshot: a wait report without memory goes out partial, which proves nothing and fails nothing, by design
+ *   control/coordinator.c: hvdl__coordinator_new: start-up, before rank 0 connects: hvdl_start fails at once with engine set-up failed (its errno); the others fail at their start-up timeout
+ *   control/segment/negotiate_shm.c: hvdl__negotiate_shm_open: start-up, once connected: hvdl__oom tells every rank, the path start_alloc's case takes
+ *   control/segment/negotiate_nodes.c: hvdl__negotiate_nodes_open: start-up, once connected: hvdl__oom tells every rank, the path start_alloc's case takes
+ *   core/api.c: hvdl__engine_new hvdl__engine_start: start-up, before this rank connects: hvdl_prepare or hvdl_start fails at once with out of memory (or engine set-up failed: its errno); the other ranks fail at their start-up timeout, as for a rank that never starts
+ *   core/api.c: build_nodes: the cross-node group, beside start_alloc's table, failing its start the same way
+ *   transport/shm.c: hvdl__shm_open: start-up, once connected, beside shm_attach: hvdl__oom for the segment's record tells every rank
+ *   transport/tcp.c: hvdl__tcp_transport: start-up, before this rank connects: hvdl_start fails at once with engine set-up failed (its errno); the others fail at their start-up timeout
+ *   transport/handshake.c: accept_expected: start-up, while connecting: this rank fails naming the table of start-up connections; the others fail connecting to it
+ *   p2p/p2p.c: p2p_main: the point-to-point thread's poll table, at its start: without it every point-to-point op fails with out of memory for the point-to-point thread
+ *   core/ops.c: alloc_slot copy_splits hvdl__engine_enqueue: a caller's thread, refused at once with HVDL_ERR_SYSTEM out of memory; nothing was sent
+ *   core/process_sets.c: hvdl__engine_set_add: a caller's thread, refused at once with HVDL_ERR_SYSTEM out of memory
+ *   p2p/p2p.c: hvdl__p2p_enqueue send_now take_incoming: a point-to-point op, refused or completed with its own out of memory
+ *   p2p/p2p.c: accept_into begin_payload: a received point-to-point message: the recv fails, or the job, naming the bytes
+ *   p2p/p2p.c: finish: a trace line that is skipped, and the op's message copy, where release reports the engine's cause instead
+ *   core/fail.c: complete_locked: the op's message copy; without it release reports the engine's cause (ops.c)
+ *   core/timeline.c: hvdl__timeline_open hvdl__tl_count_step: tracing, which warns and goes on without the trace
+ *   core/exec.c: hvdl__execute_cached: the trace's posting times of a segment log entry, failing through hvdl__oom as response_alloc's site beside it does
+ *   util/util.c: buf_reserve grow rd_str strmap_put: helpers; each caller reports hvdl__oom for what it was building
+ * END AUDIT
  *
  * Cost when unset: one comparison per site visit (HVDL_INJECT).
  */
@@ -59,6 +89,17 @@ static const char *const SITES[] = {
     [INJ_FRAME_ALLOC] = "frame_alloc",
     [INJ_EXEC_ALLOC] = "exec_alloc",
     [INJ_CACHE_ALLOC] = "cache_alloc",
+    [INJ_ANNOUNCE_ALLOC] = "announce_alloc",
+    [INJ_RECORD_ALLOC] = "record_alloc",
+    [INJ_RESPONSE_ALLOC] = "response_alloc",
+    [INJ_PLAN_FRAME_ALLOC] = "plan_frame_alloc",
+    [INJ_TOOK_ALLOC] = "took_alloc",
+    [INJ_LOG_ALLOC] = "log_alloc",
+    [INJ_NODES_ALLOC] = "nodes_alloc",
+    [INJ_DEADLOCK_ALLOC] = "deadlock_alloc",
+    [INJ_HIER_ALLOC] = "hier_alloc",
+    [INJ_START_ALLOC] = "start_alloc",
+    [INJ_WAIT_ALLOC] = "wait_alloc",
 };
 _Static_assert(sizeof SITES / sizeof SITES[0] == INJ_NSITES, "an injection site without a name");
 

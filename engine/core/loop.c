@@ -102,8 +102,9 @@ static int is_member(const group_t *g, int rank) {
 
 /* Send each worker, in one frame, the responses of the plan that involve it. */
 static int send_plan(engine_t *e, const response_t *rs, int n) {
-    buf_t *wire = calloc((size_t)n, sizeof *wire), msg = {0};
-    int rc = wire ? 0 : hvdl__oom(e, "response plan", (int64_t)sizeof *wire * n);
+    buf_t *wire = HVDL_INJECT(e, INJ_PLAN_FRAME_ALLOC) ? NULL : calloc((size_t)n, sizeof *wire),
+          msg = {0};
+    int rc = wire ? 0 : hvdl__oom(e, "table of response frames", (int64_t)sizeof *wire * n);
     for (int i = 0; i < n && !rc; i++)
         if (hvdl__write_response(e, &wire[i], &rs[i]))
             rc = hvdl__oom(e, "response frame", wire[i].len);

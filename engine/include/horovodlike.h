@@ -68,7 +68,8 @@ enum hvdl_reduce_op {
     HVDL_MIN = 2,
     HVDL_MAX = 3,
     HVDL_PRODUCT = 4,
-    HVDL_ADASUM = 5
+    HVDL_ADASUM = 5,
+    HVDL_NUM_REDUCE_OPS = 6
 };
 
 enum hvdl_op_type {

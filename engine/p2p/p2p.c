@@ -737,10 +737,11 @@ static void *p2p_main(void *arg) {
 /* ---- the engine's side: start, stop, enqueue ---- */
 
 int hvdl__p2p_start(engine_t *e) {
-    struct p2p *p = calloc(1, sizeof *p);
+    /* connected by now: out of memory is told to every rank (fail.c) */
+    struct p2p *p = HVDL_INJECT(e, INJ_START_ALLOC) ? NULL : calloc(1, sizeof *p);
     if (!p || !(p->peers = calloc((size_t)e->size, sizeof *p->peers))) {
         free(p);
-        return -1;
+        return hvdl__oom(e, "point-to-point state", (int64_t)sizeof *p->peers * e->size);
     }
     pthread_mutex_init(&p->mu, NULL);
     atomic_store(&p->lost_peer, -1);

@@ -40,7 +40,21 @@ static void test_name_tables(void) {
 }
 
 /* What each rank of a failure-path world does, and what it saw. */
-enum { DO_NOTHING, DO_SMALL_ALLREDUCE, DO_BIG_ALLREDUCE, DO_FUSED, DO_ALLGATHER, DO_REDUCESCATTER };
+/* REPEATED: one name six times (cached after the first: agreed in the segment); STALLED:
+ * a cached name that rank 1 stays away from (rank 0's stall scan takes its word over);
+ * CHANGED: rank 1's second request of a cached name has another shape (it reaches rank 0
+ * as a frame, and rank 0 takes the word over). */
+enum {
+    DO_NOTHING,
+    DO_SMALL_ALLREDUCE,
+    DO_BIG_ALLREDUCE,
+    DO_FUSED,
+    DO_ALLGATHER,
+    DO_REDUCESCATTER,
+    DO_REPEATED,
+    DO_STALLED,
+    DO_CHANGED
+};
 typedef struct outcome {
     int what;
     int status[16];
@@ -53,7 +67,10 @@ static void do_ops(world_t *w, int rank, void *arg) {
     engine_t *e = w->e[rank];
     float in[4][BIG], res_buf[4][BIG];
     memset(in, 0, sizeof in);
-    int rc = 0, rounds = out->what == DO_FUSED ? 40 : 1;
+    int rc = 0, rounds = out->what == DO_FUSED                                ? 40
+                         : out->what == DO_REPEATED                           ? 6
+                         : out->what == DO_STALLED || out->what == DO_CHANGED ? 2
+                                                                              : 1;
     char *msg = out->msg[rank];
     for (int k = 0; k < rounds && !rc; k++) {
         char name[4][32];
@@ -66,6 +83,13 @@ static void do_ops(world_t *w, int rank, void *arg) {
         case DO_NOTHING: return;
         case DO_BIG_ALLREDUCE: q.shape[0] = BIG; /* fall through */
         case DO_SMALL_ALLREDUCE: rc = run_op(e, &q, NULL, msg); break;
+        case DO_REPEATED:
+        case DO_STALLED:
+        case DO_CHANGED:
+            q.name = k && rank == 1 && out->what == DO_STALLED ? "elsewhere" : "again";
+            q.shape[0] = k && rank == 1 && out->what == DO_CHANGED ? 17 : 16;
+            rc = run_op(e, &q, NULL, msg);
+            break;
         case DO_ALLGATHER:
             q.op = HVDL_OP_ALLGATHER;
             q.output = NULL;
@@ -114,12 +138,20 @@ typedef struct inject_case {
     void (*tweak)(config_t *);
     int what;
     const char *reason;
+    const char *const *hosts;    /* NULL: one node, "localhost" */
+    int nth;                     /* the visit that fails; 0: the first */
 } inject_case_t;
 
 static void slow_cycle(config_t *c) {
     no_shm(c);
     c->cycle_time = 0.02;
 }
+static void stall_soon(config_t *c) {
+    small_pieces(c);
+    c->stall_warning = 1;
+}
+/* Two nodes of two ranks each (the hierarchical algorithms need both to have two). */
+static const char *const TWO_NODES[] = {"node-a", "node-a", "node-b", "node-b"};
 
 static const inject_case_t INJECT_CASES[] = {
     {"ring_alloc", 1, no_shm, DO_BIG_ALLREDUCE, "ring staging buffer"},
@@ -137,11 +169,26 @@ static const inject_case_t INJECT_CASES[] = {
     {"exec_alloc", 1, small_pieces, DO_SMALL_ALLREDUCE, "-byte table of a response's tensors"},
     {"cache_alloc", 1, no_shm, DO_SMALL_ALLREDUCE, "-byte response-cache entry"},
     {"cache_alloc", 0, no_shm, DO_SMALL_ALLREDUCE, "-byte response-cache entry"},
+    {"announce_alloc", 1, small_pieces, DO_SMALL_ALLREDUCE, "-byte request bit vector"},
+    {"record_alloc", 0, small_pieces, DO_SMALL_ALLREDUCE, "-byte request record"},
+    {"response_alloc", 0, no_shm, DO_SMALL_ALLREDUCE, "-byte response"},
+    {"response_alloc", 1, small_pieces, DO_REPEATED, "-byte response"},
+    {"plan_frame_alloc", 0, no_shm, DO_SMALL_ALLREDUCE, "-byte table of response frames"},
+    {"took_alloc", 0, stall_soon, DO_STALLED, "-byte requests taken over from the segment"},
+    {"log_alloc", 1, small_pieces, DO_REPEATED, "-byte response queue"},
+    {"nodes_alloc", 0, small_pieces, DO_CHANGED, "-byte record of the nodes' closed words",
+     TWO_NODES},
+    {"deadlock_alloc", 2, small_pieces, DO_SMALL_ALLREDUCE, "-byte deadlock state"},
+    {"hier_alloc", 0, small_pieces, DO_ALLGATHER, "-byte hierarchical allgather buffer", TWO_NODES},
+    {"hier_alloc", 1, small_pieces, DO_BIG_ALLREDUCE, "-byte hierarchical share buffer", TWO_NODES},
+    {"wait_alloc", 0, small_pieces, DO_STALLED, "-byte wait report"},
+    {"start_alloc", 1, small_pieces, DO_NOTHING, "-byte table of the job's nodes"},
+    {"start_alloc", 2, small_pieces, DO_NOTHING, "-byte point-to-point state", NULL, 2},
 };
 
-/* Every site the engine lists, in-process: each rank reports the victim's cause. */
+/* Every site the engine lists, in-process: each rank reports the victim's cause (3 ranks on
+ * one node, or 2 x 2 on two). */
 static void test_injected_failures(void) {
-    enum { N = 3 };
     const int ncases = (int)(sizeof INJECT_CASES / sizeof INJECT_CASES[0]);
     int before = atomic_load(&g_failures);
     double start = hvdl_now();
@@ -154,9 +201,10 @@ static void test_injected_failures(void) {
             found = 1;
             double t0 = hvdl_now();
             char spec[64], label[80], want[160], injected[96];
-            snprintf(spec, sizeof spec, "%s:%d", c->site, c->victim);
+            snprintf(spec, sizeof spec, "%s:%d:%d", c->site, c->victim, c->nth ? c->nth : 1);
             snprintf(label, sizeof label, "injected %s", spec);
-            world_opts_t o = {NULL, c->tweak, label, spec, 1};
+            const int N = c->hosts ? 4 : 3;
+            world_opts_t o = {c->hosts, c->tweak, label, spec, 1};
             world_t *w = world_start(N, &o);
             outcome_t *out = calloc(1, sizeof *out);
             if (!out) {
@@ -165,7 +213,19 @@ static void test_injected_failures(void) {
             }
             out->what = c->what;
             if (w->started) world_run(w, do_ops, out);
-            snprintf(want, sizeof want, "rank %d (host localhost) failed: ", c->victim);
+            /* A rank whose start finished before another's failed (the point-to-point
+             * state is start-up's last step) learns the cause at its next op. */
+            for (int r = 0; !w->started && r < N; r++) {
+                if (w->start_msg[r][0]) continue;
+                float x = 1;
+                hvdl_request q = make_request(HVDL_OP_ALLREDUCE, HVDL_FLOAT32, 0, "after start", 1,
+                                              1, 0);
+                q.input = q.output = &x;
+                CHECK(run_op(w->e[r], &q, NULL, w->start_msg[r]) != HVDL_OK, "%s: rank %d's op ran",
+                      label, r);
+            }
+            snprintf(want, sizeof want, "rank %d (host %s) failed: ", c->victim,
+                     c->hosts ? c->hosts[c->victim] : "localhost");
             snprintf(injected, sizeof injected, "(injected by HOROVODLIKE_TEST_INJECT=%s)",
                      c->site);
             for (int r = 0; r < N; r++) {

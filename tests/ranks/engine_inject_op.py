@@ -49,6 +49,15 @@ def main():
             hvd.allgather(np.ones((r + 1, 3), np.float32), name="gather")
         elif op == "reducescatter":
             hvd.reducescatter(np.ones((6, 2), np.float32), name="scatter")
+        elif op == "repeated":               # cached after the first: agreed in the segment
+            for i in range(6):
+                hvd.allreduce(np.ones(16, np.float32), name="again")
+        elif op == "stalled":                # rank 1 stays away from a cached name: rank 0's
+            hvd.allreduce(np.ones(16, np.float32), name="again")    # stall scan takes its word over
+            hvd.allreduce(np.ones(16, np.float32), name="elsewhere" if r == 1 else "again")
+        elif op == "changed":                # rank 1's request is no longer its cached one: it
+            hvd.allreduce(np.ones(16, np.float32), name="again")    # reaches rank 0 as a frame, and
+            hvd.allreduce(np.ones(17 if r == 1 else 16, np.float32), name="again")  # rank 0 takes the word
         print("OP_OK", flush=True)
         for i in range(3):                       # whatever was missed above fails here
             hvd.allreduce(np.ones(1 << 18, np.float32), name=f"more{i}")

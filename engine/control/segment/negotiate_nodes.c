@@ -251,8 +251,9 @@ static int close_on(engine_t *e, int k, int id, took_t *t) {
 static int take_over(engine_t *e, pending_t *p, int k, int id, took_t *t) {
     struct nodeneg *n = e->neg;
     if (!n->has_words[k] || (p->closed_nodes && p->closed_nodes[k])) return 0;
-    if (!p->closed_nodes && !(p->closed_nodes = calloc((size_t)e->nnodes, 1)))
-        return hvdl__oom(e, "request record", e->nnodes);
+    if (!p->closed_nodes &&
+        (HVDL_INJECT(e, INJ_NODES_ALLOC) || !(p->closed_nodes = calloc((size_t)e->nnodes, 1))))
+        return hvdl__oom(e, "record of the nodes' closed words", e->nnodes);
     p->closed_nodes[k] = 1;
     return close_on(e, k, id, t);
 }

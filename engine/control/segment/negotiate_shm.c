@@ -219,7 +219,7 @@ static void publish_deferred(struct neg *n) {
 static int grow(engine_t *e, void **p, int *cap, int n, size_t elem, const char *what) {
     if (n < *cap) return 0;
     int want = *cap ? 2 * *cap : 16;
-    void *q = realloc(*p, elem * (size_t)want);
+    void *q = HVDL_INJECT(e, INJ_LOG_ALLOC) ? NULL : realloc(*p, elem * (size_t)want);
     if (!q) return hvdl__oom(e, what, (int64_t)(elem * (size_t)want));
     *p = q;
     *cap = want;
