@@ -258,7 +258,7 @@ def test_several_hosts_without_a_key_refuse_to_start(caplog):
 # ------------------------------------------------------------------ real launches
 
 TWO_RANKS = rank_program("launch_env_two_ranks")
-INIT = rank_program("launch_env_init")
+INIT = rank_program("init_only")
 
 
 def clean_env(**extra):
