@@ -1,7 +1,8 @@
 """Rank program of tests/test_torch_gpu.py, run by
 test_cuda_tensors_at_two_ranks_sharing_one_gpu[collectives]: every collective and dtype on
 CUDA tensors against the same op on CPU tensors, bit for bit."""
-from torch_gpu_common import *  # noqa: F401,F403 (init, same, data, _staging, torch, thvd, hvd)
+from torch_gpu_common import *  # noqa: F401,F403 (init, same, data, torch, thvd, hvd)
+from horovodlike.torch import _staging
 
 
 def main():

@@ -3,7 +3,6 @@ R, P and DEV (this rank's GPU: local_rank % device_count, so two ranks share one
 same()/data() compare a CUDA op's output with the CPU op's."""
 from _torch_common import *  # noqa: F401,F403 (torch, thvd, hvd, np, the check helpers)
 import zlib
-from horovodlike.torch import _staging
 
 R = P = DEV = None          # set by init()
 

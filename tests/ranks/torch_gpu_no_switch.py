@@ -1,7 +1,7 @@
 """Rank program of tests/test_torch_gpu.py, run by
 test_cuda_tensors_refused_without_the_switch: without HOROVODLIKE_EXPERIMENTAL_CUDA=1 a
 CUDA tensor gets the clear error."""
-from torch_gpu_common import *  # noqa: F401,F403 (init, same, data, _staging, torch, thvd, hvd)
+from torch_gpu_common import *  # noqa: F401,F403 (init, same, data, torch, thvd, hvd)
 
 
 def main():

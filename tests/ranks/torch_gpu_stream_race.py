@@ -2,7 +2,7 @@
 test_cuda_tensors_at_two_ranks_sharing_one_gpu[stream-race]: a kernel queued on the
 current stream writes the tensor (or, inside backward, the gradient) behind a long GPU
 sleep just before the op; the op must wait for it, on the default and a side stream."""
-from torch_gpu_common import *  # noqa: F401,F403 (init, same, data, _staging, torch, thvd, hvd)
+from torch_gpu_common import *  # noqa: F401,F403 (init, same, data, torch, thvd, hvd)
 
 SLEEP = int(2e8)      # GPU cycles: ~0.1 s of kernel queued before the write
 N = 3 << 20           # 12 MiB: several pieces

@@ -1,7 +1,8 @@
 """Rank program of tests/test_torch_gpu.py, run by
 test_cuda_tensors_at_two_ranks_sharing_one_gpu[training]: a CUDA model trained with
 DistributedOptimizer equals the CPU run; broadcast_optimizer_state of CUDA state."""
-from torch_gpu_common import *  # noqa: F401,F403 (init, same, data, _staging, torch, thvd, hvd)
+from torch_gpu_common import *  # noqa: F401,F403 (init, same, data, torch, thvd, hvd)
+from horovodlike.torch import _staging
 import torch.nn as nn
 
 
