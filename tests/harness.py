@@ -25,9 +25,9 @@ each with a main() and its parameters in argv or the environment. They start wit
 ``from _common import *``: numpy, horovodlike, check_* helpers that collect failures (so
 one launch can check many cases and still report every failure), and ``finish()`` which
 agrees across ranks, prints failures with context to stderr and exits 1, or prints
-``HVDTEST-OK``. RANK_PRELUDE is that module's text, for a program still given as a
-string. Ranks that must happen in an order say so with files: ``arrive("x")`` on one
-rank, ``wait_for("x")`` on another (HVDTEST_DIR, the run's own folder), never a sleep.
+``HVDTEST-OK``. Ranks that must happen in an order say so with files: ``arrive("x")`` on
+one rank, ``wait_for("x")`` on another (HVDTEST_DIR, the run's own folder), never a
+sleep.
 """
 import os
 import re
@@ -329,10 +329,9 @@ def run_ranks(script, np=1, launcher="horovodlikerun", env=None, timeout=120, ar
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# ------------------------------------------------------------ rank prelude
+# ------------------------------------------------------------ rank programs
 
 RANKS = REPO / "tests" / "ranks"
-RANK_PRELUDE = (RANKS / "_common.py").read_text()
 
 
 def rank_program(name):

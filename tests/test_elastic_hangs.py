@@ -78,8 +78,7 @@ def test_hanging_discovery_script_does_not_outlive_the_job(tmp_path):
     discover.write_text(f"#!/bin/sh\nif [ -e {first} ]; then sleep {seconds.decode()} & "
                         f"wait; fi\ntouch {first}\necho a:1\n")
     discover.chmod(discover.stat().st_mode | stat.S_IXUSR)
-    job = tmp_path / "job.py"
-    job.write_text("import time, horovodlike as hvd\nhvd.init()\ntime.sleep(3)\n")
+    job = rank_program("elastic_hangs_short_job")
     head = [HOROVODLIKERUN] if HOROVODLIKERUN else [PYTHON, "-m", "horovodlike.runner"]
     proc = subprocess.Popen(
         head + ["-np", "1", "--min-np", "1", "--max-np", "1", "--host-discovery-script",

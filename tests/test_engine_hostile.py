@@ -23,7 +23,6 @@ import socket
 import struct
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -752,18 +751,7 @@ def test_ranks_with_different_shm_settings_fail_naming_the_variable(job_factory)
 
 
 def test_a_name_with_a_nul_byte_is_refused(tmp_path):
-    script = textwrap.dedent("""
-        import numpy as np
-        from horovodlike.common import engine
-        engine.start(0, 1, [engine.prepare("h", "127.0.0.1", "127.0.0.1", b"k" * 32)])
-        x = np.ones(4, np.float32)
-        try:
-            engine.enqueue(engine.ALLREDUCE, "a\\0b", engine.DTYPES["float32"], x.shape,
-                           x.ctypes.data, x.ctypes.data)
-        except ValueError as e:
-            print("refused:", e)
-        engine.shutdown()
-    """)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, env=dict(os.environ, PYTHONPATH=PACKAGE_ROOT))
+    res = subprocess.run([sys.executable, str(rank_program("engine_hostile_nul_name"))],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=PACKAGE_ROOT))
     assert "refused:" in res.stdout and "NUL" in res.stdout, res.stdout + res.stderr

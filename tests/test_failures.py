@@ -160,11 +160,10 @@ def test_mismatches_name_field_and_ranks_and_engine_goes_on(launcher):
 def test_mpi_world_size_disagreeing_with_launcher_fails_loudly():
     if MPIRUN_SKIP_REASON:
         pytest.skip(MPIRUN_SKIP_REASON)
-    script = "import horovodlike as hvd\nhvd.init()\n"
     env = dict(os.environ, OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0",
                PYTHONPATH=str(REPO))
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run([sys.executable, str(rank_program("init_only"))], env=env,
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode != 0
     assert "rank 0 of 2, but MPI says rank 0 of 1" in res.stderr, res.stderr
 

@@ -398,15 +398,12 @@ def test_hostfile_and_notices_on_a_real_launch(tmp_path):
         "--num-nccl-streams", "--autotune", "--jsrun", "--disable-cache"], res.stderr
 
 
+LATE_RANK = rank_program("launch_cli_late_rank")
+
+
 def test_start_timeout_from_horovod_start_timeout():
-    script = """
-import os, sys, time, horovodlike as hvd
-if os.environ["HOROVOD_RANK"] == "1":
-    time.sleep(60)
-hvd.init()
-"""
     t0 = time.monotonic()
-    res = launch(["-np", "2", sys.executable, "-c", script], HOROVOD_START_TIMEOUT="3")
+    res = launch(["-np", "2", sys.executable, str(LATE_RANK)], HOROVOD_START_TIMEOUT="3")
     elapsed = time.monotonic() - t0
     assert res.returncode != 0
     assert "within 3 s" in res.stderr, res.stderr

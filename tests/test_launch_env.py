@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from harness import rank_program  # noqa: E402
 from horovodlike.common import jobkey, launch_contract, launch_env  # noqa: E402
 
 if importlib.util.find_spec("pytest_timeout") is not None:
@@ -257,17 +257,8 @@ def test_several_hosts_without_a_key_refuse_to_start(caplog):
 
 # ------------------------------------------------------------------ real launches
 
-RANK_SCRIPT = """
-import os, numpy as np, horovodlike as hvd
-hvd.init()
-s = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
-g = hvd.allgather(np.array([hvd.rank()]))
-print(f"RANK {hvd.rank()} of {hvd.size()} local {hvd.local_rank()}/{hvd.local_size()} "
-      f"sum {s[0]} gather {g.tolist()}", flush=True)
-hvd.shutdown()
-hvd.init()                                  # a second init rendezvouses again
-print(f"AGAIN {hvd.rank()} {hvd.allreduce(np.array([1.0]), op=hvd.Sum)[0]}", flush=True)
-"""
+TWO_RANKS = rank_program("launch_env_two_ranks")
+INIT = rank_program("init_only")
 
 
 def clean_env(**extra):
@@ -299,7 +290,7 @@ def free_port_pair():
 
 
 def run_processes(envs, script, timeout=120):
-    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
+    procs = [subprocess.Popen([sys.executable, str(script)], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               start_new_session=True) for env in envs]
     outs = []
@@ -345,7 +336,7 @@ def test_processes_started_with_scheduler_variables(style, key, tmp_path):
                      "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
                      "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port)}
         envs.append(clean_env(**extra, **secret))
-    outs = run_processes(envs, RANK_SCRIPT)
+    outs = run_processes(envs, TWO_RANKS)
     for code, out, err in outs:
         assert code == 0, err
     check_two_ranks([out for _, out, _ in outs])
@@ -362,7 +353,7 @@ def test_one_host_job_starts_beside_a_squatted_shared_name(tmp_path, how):
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1), TMPDIR=str(shared),
                       XDG_RUNTIME_DIR=str(_private(tmp_path / "run-user")))
             for r in range(2)]
-    outs = run_processes(envs, RANK_SCRIPT)
+    outs = run_processes(envs, TWO_RANKS)
     for code, out, err in outs:
         assert code == 0, err
     check_two_ranks([out for _, out, _ in outs])
@@ -378,18 +369,16 @@ def test_one_host_ranks_of_different_parents_are_told_why_they_cannot_meet(tmp_p
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1),
                       XDG_RUNTIME_DIR=run_user, HOROVODLIKE_START_TIMEOUT="3" if r else "60")
             for r in range(2)]                # rank 0 keeps its key file while rank 1 looks
-    rank0 = subprocess.Popen([sys.executable, "-c", "import horovodlike as hvd; hvd.init()"],
-                             env=envs[0], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+    rank0 = subprocess.Popen([sys.executable, str(INIT)], env=envs[0],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
     try:
         deadline = time.monotonic() + 60     # rank 0 has left its key: start rank 1
         while not list((tmp_path / "run-user").glob("horovodlike/*.key")):
             assert time.monotonic() < deadline and rank0.poll() is None, rank0.stderr.read()
             time.sleep(0.05)
-        parent = ("import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', "
-                  "'import horovodlike as hvd; hvd.init()']))")
-        rank1 = subprocess.run([sys.executable, "-c", parent], env=envs[1], text=True,
-                               capture_output=True, timeout=60)
+        rank1 = subprocess.run([sys.executable, str(INIT), "from-another-parent"],
+                               env=envs[1], text=True, capture_output=True, timeout=60)
         assert rank1.returncode != 0
         assert "different parents" in rank1.stderr and "key file(s) of this job id" in \
             rank1.stderr and jobkey.ENV in rank1.stderr, rank1.stderr
@@ -408,7 +397,7 @@ def test_an_outsider_who_knows_the_job_description_cannot_join():
     from horovodlike.common.store import StoreAuthError, StoreClient
     port = free_port_pair()
     rank0 = subprocess.Popen(
-        [sys.executable, "-c", "import horovodlike as hvd; hvd.init()"], text=True,
+        [sys.executable, str(INIT)], text=True,
         env=clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       GROUP_RANK="0", GROUP_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), HOROVODLIKE_START_TIMEOUT=str(OUTSIDER_TIMEOUT)),
@@ -441,11 +430,11 @@ def test_a_rank_with_another_key_cannot_join():
     envs = [clean_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port - 1), HOROVODLIKE_START_TIMEOUT="5",
                       HOROVODLIKE_JOB_KEY=jobkey.generate().hex()) for r in range(2)]
-    outs = run_processes(envs, RANK_SCRIPT)
+    outs = run_processes(envs, TWO_RANKS)
     assert outs[1][0] != 0 and "RANK" not in outs[1][1], outs[1]
     assert outs[0][0] != 0                           # rank 0 waited for rank 1 in vain
     envs[1][jobkey.ENV] = envs[0][jobkey.ENV]        # the same secret: it works
-    outs = run_processes(envs, RANK_SCRIPT)
+    outs = run_processes(envs, TWO_RANKS)
     assert [code for code, _, _ in outs] == [0, 0], outs
     assert not any("not authenticated" in err for _, _, err in outs)
 
@@ -461,23 +450,12 @@ def torchrun(args, timeout=240, cwd=None):
 def test_torchrun_with_torch_distributed_alongside(tmp_path):
     """Under real torchrun, hvd.init() and torch.distributed's own init both work:
     horovodlike's store sits beside torch's, not on it."""
-    script = tmp_path / "both.py"
-    # torchrun interleaves the ranks' output unprefixed: each rank writes its own file.
-    own_file = (f"import os, sys\nsys.stdout = open(os.path.join({str(tmp_path)!r}, "
-                f"'out.' + os.environ['RANK']), 'w', buffering=1)\n")
-    script.write_text(own_file + textwrap.dedent(RANK_SCRIPT) + textwrap.dedent("""
-        import torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        t = torch.tensor([float(dist.get_rank() + 1)])
-        dist.all_reduce(t)
-        print(f"TORCH {dist.get_rank()} {t.item()}", flush=True)
-        dist.destroy_process_group()
-        """))
     # With no XDG_RUNTIME_DIR, the ranks share their key in torchrun's own run
     # directory, beside a squatted $TMPDIR/horovodlike-<uid>.
     env = {k: v for k, v in clean_env().items() if k != "XDG_RUNTIME_DIR"}
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                          "2", "--master_port", str(free_port_pair()), str(script)],
+                          "2", "--master_port", str(free_port_pair()),
+                          str(rank_program("launch_env_torchrun_both")), str(tmp_path)],
                          capture_output=True, text=True, timeout=240, start_new_session=True,
                          env={**env, "OMP_NUM_THREADS": "1",
                               "TMPDIR": str(_squat(tmp_path, "directory"))})

@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import horovodlike  # noqa: E402
-from harness import MPIRUN_SKIP_REASON  # noqa: E402
+from harness import MPIRUN_SKIP_REASON, rank_program  # noqa: E402
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(180)
@@ -109,21 +108,7 @@ def test_arguments_checked_like_horovod(tmp_path):
 
 
 def test_function_defined_in_the_script_being_run(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""\
-        import horovodlike as hvd
-        import numpy as np
-
-        SCALE = 10
-
-        def train(epochs):
-            hvd.init()
-            w = hvd.allreduce(np.array([float(hvd.rank())]), op=hvd.Sum)
-            return [hvd.rank(), float(w[0]) * SCALE * epochs]
-
-        if __name__ == "__main__":
-            print("RESULTS", hvd.run(train, args=(3,), num_proc=2, hosts="localhost:2"))
-        """))
+    script = rank_program("launch_run_main_function")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

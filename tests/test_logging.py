@@ -8,8 +8,11 @@ import pathlib
 import subprocess
 import sys
 
+from harness import rank_program
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "horovodlike"
+PROGRAM = rank_program("logging_affinity")
 
 # Modules that are commands (or a command's own process), whose output is the command's
 # output: the launcher prints rank-prefixed lines and its own messages.
@@ -65,14 +68,10 @@ def test_shown_by_default_and_silenced_through_the_logger():
     """With no logging configured the line still reaches stderr (Python's last-resort
     handler: WARNING and up, the bare message); setting the "horovodlike" logger's level
     silences it."""
-    code = ("import logging, sys\n"
-            "from horovodlike.common.affinity import engine_thread_affinity\n"
-            "if sys.argv[1] == 'quiet': logging.getLogger('horovodlike').setLevel(40)\n"
-            "with engine_thread_affinity(0, 1): pass\n")
     env = {**os.environ, "HOROVOD_THREAD_AFFINITY": "not,cores",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
-    loud, quiet = (subprocess.run([sys.executable, "-c", code, mode], env=env, timeout=60,
+    loud, quiet = (subprocess.run([sys.executable, str(PROGRAM), mode], env=env, timeout=60,
                                   capture_output=True, text=True) for mode in ("loud", "quiet"))
     assert loud.stderr == ("horovodlike: HOROVOD_THREAD_AFFINITY='not,cores' is not a list "
                            "of core ids; the background thread is not pinned\n"), loud.stderr

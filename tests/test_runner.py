@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from harness import rank_program  # noqa: E402
 from horovodlike.runner.launch import compute_plan, parse_hosts  # noqa: E402
 from horovodlike.common import jobkey  # noqa: E402
 from horovodlike.common.store import StoreClient, StoreServer  # noqa: E402
@@ -31,12 +31,7 @@ KEY = jobkey.generate()
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(120)
 
-ENV_KEYS = ["HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
-            "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
-            "HOROVOD_HOSTNAME", "HOROVODLIKE_STORE_ADDR", "HOROVODLIKE_JOB_ID",
-            "HOROVODLIKE_JOB_KEY", "PYTHONUNBUFFERED", "MY_TEST_VAR"]
-PRINT_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) "
-             f"for k in {ENV_KEYS!r}}} | {{'cwd': os.getcwd()}}))")
+PRINT_ENV = str(rank_program("runner_print_env"))
 
 
 def launcher_env(**extra):
@@ -81,8 +76,9 @@ def pid_alive(pid):
         return False
 
 
-def python_rank(script):
-    return [sys.executable, "-c", textwrap.dedent(script)]
+def python_rank(name, *args):
+    """The command that runs rank program tests/ranks/<name>.py with args."""
+    return [sys.executable, str(rank_program(name)), *args]
 
 
 # --------------------------------------------------------------- planning
@@ -107,7 +103,7 @@ def test_too_few_slots_is_an_error():
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_rank_environment_on_localhost(np_):
-    res = run_launcher(["-np", str(np_), sys.executable, "-c", PRINT_ENV])
+    res = run_launcher(["-np", str(np_), sys.executable, PRINT_ENV])
     assert res.returncode == 0, res.stderr
     envs = rank_json(res.stdout)
     assert sorted(envs) == list(range(np_))
@@ -129,7 +125,7 @@ def test_fake_remote_hosts_get_cwd_env_and_topology(tmp_path):
     ssh = 'env -i /bin/sh -c "cd / && exec /bin/sh -c {command}"'
     res = run_launcher(
         ["-np", "4", "-H", "a:2,b:2", "--ssh-command", ssh, "--verbose",
-         sys.executable, "-c", PRINT_ENV],
+         sys.executable, PRINT_ENV],
         cwd=tmp_path, MY_TEST_VAR="it's a $VALUE; with spaces",
         HOROVODLIKE_STORE_HOST="127.0.0.1")
     assert res.returncode == 0, res.stderr
@@ -156,9 +152,7 @@ def test_tuning_flags_become_env_vars():
         "--stall-check-warning-time-seconds", "30",
         "--stall-check-shutdown-time-seconds", "90", "--log-level", "debug",
         "--hierarchical-allreduce", "--start-timeout", "7",
-        sys.executable, "-c",
-        "import os, json; print(json.dumps({k: v for k, v in os.environ.items()"
-        " if k.startswith('HOROVOD')}))"])
+        sys.executable, PRINT_ENV, "HOROVOD"])
     assert res.returncode == 0, res.stderr
     env = rank_json(res.stdout)[0]
     assert env["HOROVOD_FUSION_THRESHOLD"] == str(int(1.5 * 1048576))
@@ -188,12 +182,7 @@ def test_user_flags_pass_through_untouched():
 
 
 def test_output_prefixes_partial_lines_and_binary_junk():
-    script = """
-        import sys
-        sys.stderr.write("warn\\n"); sys.stderr.flush()
-        sys.stdout.buffer.write(b"line one\\npartial \\xff\\xfe")
-    """
-    res = run_launcher(["-np", "2", *python_rank(script)])
+    res = run_launcher(["-np", "2", *python_rank("runner_output_junk")])
     assert res.returncode == 0, res.stderr
     for rank in (0, 1):
         assert rank_lines(res.stdout)[rank] == ["line one", "partial \ufffd\ufffd"]
@@ -206,25 +195,8 @@ def test_output_prefixes_partial_lines_and_binary_junk():
 def test_failing_rank_stops_the_job_and_leaves_nothing_behind(tmp_path):
     # Rank 0 has a grandchild (same process group); rank 2 ignores SIGTERM
     # so the launcher must escalate to SIGKILL after its grace period.
-    script = f"""
-        import os, signal, subprocess, sys, time
-        d = {str(tmp_path)!r}
-        rank = int(os.environ["HOROVOD_RANK"])
-        def note(pid):
-            open(os.path.join(d, f"{{pid}}.pid"), "w").close()
-        note(os.getpid())
-        if rank == 0:
-            note(subprocess.Popen(["sleep", "60"]).pid)
-        if rank == 2:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if rank == 1:
-            while len(os.listdir(d)) < 4:
-                time.sleep(0.05)
-            sys.exit(3)
-        time.sleep(60)
-    """
     start = time.monotonic()
-    res = run_launcher(["-np", "3", *python_rank(script)])
+    res = run_launcher(["-np", "3", *python_rank("runner_failing_rank", str(tmp_path))])
     elapsed = time.monotonic() - start
     assert res.returncode == 3, res.stderr
     assert f"rank 1 (host {socket.gethostname()}) exited with code 3" in res.stderr
@@ -239,15 +211,8 @@ def test_failing_rank_stops_the_job_and_leaves_nothing_behind(tmp_path):
 
 
 def test_rank_killed_by_signal_is_reported():
-    script = """
-        import os, signal, time
-        if os.environ["HOROVOD_RANK"] == "1":
-            time.sleep(0.2)
-            os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(60)
-    """
     start = time.monotonic()
-    res = run_launcher(["-np", "2", *python_rank(script)])
+    res = run_launcher(["-np", "2", *python_rank("runner_killed_rank")])
     assert res.returncode == 128 + 9
     assert f"rank 1 (host {socket.gethostname()}) was killed by signal 9 (SIGKILL)" in res.stderr
     assert time.monotonic() - start < 30
@@ -281,18 +246,9 @@ def test_missing_executable_fails_cleanly():
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_launcher_is_forwarded_to_ranks(sig):
-    script = f"""
-        import signal, sys, time
-        def handler(signum, frame):
-            print("caught", signal.Signals(signum).name, flush=True)
-            sys.exit(0)
-        signal.signal({int(sig)}, handler)
-        print("ready", flush=True)
-        time.sleep(60)
-    """
     proc = subprocess.Popen(
         [sys.executable, "-m", "horovodlike.runner", "-np", "2",
-         *python_rank(script)],
+         *python_rank("runner_catch_signal", str(int(sig)))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=launcher_env())
     lines = queue.Queue()
@@ -323,19 +279,7 @@ def test_signal_to_launcher_is_forwarded_to_ranks(sig):
 
 
 def test_store_exchange_across_ranks():
-    script = """
-        import os
-        from horovodlike.common.store import StoreClient
-        rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
-        job = os.environ["HOROVODLIKE_JOB_ID"]
-        with StoreClient(os.environ["HOROVODLIKE_STORE_ADDR"], timeout=30) as c:
-            c.set(f"{job}/r{rank}", f"v{rank}".encode() * (1 << 17))
-            got = [c.get(f"{job}/r{r}") for r in range(size)]
-            assert all(g == f"v{r}".encode() * (1 << 17) for r, g in enumerate(got))
-            c.add(f"{job}/done")
-            print("ok", [g[:2].decode() for g in got])
-    """
-    res = run_launcher(["-np", "3", *python_rank(script)])
+    res = run_launcher(["-np", "3", *python_rank("runner_store_exchange")])
     assert res.returncode == 0, res.stderr
     for rank, lines in rank_lines(res.stdout).items():
         assert lines == ["ok ['v0', 'v1', 'v2']"]

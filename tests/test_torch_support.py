@@ -6,21 +6,14 @@ Torch rank programs live in tests/ranks/ and start with `from _torch_common impo
 """
 import importlib
 import inspect
-from pathlib import Path
 
-from harness import RANK_PRELUDE, RANKS, run_ranks
-
-# Test files that still hold a torch rank program as a string prepend this: the text
-# of tests/ranks/_torch_common.py after the harness's prelude.
-TORCH_PRELUDE = RANK_PRELUDE + (RANKS / "_torch_common.py").read_text().replace(
-    "from _common import *", "pass  #", 1)
+from harness import rank_program, run_ranks
 
 
 def run_torch(program, np_, launcher="horovodlikerun", timeout=180, env=None, **kw):
-    """Run a torch rank program (a path under tests/ranks/, or a body for TORCH_PRELUDE)
-    on np_ ranks and require every rank to pass."""
-    script = program if isinstance(program, Path) else TORCH_PRELUDE + program
-    return run_ranks(script, np_, launcher, env=env, timeout=timeout, **kw).assert_ok()
+    """Run a torch rank program (a path under tests/ranks/, from rank_program) on np_
+    ranks and require every rank to pass."""
+    return run_ranks(program, np_, launcher, env=env, timeout=timeout, **kw).assert_ok()
 
 
 # ----------------------------------------------------------------- API surface
@@ -122,18 +115,4 @@ def test_compression_round_trip():
 
 def test_calls_before_init_raise_a_clear_error():
     """In a fresh process: every collective refuses with 'not initialized'."""
-    body = r'''
-import torch
-import horovodlike.torch as thvd
-for fn in (lambda: thvd.allreduce(torch.ones(2)), lambda: thvd.allgather(torch.ones(2)),
-           lambda: thvd.broadcast(torch.ones(2), 0), lambda: thvd.rank(),
-           lambda: thvd.barrier()):
-    try:
-        fn()
-    except ValueError as e:
-        assert "not been initialized" in str(e), e
-    else:
-        raise AssertionError("no error before init")
-print("HVDTEST-OK rank=0")
-'''
-    run_ranks(body, 1, "python", timeout=60).assert_ok()
+    run_ranks(rank_program("torch_support_before_init"), 1, "python", timeout=60).assert_ok()

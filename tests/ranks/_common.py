@@ -5,9 +5,6 @@ which agrees across ranks, and arrive()/wait_for(), the files that order ranks.
 A rank program under tests/ranks/ runs by path, so this folder is its sys.path[0]:
 
     from _common import *  # noqa: F401,F403
-
-Test files that still hold a rank program as a string prepend harness.RANK_PRELUDE,
-which is this file's text.
 """
 import os
 import sys
