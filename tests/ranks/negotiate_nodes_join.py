@@ -1,6 +1,7 @@
 """Rank program of tests/test_negotiate_nodes.py, run by
 test_a_join_takes_every_word_over_until_it_ends."""
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+from negotiate_join_common import join_phase
 
 
 def main():
@@ -11,17 +12,7 @@ def main():
         check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
                     np.full(7, float(n), np.float32), f"before {i}")
     # the early rank leaves: "g" must go through rank 0 (zeros for it) until all join
-    if r == early:
-        hvd.join()
-    else:
-        for i in range(5):
-            check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                        np.full(7, float(n - 1), np.float32), f"joined {i}")
-        time.sleep(0.5)
-        hvd.join()
-    for i in range(10):                       # after the join: the segments again
-        check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                    np.full(7, float(n), np.float32), f"after join {i}")
+    join_phase(r, n, early, rounds_after=10)
     finish()
 
 

@@ -1,6 +1,7 @@
 """Rank program of tests/test_negotiate_shm.py, run by
 test_process_sets_and_join_beside_the_segment."""
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
+from negotiate_join_common import join_phase
 
 
 def main():
@@ -16,17 +17,7 @@ def main():
         check_equal(hvd.synchronize(hg), np.full(7, float(sum(q + i for q in range(n))), np.float32), f"g {i}")
         check_equal(hvd.synchronize(hh), np.full(2, float(n)), f"h {i}")
     # a join: rank 1 leaves early; the cached "g" must now go through rank 0 (zeros for 1)
-    if r == 1:
-        hvd.join()
-    else:
-        for i in range(5):
-            check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                        np.full(7, float(n - 1), np.float32), f"joined {i}")
-        time.sleep(0.5)
-        hvd.join()
-    for i in range(5):                        # after the join: the segment again
-        check_equal(hvd.allreduce(np.full(7, 1.0, np.float32), op=hvd.Sum, name="g"),
-                    np.full(7, float(n), np.float32), f"after join {i}")
+    join_phase(r, n, early=1, rounds_after=5)
     finish()
 
 
