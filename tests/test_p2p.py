@@ -173,3 +173,22 @@ def test_process_set_membership_and_fake_nodes():
     one across nodes inside a process set, and a peer outside the set refused."""
     res = _run(SETS, ["-H", "a:2,b:1", "--ssh-command", "sh -c {command}"], np_=3, timeout=160)
     res.assert_ok()
+
+
+AFTER_SHUTDOWN = rank_program("p2p_after_shutdown")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sender", [0, 1])
+@pytest.mark.parametrize("linger", [False, True])
+def test_a_message_sent_before_the_senders_shutdown_is_delivered(sender, linger):
+    """A send completes eagerly, so the sender may shut down (which stops every rank's
+    engine) before the receiver posts its recv: the message must still be delivered, and
+    a recv of a message the sender never sent must fail promptly naming the sender,
+    whether the sender's process exited or lingers. The sender is the coordinator (0) or
+    a worker (1)."""
+    res = run_ranks(AFTER_SHUTDOWN, np=2, timeout=100,
+                    env={"T_SENDER": str(sender), "T_LINGER": "1" if linger else "0",
+                         "HOROVOD_STALL_CHECK_DISABLE": "1"})
+    assert res.returncode == 0, res.describe()
+    assert res.stdout.count("HVDTEST-OK") == 2, res.describe()

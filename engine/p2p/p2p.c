@@ -55,6 +55,14 @@
  * for a recv, the names that peer did send, which shows a name mismatch). One waiting
  * longer than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (if set) fails the job with that
  * report on every rank, as a stalled collective does.
+ *
+ * Shutdown: any rank's shutdown stops every rank's loop, but not this thread. A send is
+ * eager, so its sender may shut down before the receiver posts the recv: recvs are still
+ * taken until the rank's own shutdown, and what a peer sent is delivered. A rank that
+ * shuts down half-closes its connections after its last byte; once the loop has ended,
+ * an op waiting on a peer whose connection closed fails naming that peer (nothing else
+ * would tell it: the loop thread, which turns a closed connection into a lost peer, is
+ * gone).
  */
 #define _GNU_SOURCE
 #include "fail.h"
@@ -227,6 +235,16 @@ static void finish(engine_t *e, pmsg_t *m, int status, const char *msg) {
     atomic_fetch_sub(&p->npending, 1);
 }
 
+/* Complete an op that has no pmsg (none could be allocated, or it was never queued). */
+static void finish_bare(engine_t *e, op_t *o, int status, const char *msg) {
+    pthread_mutex_lock(&e->mu);
+    o->status = status;
+    o->msg = strdup(msg);
+    atomic_store(&o->done, 1);
+    pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void fail_list(engine_t *e, plist_t *l, int status, const char *msg) {
     while (l->head) {
         pmsg_t *m = l->head;
@@ -369,8 +387,59 @@ static void deliver(engine_t *e, pmsg_t *r, pmsg_t *m) {
     free(m);
 }
 
-/* A new recv: take an unexpected message of its name, or wait among the posted. */
-static void post_recv(engine_t *e, pmsg_t *r) {
+/* An op whose peer closed its p2p connection: what it ends with. While the job runs the
+ * peer was lost (the loop thread fails the job with that); after a shutdown the peer
+ * simply left, without sending (or reading) this message. */
+static void finish_closed(engine_t *e, pmsg_t *m, int over) {
+    char why[HVDL_MSG_BYTES];
+    const char *host = e->peers[m->peer].host;
+    int send = m->op->meta.op == HVDL_OP_SEND;
+    if (!over)
+        snprintf(why, sizeof why,
+                 "rank %d (host %s) was lost: its point-to-point connection closed", m->peer, host);
+    else
+        snprintf(why, sizeof why,
+                 "%s '%.200s' on rank %d %s rank %d: rank %d (host %s) shut down or exited "
+                 "without %s it",
+                 send ? "send" : "recv", m->op->name, e->rank, send ? "to" : "from", m->peer,
+                 m->peer, host, send ? "receiving" : "sending");
+    finish(e, m, over ? HVDL_ERR_SHUT_DOWN : HVDL_ERR_PEER_LOST, why);
+}
+
+/* The job was shut down (the loop thread has ended, without a failure): nothing will
+ * tell this thread that a peer is gone but its connection closing, so the ops waiting on
+ * a peer whose connection closed end here, each naming that peer. What the peer sent
+ * before it closed has been read and matched already (a connection closes after its
+ * last byte). */
+static void finish_closed_peers(engine_t *e) {
+    struct p2p *p = e->p2p;
+    for (int i = 0; i < e->size; i++) {
+        ppeer_t *q = &p->peers[i];
+        if (!q->closed) continue;
+        if (q->rx_into && q->rx_into->op) {     /* a recv cut off mid-message */
+            pmsg_t *m = q->rx_into;
+            q->rx_into = NULL;
+            q->rx_dst = NULL;
+            finish_closed(e, m, 1);
+        }
+        while (q->recvs.head) {
+            pmsg_t *m = q->recvs.head;
+            unlink_msg(&q->recvs, m);
+            finish_closed(e, m, 1);
+        }
+        pthread_mutex_lock(&q->smu);
+        while (q->sends.head) {
+            pmsg_t *m = q->sends.head;
+            unlink_msg(&q->sends, m);
+            finish_closed(e, m, 1);
+        }
+        pthread_mutex_unlock(&q->smu);
+    }
+}
+
+/* A new recv: take an unexpected message of its name, or wait among the posted. A peer
+ * whose connection closed sends nothing more: what it sent before is all there is. */
+static void post_recv(engine_t *e, pmsg_t *r, int over) {
     ppeer_t *q = &e->p2p->peers[r->peer];
     for (pmsg_t *m = q->unexpected.head; m; m = m->next)
         if (!strcmp(m->name, r->op->name)) {
@@ -378,7 +447,8 @@ static void post_recv(engine_t *e, pmsg_t *r) {
             deliver(e, r, m);
             return;
         }
-    push(&q->recvs, r);
+    if (q->closed) finish_closed(e, r, over);
+    else push(&q->recvs, r);
 }
 
 /* ---- reading ---- */
@@ -642,7 +712,7 @@ static void stall_check(engine_t *e, double now) {
 
 /* ---- the thread ---- */
 
-static void take_incoming(engine_t *e) {
+static void take_incoming(engine_t *e, int over) {
     struct p2p *p = e->p2p;
     pthread_mutex_lock(&p->mu);
     op_t *o = p->incoming_head;
@@ -651,13 +721,8 @@ static void take_incoming(engine_t *e) {
     while (o) {
         op_t *next = o->next;
         pmsg_t *m = calloc(1, sizeof *m);
-        if (!m) {                                   /* complete it without a pmsg */
-            pthread_mutex_lock(&e->mu);
-            o->status = HVDL_ERR_SYSTEM;
-            o->msg = strdup("out of memory for a point-to-point message");
-            atomic_store(&o->done, 1);
-            pthread_cond_broadcast(&e->done_cv);
-            pthread_mutex_unlock(&e->mu);
+        if (!m) {
+            finish_bare(e, o, HVDL_ERR_SYSTEM, "out of memory for a point-to-point message");
             o = next;
             continue;
         }
@@ -665,16 +730,7 @@ static void take_incoming(engine_t *e) {
         m->peer = o->meta.root_rank;
         m->started = o->enqueued_at;
         atomic_fetch_add(&p->npending, 1);
-        ppeer_t *q = &p->peers[m->peer];
-        if (q->closed) {
-            char why[200];
-            snprintf(why, sizeof why,
-                     "rank %d (host %s) was lost: its point-to-point connection closed", m->peer,
-                     e->peers[m->peer].host);
-            finish(e, m, HVDL_ERR_PEER_LOST, why);
-        } else {
-            post_recv(e, m);
-        }
+        post_recv(e, m, over);
         o = next;
     }
 }
@@ -690,12 +746,17 @@ static void *p2p_main(void *arg) {
         pthread_mutex_lock(&p->mu);
         int stop = p->stop;
         pthread_mutex_unlock(&p->mu);
-        take_incoming(e);
+        /* The job shut down (its loop ended without a failure): recvs still run here, so
+         * that a message sent before a rank's shutdown is delivered (a send completes
+         * eagerly, as MPI's and Horovod's users expect); see hvdl__p2p_enqueue. */
         pthread_mutex_lock(&e->mu);
         int failed = e->failed, status = e->fail_status;
+        int over = e->shutdown_requested && !failed;
         char msg[HVDL_MSG_BYTES];
         if (failed) snprintf(msg, sizeof msg, "%s", e->fail_msg);
         pthread_mutex_unlock(&e->mu);
+        take_incoming(e, over);
+        if (over && !stop) finish_closed_peers(e);
         if (failed || stop || !pf || !who) {
             gave_up = 1;
             if (failed) fail_all(e, status, msg);
@@ -767,6 +828,11 @@ void hvdl__p2p_stop(engine_t *e) {
     hvdl_wakefd_signal(p->wake_fd);
     pthread_join(p->thread, NULL);
     p->started = 0;
+    /* Every message this rank sent is in the kernel by now (what was not failed above):
+     * end each connection after it, so that a peer's recv of a message never sent fails
+     * at once, naming this rank, even while this process lives on. */
+    for (int i = 0; i < e->size; i++)
+        if (p->peers[i].fd >= 0) shutdown(p->peers[i].fd, SHUT_WR);
 }
 
 void hvdl__p2p_free(engine_t *e) {
@@ -815,11 +881,7 @@ static int send_now(engine_t *e, op_t *o) {
     struct p2p *p = e->p2p;
     pmsg_t *m = calloc(1, sizeof *m);
     if (!m) {
-        pthread_mutex_lock(&e->mu);
-        o->status = HVDL_ERR_SYSTEM;
-        o->msg = strdup("out of memory for a point-to-point message");
-        atomic_store(&o->done, 1);
-        pthread_mutex_unlock(&e->mu);
+        finish_bare(e, o, HVDL_ERR_SYSTEM, "out of memory for a point-to-point message");
         return HVDL_OK;
     }
     m->op = o;
@@ -932,9 +994,13 @@ int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     o->output = into ? q->output : NULL;
     o->nbytes = nbytes;
     o->enqueued_at = hvdl_now();
+    /* Any rank's shutdown stops every rank's engine (as in Horovod), and a send is
+     * refused after it; a recv is not, while this rank's own p2p thread runs (until its
+     * own shutdown): the messages its peers sent before they shut down are delivered, and
+     * a recv of one never sent fails once that peer's connection has closed, naming it. */
     pthread_mutex_lock(&e->mu);
     if (e->failed) rc = hvdl__err(e->fail_status, "%s", e->fail_msg);
-    else if (e->shutdown_requested || e->stopped)
+    else if (q->op == HVDL_OP_SEND && (e->shutdown_requested || e->stopped))
         rc = hvdl__err(HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
     else rc = hvdl__handle_new(e, o);
     pthread_mutex_unlock(&e->mu);
@@ -946,11 +1012,18 @@ int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     struct p2p *p = e->p2p;
     *handle = o->handle;
     if (q->op == HVDL_OP_SEND) return send_now(e, o);
+    /* Checked with the queueing, under mu: the thread takes the incoming ops once more
+     * after it has seen stop, so an op queued before stop is completed by it, and one
+     * after is completed here. */
     pthread_mutex_lock(&p->mu);
-    if (p->incoming_tail) p->incoming_tail->next = o;
-    else p->incoming_head = o;
-    p->incoming_tail = o;
+    int stopped = p->stop;
+    if (!stopped) {
+        if (p->incoming_tail) p->incoming_tail->next = o;
+        else p->incoming_head = o;
+        p->incoming_tail = o;
+    }
     pthread_mutex_unlock(&p->mu);
-    hvdl_wakefd_signal(p->wake_fd);
+    if (stopped) finish_bare(e, o, HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
+    else hvdl_wakefd_signal(p->wake_fd);
     return HVDL_OK;
 }
