@@ -37,11 +37,24 @@ def _run(script, launcher_args=(), env=None, timeout=200, np_=2):
                      env={"HOROVOD_STALL_CHECK_DISABLE": "1", **(env or {})})
 
 
+# A ring of 8 slots of 4 KiB and an eager threshold of 1 KiB: the large messages wrap
+# the ring many times, and most sizes go rendezvous.
+SMALL_RING = {"HOROVODLIKE_P2P_SHM_RING_BYTES": str(32 << 10), "HOROVODLIKE_P2P_EAGER_BYTES": "1024"}
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("where", ["one-node", "fake-nodes"])
+@pytest.mark.parametrize("where", ["one-node", "one-node-small-ring", "one-node-tcp", "fake-nodes"])
 def test_p2p_numpy(where):
-    res = _run(MAIN, FAKE_NODES if where == "fake-nodes" else ())
+    """Every dtype and size below and above the eager threshold, through the ring (one
+    node, the default ring and one smaller than the messages), over the connection (the
+    ring off, and fake nodes)."""
+    env = {"one-node-small-ring": SMALL_RING,
+           "one-node-tcp": {"HOROVODLIKE_P2P_SHM_RING_BYTES": "0"}}.get(where, {})
+    before = set(os.listdir("/dev/shm"))
+    res = _run(MAIN, FAKE_NODES if where == "fake-nodes" else (), env=env)
     res.assert_ok()
+    left = [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("hvdl-p2p")]
+    assert not left, left
 
 
 TORCH = rank_program("p2p_torch")
@@ -76,10 +89,14 @@ VICTIM = rank_program("p2p_victim")
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
-@pytest.mark.parametrize("waits_in", ["recv", "send"])
+@pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send"])
 def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, waits_in):
+    """The op waits for a message never sent, for a send the peer never reads, or in the
+    middle of a transfer through the pair's ring (the peer sending, or receiving)."""
     timeout = 3
+    before = set(os.listdir("/dev/shm"))
     store, procs = _spawn_job(VICTIM, 2, tmp_path, {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),
+                                                    "HOROVODLIKE_P2P_SHM_RING_BYTES": str(256 << 10),
                                                     "T_WAITS_IN": waits_in})
     try:
         deadline = time.monotonic() + 60
@@ -95,6 +112,8 @@ def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, wa
         assert took < (5 if how == "SIGKILL" else 2 * timeout + 3), out
     finally:
         _cleanup(store, procs)
+    left = [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("hvdl-p2p")]
+    assert not left, left
 
 
 
@@ -189,6 +208,20 @@ def test_a_message_sent_before_the_senders_shutdown_is_delivered(sender, linger)
     a worker (1)."""
     res = run_ranks(AFTER_SHUTDOWN, np=2, timeout=100,
                     env={"T_SENDER": str(sender), "T_LINGER": "1" if linger else "0",
-                         "HOROVOD_STALL_CHECK_DISABLE": "1"})
+                         "HOROVOD_STALL_CHECK_DISABLE": "1",
+                         # its 12 MiB message is eager too (larger ones wait for the recv)
+                         "HOROVODLIKE_P2P_EAGER_BYTES": str(16 << 20)})
     assert res.returncode == 0, res.describe()
     assert res.stdout.count("HVDTEST-OK") == 2, res.describe()
+
+
+RENDEZVOUS = rank_program("p2p_rendezvous")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("where", ["one-node", "fake-nodes"])
+def test_unmatched_large_sends_are_not_held_by_the_receiver(where):
+    """Above HOROVODLIKE_P2P_EAGER_BYTES a send waits for its recv (rendezvous): 192 MiB
+    sent unasked costs the receiver a few announcements, not 192 MiB."""
+    res = _run(RENDEZVOUS, FAKE_NODES if where == "fake-nodes" else (), timeout=160)
+    res.assert_ok()

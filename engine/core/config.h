@@ -27,6 +27,10 @@ typedef struct config {
     int allgather_algorithm; /* HOROVODLIKE_ALLGATHER_ALGORITHM: auto, ring or hier;
                                     HOROVOD_HIERARCHICAL_ALLGATHER=1 means hier */
     int64_t shm_chunk_bytes; /* HOROVODLIKE_SHM_CHUNK_BYTES: per-rank piece size */
+    int64_t p2p_eager_bytes; /* HOROVODLIKE_P2P_EAGER_BYTES: larger sends wait for the
+                                recv (rendezvous, p2p.c) */
+    int64_t p2p_ring_bytes; /* HOROVODLIKE_P2P_SHM_RING_BYTES: one node's mailbox per pair
+                                (p2p_ring.c); 0: loopback TCP */
     char timeline[4096]; /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
     int timeline_mark_cycles; /* HOROVOD_TIMELINE_MARK_CYCLES */
     int64_t timeline_max_bytes; /* HOROVOD_TIMELINE_MAX_MB, 0 = no cap */

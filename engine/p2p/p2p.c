@@ -12,8 +12,9 @@
  * behind a collective on the data sockets or behind negotiation on the loop thread, and
  * a collective never waits behind it.
  *
- * The protocol is eager: a send writes its header and payload at once, straight from
- * the caller's buffer; it completes when the kernel has taken the last byte. The caller
+ * Up to HOROVODLIKE_P2P_EAGER_BYTES the protocol is eager: a send writes its header and
+ * payload at once, straight from the caller's buffer; it completes when the kernel has
+ * taken the last byte. The caller
  * writes it itself when it is the only message queued for that peer (send_now); what
  * the socket does not take at once, and later sends, the p2p thread writes in order. The
  * receiving thread always reads every connection. A message whose recv is posted lands
@@ -21,8 +22,19 @@
  * header says how big it is (recv, handed to the caller without a copy). A message
  * whose recv is not posted yet is buffered whole ("unexpected"), and a later recv takes
  * it: recv() takes the buffer itself, recv_() copies it once. Since every message is
- * always read, no posting order between two ranks can deadlock: a send never waits for
- * the matching recv, only for the kernel.
+ * always read, no posting order between two ranks can deadlock: an eager send never
+ * waits for the matching recv, only for the kernel.
+ *
+ * Above the threshold, rendezvous: the send announces itself (RTS: header and name) and
+ * waits aside (rts_wait), not blocking later sends; the receiver keeps the announcement
+ * (no payload) until a recv of that name is posted, prepares its buffer and answers
+ * (CTS); then the payload moves straight into that buffer (DATA), or, between ranks on
+ * one node, through the pair's shared-memory ring (SDATA, then a PIECE frame per slot
+ * filled, each answered by an ACK that frees the slot; p2p_ring.c). Control frames
+ * (CTS, ACK, the ring's offer and answer) are written before the next frame of any
+ * send, so a ring message waiting for a free slot never holds up the acknowledgements
+ * the other direction waits for. Posting still never blocks, so no posting order
+ * deadlocks; a blocking send above the threshold waits for its recv, as MPI_Send does.
  *
  * Frame (p2p_hdr_t, 88 bytes, then the name, then nbytes of payload):
  *   magic, name_len (1..4096), dtype, ndim (0..8), shape[8], nbytes.
@@ -42,10 +54,12 @@
  *              the loopback/NIC time (measured: docs/benchmarks.md, "Point-to-point
  *              messages"); bandwidth is TCP's (the kernel overlaps the pieces: the
  *              sender fills the socket buffer while the receiver drains it).
- *   memory     unmatched messages are held in full: a sender far ahead of its receiver
- *              costs the receiver the bytes it has not asked for yet.
- * Ranks on one node use this same path over loopback TCP; a shared-memory mailbox per
- * pair (one copy fewer through the kernel, no socket wake-ups) is not implemented yet.
+ *   memory     unmatched eager messages are held in full (each at most the threshold);
+ *              an unmatched large one costs the receiver its announcement only.
+ *   rendezvous one round trip (RTS, CTS) before the payload; on one node the payload
+ *              then costs one memcpy on each side, overlapped piece by piece (the
+ *              sender fills slot k+1 while the receiver empties slot k), and two small
+ *              frames per piece (a slot is HOROVODLIKE_P2P_SHM_RING_BYTES / 8).
  *
  * Failure: a dead peer closes the connection; a stopped one is found by the engine's
  * heartbeats (liveness.c) within HOROVODLIKE_PEER_TIMEOUT_SECONDS. Either way the engine
@@ -67,6 +81,7 @@
 #define _GNU_SOURCE
 #include "fail.h"
 #include "net.h"
+#include "p2p_ring.h"
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -76,10 +91,27 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define P2P_MAGIC 0x50327648u            /* "Hv2P" */
+/* Frames, told apart by their magic. A message is EAGER (header, name, payload), or,
+ * above the eager threshold, RTS (header, name) answered by CTS (the same) and then DATA
+ * (header, name, payload) or, on one node, SDATA (header, name) and its PIECEs through
+ * the pair's ring, each answered by an ACK. RING offers the ring, RING_OK / RING_NO
+ * answer. The frames without a name carry no dtype or shape either. */
+#define P2P_MAGIC 0x50327648u            /* "Hv2P": EAGER */
+#define F_RTS 0x53545248u
+#define F_CTS 0x53544348u
+#define F_DATA 0x41544448u
+#define F_SDATA 0x44535348u
+#define F_PIECE 0x43455048u
+#define F_ACK 0x4b434148u
+#define F_RING 0x474e5248u
+#define F_RING_OK 0x4b4f5248u
+#define F_RING_NO 0x4f4e5248u
 #define P2P_MAX_NAME 4096
 #define P2P_MAX_BYTES ((int64_t)1 << 40)  /* a longer message is malformed */
 #define STAGE_BYTES (64 * 1024)
+#define RING_SLOTS 8                     /* pieces in flight per pair */
+#define RING_MIN_SLOT 4096
+#define RING_MAX_SLOT ((int64_t)64 << 20)
 
 typedef struct p2p_hdr {
     uint32_t magic, name_len;
@@ -89,14 +121,26 @@ typedef struct p2p_hdr {
 } p2p_hdr_t;
 _Static_assert(sizeof(p2p_hdr_t) == 88, "the p2p header is 88 bytes on the wire");
 
-/* A message in flight: a send being written, a recv waiting, or an unexpected message. */
+/* What a pmsg is: a send (by the frames it goes out as), a control frame, or what the
+ * receiver holds. */
+enum { K_EAGER, K_RTS, K_DATA, K_SDATA, K_CTL, K_RECV, K_UNEXPECTED, K_UNEXPECTED_RTS, K_AWAIT };
+
+/* A message in flight: a send being written, a recv waiting, an unexpected message (or
+ * the announcement of one, RTS), a recv cleared to come (awaiting its payload), or a
+ * control frame to write. */
 typedef struct pmsg {
-    op_t *op;                /* NULL for an unexpected message */
+    op_t *op;                /* NULL: unexpected, control frame, or a payload to discard */
     int peer;
-    p2p_hdr_t hdr;           /* sends: what goes out; unexpected: what came in */
-    char *name;              /* unexpected messages own their name (ops use op->name) */
-    uint8_t *data;           /* unexpected: the buffered payload */
-    int64_t off;             /* sends: bytes written of header + name + payload */
+    int kind;                /* K_* */
+    p2p_hdr_t hdr;           /* sends: what goes out; received: what came in */
+    char *name;              /* owned when op is NULL (ops use op->name) */
+    uint8_t *data;           /* unexpected: the buffered payload (owned); K_AWAIT: where
+                                the payload goes (the recv's, NULL: discarded) */
+    int64_t off;             /* sends: bytes written of the current frame */
+    p2p_hdr_t fhdr;          /* sends: the current frame's header */
+    int framed;              /* sends: fhdr is set up (the frame has begun) */
+    int64_t moved;           /* SDATA: payload bytes put into the ring */
+    int64_t piece;           /* SDATA: bytes in the current PIECE frame (0: the header) */
     double started, warned;
     struct pmsg *next;
 } pmsg_t;
@@ -112,8 +156,22 @@ typedef struct ppeer {
      * wake-up at all), else by the p2p thread; smu orders them and guards the queue. */
     pthread_mutex_t smu;
     plist_t sends;           /* FIFO: the head is being written */
+    plist_t ctl;             /* control frames: written before the next send's frame */
+    plist_t rts_wait;        /* sends announced (RTS), waiting for the peer's CTS */
+    pmsg_t *cur;             /* the send or control frame half written, or NULL */
+    int blocked;             /* the head send waits for a free slot of the ring */
+    /* The ring this rank writes to the peer (same node): 0 none, 1 offered, 2 ready,
+     * 3 refused or failed (the payload then goes over the connection). Under smu. */
+    int ring_state;
+    p2p_ring_t tx;
+    int64_t tx_pieces, tx_acked;
     plist_t recvs;           /* posted, not matched yet */
-    plist_t unexpected;      /* arrived whole, no recv yet */
+    plist_t unexpected;      /* arrived whole (or announced, RTS), no recv yet */
+    plist_t awaiting;        /* recvs cleared to come (CTS sent), FIFO per name */
+    /* The ring the peer writes to this rank, and the message it is filling */
+    p2p_ring_t rx;
+    pmsg_t *rx_ring_msg;
+    int64_t rx_ring_got, rx_pieces;
     /* The incoming message being read */
     uint8_t stage[STAGE_BYTES];
     int64_t stage_pos, stage_len;
@@ -174,9 +232,28 @@ static void unlink_msg(plist_t *l, pmsg_t *m) {
 
 /* Why this header cannot be a message, or NULL (tests/test_engine_hostile.py sends each
  * case over a real connection). */
+static int named_frame(uint32_t magic) {
+    return magic == P2P_MAGIC || magic == F_RTS || magic == F_CTS || magic == F_DATA ||
+           magic == F_SDATA;
+}
 static const char *header_problem(const void *hdr) {
     const p2p_hdr_t *h = hdr;
-    if (h->magic != P2P_MAGIC) return "bad magic";
+    if (!named_frame(h->magic)) {
+        if (h->magic != F_PIECE && h->magic != F_ACK && h->magic != F_RING &&
+            h->magic != F_RING_OK && h->magic != F_RING_NO)
+            return "bad magic";
+        if (h->name_len || h->dtype || h->ndim) return "a control frame with a name or dtype";
+        for (int d = h->magic == F_RING ? 4 : 0; d < HVDL_MAX_DIMS; d++)
+            if (h->shape[d]) return "a control frame with a shape";
+        if (h->magic == F_PIECE || h->magic == F_ACK)
+            return h->nbytes >= 1 && h->nbytes <= RING_MAX_SLOT ? NULL : "piece size out of range";
+        if (h->magic == F_RING)
+            return h->nbytes >= RING_MIN_SLOT && h->nbytes <= RING_MAX_SLOT && h->shape[0] >= 2 &&
+                           h->shape[0] <= 64
+                       ? NULL
+                       : "ring size out of range";
+        return h->nbytes ? "a ring answer with a size" : NULL;
+    }
     if (h->name_len < 1 || h->name_len > P2P_MAX_NAME) return "name length out of range";
     if (!hvdl_dtype_size(h->dtype)) return "unknown dtype";
     if (h->ndim < 0 || h->ndim > HVDL_MAX_DIMS) return "dimensions out of range";
@@ -245,11 +322,33 @@ static void finish_bare(engine_t *e, op_t *o, int status, const char *msg) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* An op whose peer closed its p2p connection: what it ends with. While the job runs the
+ * peer was lost (the loop thread fails the job with that); after a shutdown the peer
+ * simply left, without sending (or reading) this message. */
+static void finish_closed(engine_t *e, pmsg_t *m, int over) {
+    char why[HVDL_MSG_BYTES];
+    const char *host = e->peers[m->peer].host;
+    int send = m->op->meta.op == HVDL_OP_SEND;
+    if (!over)
+        snprintf(why, sizeof why,
+                 "rank %d (host %s) was lost: its point-to-point connection closed", m->peer, host);
+    else
+        snprintf(why, sizeof why,
+                 "%s '%.200s' on rank %d %s rank %d: rank %d (host %s) shut down or exited "
+                 "without %s it",
+                 send ? "send" : "recv", m->op->name, e->rank, send ? "to" : "from", m->peer,
+                 m->peer, host, send ? "receiving" : "sending");
+    finish(e, m, over ? HVDL_ERR_SHUT_DOWN : HVDL_ERR_PEER_LOST, why);
+}
+
+/* End a list's ops with (status, msg), or, msg NULL, each naming its peer, whose
+ * connection closed after a shutdown (finish_closed). What has no op is freed. */
 static void fail_list(engine_t *e, plist_t *l, int status, const char *msg) {
     while (l->head) {
         pmsg_t *m = l->head;
         l->head = m->next;
-        if (m->op) finish(e, m, status, msg);
+        if (m->op && msg) finish(e, m, status, msg);
+        else if (m->op) finish_closed(e, m, 1);
         else {
             free(m->name);
             free(m->data);
@@ -259,22 +358,40 @@ static void fail_list(engine_t *e, plist_t *l, int status, const char *msg) {
     l->tail = NULL;
 }
 
+/* Every op waiting on peer q ends: with (status, msg), or, msg NULL, naming q. */
+static void fail_peer(engine_t *e, ppeer_t *q, int status, const char *msg) {
+    plist_t half = {0};                             /* a recv half read, or half moved */
+    if (q->rx_into && q->rx_into->op) {
+        push(&half, q->rx_into);
+        q->rx_into = NULL;
+        q->rx_dst = NULL;
+    }
+    if (q->rx_ring_msg) push(&half, q->rx_ring_msg);
+    q->rx_ring_msg = NULL;
+    fail_list(e, &half, status, msg);
+    pthread_mutex_lock(&q->smu);
+    q->cur = NULL;
+    fail_list(e, &q->sends, status, msg);
+    fail_list(e, &q->rts_wait, status, msg);
+    fail_list(e, &q->ctl, status, msg);
+    pthread_mutex_unlock(&q->smu);
+    fail_list(e, &q->recvs, status, msg);
+    fail_list(e, &q->awaiting, status, msg);
+}
+
 /* Everything this thread holds fails with one message (the engine failed or stopped). */
 static void fail_all(engine_t *e, int status, const char *msg) {
-    struct p2p *p = e->p2p;
-    for (int i = 0; i < e->size; i++) {
-        ppeer_t *q = &p->peers[i];
-        if (q->rx_into && q->rx_into->op) {     /* a recv half read */
-            pmsg_t *m = q->rx_into;
-            q->rx_into = NULL;
-            q->rx_dst = NULL;
-            finish(e, m, status, msg);
-        }
-        pthread_mutex_lock(&q->smu);
-        fail_list(e, &q->sends, status, msg);
-        pthread_mutex_unlock(&q->smu);
-        fail_list(e, &q->recvs, status, msg);
-    }
+    for (int i = 0; i < e->size; i++) fail_peer(e, &e->p2p->peers[i], status, msg);
+}
+
+/* The job was shut down (the loop thread has ended, without a failure): nothing will
+ * tell this thread that a peer is gone but its connection closing, so the ops waiting on
+ * a peer whose connection closed end here, each naming that peer. What the peer sent
+ * before it closed has been read and matched already (a connection closes after its
+ * last byte). */
+static void finish_closed_peers(engine_t *e) {
+    for (int i = 0; i < e->size; i++)
+        if (e->p2p->peers[i].closed) fail_peer(e, &e->p2p->peers[i], 0, NULL);
 }
 
 /* Tell the loop thread (which owns the control connections) that a peer broke. */
@@ -365,12 +482,100 @@ static int accept_into(engine_t *e, pmsg_t *r, const p2p_hdr_t *h, uint8_t **dst
     return 0;
 }
 
-/* An unexpected message m meets recv r: deliver it and free m. */
+/* A control frame (CTS, ACK, RING*) to the peer, written before the next send's frame.
+ * With q->smu held; 0, or -1 when out of memory (the job fails: a peer would wait). */
+static int queue_ctl(engine_t *e, int peer, const p2p_hdr_t *h, const char *name) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pmsg_t *c = calloc(1, sizeof *c);
+    char *nm = name ? strdup(name) : NULL;
+    if (!c || (name && !nm)) {
+        free(c);
+        free(nm);
+        hvdl__fail(e, HVDL_ERR_SYSTEM,
+                   "rank %d (host %s) failed: out of memory for a point-to-point control frame",
+                   e->rank, e->host);
+        return -1;
+    }
+    c->kind = K_CTL;
+    c->peer = peer;
+    c->fhdr = *h;
+    c->name = nm;
+    push(&q->ctl, c);
+    return 0;
+}
+
+static int queue_ctl_locked(engine_t *e, int peer, const p2p_hdr_t *h, const char *name) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pthread_mutex_lock(&q->smu);
+    int rc = queue_ctl(e, peer, h, name);
+    pthread_mutex_unlock(&q->smu);
+    return rc;
+}
+
+/* What the receiver holds of an announced message without a recv op (an announcement
+ * not asked for yet, or a cleared one to discard): NULL after failing the job. */
+static pmsg_t *held_entry(engine_t *e, int peer, int kind, const p2p_hdr_t *h, const char *name) {
+    pmsg_t *m = calloc(1, sizeof *m);
+    if (!m || !(m->name = strdup(name))) {
+        free(m);
+        hvdl__fail(e, HVDL_ERR_SYSTEM, "rank %d (host %s) failed: out of memory", e->rank, e->host);
+        return NULL;
+    }
+    m->kind = kind;
+    m->peer = peer;
+    m->hdr = *h;
+    m->started = hvdl_now();
+    return m;
+}
+
+/* A recv r meets a message announced by h (RTS): prepare its buffer and clear the sender
+ * to send (CTS). A recv that fails here (a wrong recv_ buffer) still clears it, so the
+ * sender completes, and its payload is discarded. Then r awaits the payload. */
+static int clear_to_send(engine_t *e, pmsg_t *r, const p2p_hdr_t *h, const char *name) {
+    int peer = r->peer;
+    ppeer_t *q = &e->p2p->peers[peer];
+    uint8_t *dst = NULL;
+    pmsg_t *a = r;
+    if (accept_into(e, r, h, &dst) && !(a = held_entry(e, peer, K_AWAIT, h, name)))
+        return -1;                                  /* (r is finished and freed) */
+    a->kind = K_AWAIT;
+    a->hdr = *h;
+    a->data = dst;
+    push(&q->awaiting, a);
+    p2p_hdr_t c = *h;
+    c.magic = F_CTS;
+    return queue_ctl_locked(e, peer, &c, name);
+}
+
+/* The first recv cleared to come with this name (DATA and SDATA come in CTS order per
+ * name), unlinked, or NULL. */
+static pmsg_t *take_awaiting(ppeer_t *q, const char *name) {
+    for (pmsg_t *a = q->awaiting.head; a; a = a->next)
+        if (!strcmp(a->op ? a->op->name : a->name, name)) {
+            unlink_msg(&q->awaiting, a);
+            return a;
+        }
+    return NULL;
+}
+
+/* An awaiting recv's payload has all come (or it was discarded). */
+static void end_awaiting(engine_t *e, pmsg_t *a) {
+    if (a->op) {
+        finish(e, a, HVDL_OK, NULL);
+        return;
+    }
+    free(a->name);
+    free(a);
+}
+
+/* An unexpected message m meets recv r: deliver it (or, announced, clear it) and free m. */
 static void deliver(engine_t *e, pmsg_t *r, pmsg_t *m) {
     op_t *o = r->op;
     uint8_t *dst;
     int into = o->meta.ndim >= 0;
-    if (!into) {                                    /* hand the buffer over, no copy */
+    if (m->kind == K_UNEXPECTED_RTS) {
+        clear_to_send(e, r, &m->hdr, m->name);
+    } else if (!into) {                             /* hand the buffer over, no copy */
         o->result.data = m->data;
         m->data = NULL;
         p2p_hdr_t h = m->hdr;
@@ -387,60 +592,11 @@ static void deliver(engine_t *e, pmsg_t *r, pmsg_t *m) {
     free(m);
 }
 
-/* An op whose peer closed its p2p connection: what it ends with. While the job runs the
- * peer was lost (the loop thread fails the job with that); after a shutdown the peer
- * simply left, without sending (or reading) this message. */
-static void finish_closed(engine_t *e, pmsg_t *m, int over) {
-    char why[HVDL_MSG_BYTES];
-    const char *host = e->peers[m->peer].host;
-    int send = m->op->meta.op == HVDL_OP_SEND;
-    if (!over)
-        snprintf(why, sizeof why,
-                 "rank %d (host %s) was lost: its point-to-point connection closed", m->peer, host);
-    else
-        snprintf(why, sizeof why,
-                 "%s '%.200s' on rank %d %s rank %d: rank %d (host %s) shut down or exited "
-                 "without %s it",
-                 send ? "send" : "recv", m->op->name, e->rank, send ? "to" : "from", m->peer,
-                 m->peer, host, send ? "receiving" : "sending");
-    finish(e, m, over ? HVDL_ERR_SHUT_DOWN : HVDL_ERR_PEER_LOST, why);
-}
-
-/* The job was shut down (the loop thread has ended, without a failure): nothing will
- * tell this thread that a peer is gone but its connection closing, so the ops waiting on
- * a peer whose connection closed end here, each naming that peer. What the peer sent
- * before it closed has been read and matched already (a connection closes after its
- * last byte). */
-static void finish_closed_peers(engine_t *e) {
-    struct p2p *p = e->p2p;
-    for (int i = 0; i < e->size; i++) {
-        ppeer_t *q = &p->peers[i];
-        if (!q->closed) continue;
-        if (q->rx_into && q->rx_into->op) {     /* a recv cut off mid-message */
-            pmsg_t *m = q->rx_into;
-            q->rx_into = NULL;
-            q->rx_dst = NULL;
-            finish_closed(e, m, 1);
-        }
-        while (q->recvs.head) {
-            pmsg_t *m = q->recvs.head;
-            unlink_msg(&q->recvs, m);
-            finish_closed(e, m, 1);
-        }
-        pthread_mutex_lock(&q->smu);
-        while (q->sends.head) {
-            pmsg_t *m = q->sends.head;
-            unlink_msg(&q->sends, m);
-            finish_closed(e, m, 1);
-        }
-        pthread_mutex_unlock(&q->smu);
-    }
-}
-
 /* A new recv: take an unexpected message of its name, or wait among the posted. A peer
  * whose connection closed sends nothing more: what it sent before is all there is. */
 static void post_recv(engine_t *e, pmsg_t *r, int over) {
     ppeer_t *q = &e->p2p->peers[r->peer];
+    r->kind = K_RECV;
     for (pmsg_t *m = q->unexpected.head; m; m = m->next)
         if (!strcmp(m->name, r->op->name)) {
             unlink_msg(&q->unexpected, m);
@@ -453,14 +609,142 @@ static void post_recv(engine_t *e, pmsg_t *r, int over) {
 
 /* ---- reading ---- */
 
-/* The whole header and name of an incoming message are here: find where it goes. */
+static int violation(engine_t *e, int peer, const char *what) {
+    char why[200];
+    snprintf(why, sizeof why, "broke the point-to-point protocol (%s)", what);
+    report_lost(e, peer, why);
+    return -1;
+}
+
+/* RING: the peer offers its ring to this rank; map it and answer. */
+static int ring_offered(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    p2p_hdr_t a = {.magic = F_RING_NO};
+    const int64_t *f = q->rx_hdr.shape;             /* nslots, pid, fd, token */
+    if (q->rx.base) return violation(e, peer, "a second ring");
+    int err = !e->cfg.shm || e->cfg.p2p_ring_bytes <= 0 ? EPERM
+              : f[1] <= 0 || f[2] < 0 ? EINVAL
+                                      : hvdl__p2p_ring_attach(&q->rx, f[1], f[2], (uint64_t)f[3],
+                                                              q->rx_hdr.nbytes, (int)f[0]);
+    if (!err) a.magic = F_RING_OK;
+    else
+        hvdl__log(e, HVDL_LOG_WARNING,
+                  "point-to-point messages from rank %d go over its connection, not shared "
+                  "memory: cannot attach its ring (%s)",
+                  peer, strerror(err));
+    return queue_ctl_locked(e, peer, &a, NULL);
+}
+
+/* The sender's side of a frame without a payload: CTS, ACK, RING_OK, RING_NO. */
+static int sender_frame(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    const p2p_hdr_t *h = &q->rx_hdr;
+    const char *bad = NULL;
+    pthread_mutex_lock(&q->smu);
+    if (h->magic == F_CTS) {                        /* the first announced of that name goes */
+        pmsg_t *m = q->rts_wait.head;
+        for (; m && strcmp(m->op->name, q->rx_name); m = m->next) {}
+        if (!m || m->hdr.nbytes != h->nbytes) bad = "a clear-to-send for nothing announced";
+        else {
+            unlink_msg(&q->rts_wait, m);
+            m->kind = q->ring_state == 2 ? K_SDATA : K_DATA;
+            m->framed = 0;
+            m->off = 0;
+            push(&q->sends, m);
+        }
+    } else if (h->magic == F_ACK) {
+        if (q->tx_acked >= q->tx_pieces) bad = "an acknowledgement of nothing";
+        else q->tx_acked++;
+        q->blocked = 0;
+    } else if (q->ring_state != 1) {
+        bad = "a ring answer to no offer";
+    } else if (h->magic == F_RING_OK) {
+        q->ring_state = 2;
+    } else {
+        q->ring_state = 3;
+        hvdl__p2p_ring_close(&q->tx);
+    }
+    pthread_mutex_unlock(&q->smu);
+    return bad ? violation(e, peer, bad) : 0;
+}
+
+/* PIECE: the next slot of the peer's ring holds the next piece of the SDATA message. */
+static int piece_arrived(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pmsg_t *a = q->rx_ring_msg;
+    int64_t n = q->rx_hdr.nbytes;
+    if (!a || !q->rx.base || n > q->rx.slot_bytes || n > a->hdr.nbytes - q->rx_ring_got)
+        return violation(e, peer, "a piece that does not fit");
+    if (a->data)
+        memcpy(a->data + q->rx_ring_got, hvdl__p2p_ring_slot(&q->rx, q->rx_pieces), (size_t)n);
+    q->rx_pieces++;
+    q->rx_ring_got += n;
+    p2p_hdr_t ack = {.magic = F_ACK, .nbytes = n};
+    if (queue_ctl_locked(e, peer, &ack, NULL)) return -1;
+    if (q->rx_ring_got == a->hdr.nbytes) {
+        q->rx_ring_msg = NULL;
+        end_awaiting(e, a);
+    }
+    return 0;
+}
+
+/* A whole header (and name, if it has one) is here: act on it. Only EAGER and DATA go
+ * on to a payload (rx_state 2); 0, or -1 once the peer is reported. */
 static int begin_payload(engine_t *e, int peer) {
     ppeer_t *q = &e->p2p->peers[peer];
-    q->rx_name[q->rx_hdr.name_len] = 0;
-    if (strlen(q->rx_name) != q->rx_hdr.name_len) {
-        report_lost(e, peer, "sent a malformed point-to-point message (a NUL byte in its name)");
-        return -1;
+    uint32_t magic = q->rx_hdr.magic;
+    q->rx_state = 0;
+    q->rx_got = 0;
+    if (named_frame(magic)) {
+        q->rx_name[q->rx_hdr.name_len] = 0;
+        if (strlen(q->rx_name) != q->rx_hdr.name_len) {
+            report_lost(e, peer,
+                        "sent a malformed point-to-point message (a NUL byte in its name)");
+            return -1;
+        }
     }
+    switch (magic) {
+    case F_CTS:
+    case F_ACK:
+    case F_RING_OK:
+    case F_RING_NO: return sender_frame(e, peer);
+    case F_RING: return ring_offered(e, peer);
+    case F_PIECE: return piece_arrived(e, peer);
+    case F_RTS: {
+        pmsg_t *r = posted_for(q, q->rx_name);
+        if (r) {
+            unlink_msg(&q->recvs, r);
+            return clear_to_send(e, r, &q->rx_hdr, q->rx_name);
+        }
+        /* announced only: nothing buffered */
+        pmsg_t *m = held_entry(e, peer, K_UNEXPECTED_RTS, &q->rx_hdr, q->rx_name);
+        if (!m) return -1;
+        push(&q->unexpected, m);
+        return 0;
+    }
+    case F_DATA:
+    case F_SDATA: {
+        pmsg_t *a = take_awaiting(q, q->rx_name);
+        if (!a || a->hdr.nbytes != q->rx_hdr.nbytes)
+            return violation(e, peer, "a payload it was not cleared to send");
+        if (magic == F_SDATA) {
+            if (!q->rx.base || q->rx_ring_msg)
+                return violation(e, peer, "a ring message out of turn");
+            q->rx_ring_msg = a;
+            q->rx_ring_got = 0;
+            return 0;
+        }
+        if (!a->op) {                               /* its recv failed: discard */
+            end_awaiting(e, a);
+            a = NULL;
+        }
+        q->rx_into = a;
+        q->rx_dst = a ? a->data : NULL;
+        q->rx_state = 2;
+        return 0;
+    }
+    }
+    /* EAGER */
     pmsg_t *r = posted_for(q, q->rx_name);
     if (r) {
         unlink_msg(&q->recvs, r);
@@ -481,6 +765,7 @@ static int begin_payload(engine_t *e, int peer) {
             hvdl__fail(e, HVDL_ERR_SYSTEM, "rank %d (host %s) failed: %s", e->rank, e->host, why);
             return -1;
         }
+        m->kind = K_UNEXPECTED;
         m->peer = peer;
         m->hdr = q->rx_hdr;
         m->name = name;
@@ -490,7 +775,6 @@ static int begin_payload(engine_t *e, int peer) {
         q->rx_dst = data;
     }
     q->rx_state = 2;
-    q->rx_got = 0;
     return 0;
 }
 
@@ -539,6 +823,7 @@ static int parse(engine_t *e, int peer) {
                     return -1;
                 }
                 q->rx_state = 1;
+                if (!named_frame(q->rx_hdr.magic) && begin_payload(e, peer)) return -1;
             } else if (begin_payload(e, peer)) {
                 return -1;
             }
@@ -585,7 +870,8 @@ static void read_peer(engine_t *e, int peer) {
         if (n <= 0) {                               /* closed or broken */
             q->closed = 1;
             pthread_mutex_lock(&q->smu);            /* callers queue sends under it */
-            int waiting = q->recvs.head || q->sends.head || q->rx_into;
+            int waiting = q->recvs.head || q->sends.head || q->rx_into || q->rts_wait.head ||
+                          q->awaiting.head || q->rx_ring_msg;
             pthread_mutex_unlock(&q->smu);
             if (waiting) {
                 char why[200];
@@ -604,24 +890,91 @@ static void read_peer(engine_t *e, int peer) {
 
 /* ---- writing ---- */
 
-/* With q->smu held: write what the socket takes. */
+/* With q->smu held: set up m's next frame (fhdr, and for a PIECE its copy into the ring).
+ * 0, or 1 when it must wait for a free slot. */
+static int begin_frame(ppeer_t *q, pmsg_t *m) {
+    m->off = 0;
+    m->framed = 1;
+    if (m->kind != K_CTL) m->fhdr = m->hdr;         /* a control frame's is set up already */
+    switch (m->kind) {
+    case K_RTS: m->fhdr.magic = F_RTS; return 0;
+    case K_DATA: m->fhdr.magic = F_DATA; return 0;
+    case K_SDATA:
+        if (m->moved == 0 && m->piece == 0) {       /* first its header */
+            m->fhdr.magic = F_SDATA;
+            m->piece = -1;
+            return 0;
+        }
+        if (q->tx_pieces - q->tx_acked >= q->tx.nslots) {
+            m->framed = 0;
+            return 1;
+        }
+        int64_t n = m->hdr.nbytes - m->moved;
+        if (n > q->tx.slot_bytes) n = q->tx.slot_bytes;
+        memcpy(hvdl__p2p_ring_slot(&q->tx, q->tx_pieces), (const uint8_t *)m->op->input + m->moved,
+               (size_t)n);
+        q->tx_pieces++;
+        m->piece = n;
+        m->fhdr = (p2p_hdr_t){.magic = F_PIECE, .nbytes = n};
+        return 0;
+    }
+    return 0;                                       /* K_EAGER: the header as it is */
+}
+
+/* The frame m was writing has gone out: 1 when m is done with (off its list). */
+static int end_frame(engine_t *e, ppeer_t *q, pmsg_t *m) {
+    m->framed = 0;
+    if (m->kind == K_CTL) {
+        unlink_msg(&q->ctl, m);
+        free(m->name);
+        free(m);
+        return 1;
+    }
+    if (m->kind == K_RTS) {                         /* it waits for the CTS, out of the way */
+        unlink_msg(&q->sends, m);
+        push(&q->rts_wait, m);
+        return 1;
+    }
+    if (m->kind == K_SDATA) {
+        if (m->piece > 0) m->moved += m->piece;
+        m->piece = -1;
+        if (m->moved < m->hdr.nbytes) return 0;
+    }
+    unlink_msg(&q->sends, m);                       /* its bytes are out: done */
+    finish(e, m, HVDL_OK, NULL);
+    return 1;
+}
+
+/* With q->smu held: write what the socket takes, frame by frame; a control frame goes
+ * first whenever no frame is half written, so that acknowledgements and clear-to-sends
+ * never wait behind a ring message waiting for them. */
 static void write_locked(engine_t *e, int peer) {
     ppeer_t *q = &e->p2p->peers[peer];
-    while (q->sends.head) {
-        pmsg_t *m = q->sends.head;
-        op_t *o = m->op;
-        int64_t hl = (int64_t)sizeof m->hdr, nl = m->hdr.name_len, total = hl + nl + m->hdr.nbytes;
+    for (;;) {
+        pmsg_t *m = q->cur;
+        if (!m) {
+            m = q->ctl.head ? q->ctl.head : q->sends.head;
+            if (!m) return;
+            if (!m->framed && begin_frame(q, m)) {
+                q->blocked = 1;                     /* an ACK resumes it */
+                return;
+            }
+            q->cur = m;
+        }
+        int64_t hl = (int64_t)sizeof m->fhdr, nl = m->fhdr.name_len;
+        int64_t pl = m->fhdr.magic == P2P_MAGIC || m->fhdr.magic == F_DATA ? m->hdr.nbytes : 0;
+        const char *name = m->op ? m->op->name : m->name;
+        int64_t total = hl + nl + pl, off = m->off;
         struct iovec iov[3];
         int k = 0;
-        int64_t off = m->off;
-        if (off < hl) iov[k++] = (struct iovec){(uint8_t *)&m->hdr + off, (size_t)(hl - off)};
-        if (off < hl + nl) {
+        if (off < hl) iov[k++] = (struct iovec){(uint8_t *)&m->fhdr + off, (size_t)(hl - off)};
+        if (nl && off < hl + nl) {
             int64_t o2 = off > hl ? off - hl : 0;
-            iov[k++] = (struct iovec){o->name + o2, (size_t)(nl - o2)};
+            iov[k++] = (struct iovec){(char *)name + o2, (size_t)(nl - o2)};
         }
-        if (m->hdr.nbytes) {
+        if (pl) {
             int64_t o3 = off > hl + nl ? off - hl - nl : 0;
-            iov[k++] = (struct iovec){(uint8_t *)o->input + o3, (size_t)(m->hdr.nbytes - o3)};
+            iov[k++] = (struct iovec){(uint8_t *)m->op->input + o3, (size_t)(pl - o3)};
         }
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
         ssize_t n = sendmsg(q->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -634,9 +987,8 @@ static void write_locked(engine_t *e, int peer) {
         }
         m->off += n;
         if (m->off < total) continue;
-        q->sends.head = m->next;
-        if (!q->sends.head) q->sends.tail = NULL;
-        finish(e, m, HVDL_OK, NULL);
+        q->cur = NULL;
+        end_frame(e, q, m);
     }
 }
 
@@ -691,17 +1043,28 @@ static void stall_check(engine_t *e, double now) {
             hvdl__log(e, HVDL_LOG_WARNING, "stall: %s", what);
         }
         pthread_mutex_lock(&q->smu);
-        pmsg_t *m = q->sends.head;
+        /* the send being written, or the oldest announced one the peer has not cleared */
+        pmsg_t *m = q->sends.head, *a = q->rts_wait.head;
+        if (!m || (a && a->started < m->started)) m = a;
         char what[HVDL_MSG_BYTES - 64];
         int warn = m && now - m->started >= e->cfg.stall_warning &&
                    (now - m->warned >= e->cfg.stall_warning || past_shutdown(e, m, now));
         if (warn) {
             m->warned = now;
+            char how[160];
+            if (m == a)
+                snprintf(how, sizeof how,
+                         "it has not cleared this %lld-byte message (no recv of its name, "
+                         "rendezvous)",
+                         (long long)m->hdr.nbytes);
+            else
+                snprintf(how, sizeof how, "%lld of %lld bytes sent",
+                         (long long)(m->kind == K_SDATA ? m->moved : m->off),
+                         (long long)(m->hdr.nbytes + (int64_t)sizeof m->hdr + m->hdr.name_len));
             snprintf(what, sizeof what,
                      "send '%.200s' on rank %d to rank %d has waited %.0f s; rank %d is "
-                     "not reading (%lld of %lld bytes sent)",
-                     m->op->name, e->rank, i, now - m->started, i, (long long)m->off,
-                     (long long)(m->hdr.nbytes + (int64_t)sizeof m->hdr + m->hdr.name_len));
+                     "not reading (%s)",
+                     m->op->name, e->rank, i, now - m->started, i, how);
             warn = stall_shutdown(e, m, now, what) ? 2 : 1;
         }
         pthread_mutex_unlock(&q->smu);
@@ -774,7 +1137,7 @@ static void *p2p_main(void *arg) {
             ppeer_t *q = &p->peers[i];
             if (q->fd < 0 || q->closed) continue;
             pthread_mutex_lock(&q->smu);
-            int sending = q->sends.head != NULL;
+            int sending = q->cur || q->ctl.head || (q->sends.head && !q->blocked);
             pthread_mutex_unlock(&q->smu);
             pf[k] = (struct pollfd){q->fd, (short)(POLLIN | (sending ? POLLOUT : 0)), 0};
             who[k++] = i;
@@ -785,8 +1148,9 @@ static void *p2p_main(void *arg) {
         if (rc > 0 && (pf[0].revents & POLLIN)) hvdl_wakefd_drain(p->wake_fd);
         for (int j = 1; rc > 0 && j < k; j++) {
             int i = who[j];
+            /* what was read may have queued control frames, or freed a slot of the ring */
             if (pf[j].revents & (POLLIN | POLLHUP | POLLERR)) read_peer(e, i);
-            if ((pf[j].revents & POLLOUT) && !p->peers[i].closed) write_peer(e, i);
+            if (!p->peers[i].closed) write_peer(e, i);
         }
         if (!gave_up) stall_check(e, hvdl_now());
     }
@@ -811,6 +1175,7 @@ int hvdl__p2p_start(engine_t *e) {
         pthread_mutex_init(&p->peers[i].smu, NULL);
         p->peers[i].fd = e->peers[i].p2p_fd;
         e->peers[i].p2p_fd = -1;                    /* this file owns it now */
+        p->peers[i].tx.fd = p->peers[i].rx.fd = -1; /* no rings yet */
     }
     e->p2p = p;
     if (p->wake_fd < 0 || pthread_create(&p->thread, NULL, p2p_main, e)) return -1;
@@ -853,6 +1218,10 @@ void hvdl__p2p_free(engine_t *e) {
             free(q->rx_into->data);
             free(q->rx_into);
         }
+        fail_list(e, &q->ctl, HVDL_ERR_SHUT_DOWN, "");   /* control frames: freed */
+        fail_list(e, &q->awaiting, HVDL_ERR_SHUT_DOWN, "");
+        hvdl__p2p_ring_close(&q->tx);
+        hvdl__p2p_ring_close(&q->rx);
         pthread_mutex_destroy(&q->smu);
     }
     if (p->wake_fd >= 0) close(p->wake_fd);
@@ -868,9 +1237,38 @@ void hvdl__p2p_free(engine_t *e) {
 void hvdl__p2p_close_in_child(engine_t *e) {
     struct p2p *p = e->p2p;
     if (!p) return;
-    for (int i = 0; p->peers && i < e->size; i++)
+    for (int i = 0; p->peers && i < e->size; i++) {
         if (p->peers[i].fd >= 0) close(p->peers[i].fd);
+        if (p->peers[i].tx.fd >= 0) close(p->peers[i].tx.fd);
+    }
     if (p->wake_fd >= 0) close(p->wake_fd);
+}
+
+/* With q->smu held, before the first rendezvous send to peer: a peer on this node is
+ * offered a ring (the offer goes out before that send's RTS, so its answer comes back
+ * before the CTS); elsewhere, or failing, payloads go over the connection. */
+static void offer_ring(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    q->ring_state = 3;
+    if (!e->cfg.shm || e->cfg.p2p_ring_bytes <= 0 || strcmp(e->peers[peer].host, e->host)) return;
+    int64_t slot = e->cfg.p2p_ring_bytes / RING_SLOTS & ~(int64_t)(RING_MIN_SLOT - 1);
+    slot = slot < RING_MIN_SLOT ? RING_MIN_SLOT : slot > RING_MAX_SLOT ? RING_MAX_SLOT : slot;
+    int err = hvdl__p2p_ring_create(&q->tx, slot, RING_SLOTS);
+    if (err) {
+        hvdl__log(e, HVDL_LOG_WARNING,
+                  "point-to-point messages to rank %d go over its connection, not shared "
+                  "memory: cannot create a ring (%s)",
+                  peer, strerror(err));
+        return;
+    }
+    p2p_hdr_t h = {.magic = F_RING,
+                   .nbytes = slot,
+                   .shape = {RING_SLOTS, (int64_t)getpid(), q->tx.fd, (int64_t)q->tx.token}};
+    if (queue_ctl(e, peer, &h, NULL)) {
+        hvdl__p2p_ring_close(&q->tx);
+        return;
+    }
+    q->ring_state = 1;
 }
 
 /* A send, on the caller's thread: queued behind the peer's earlier sends (in order, so
@@ -890,9 +1288,13 @@ static int send_now(engine_t *e, op_t *o) {
     m->hdr = (p2p_hdr_t){P2P_MAGIC, (uint32_t)strlen(o->name), o->meta.dtype, o->meta.ndim, {0},
                          o->nbytes};
     memcpy(m->hdr.shape, o->meta.shape, sizeof(int64_t) * (size_t)o->meta.ndim);
+    /* Above the eager threshold the receiver is asked first (RTS), and the payload
+     * moves once it has a place for it (CTS): it never holds a large message unasked. */
+    m->kind = o->nbytes > e->cfg.p2p_eager_bytes && o->nbytes > 0 ? K_RTS : K_EAGER;
     atomic_fetch_add(&p->npending, 1);
     ppeer_t *q = &p->peers[m->peer];
     pthread_mutex_lock(&q->smu);
+    if (m->kind == K_RTS && q->ring_state == 0) offer_ring(e, m->peer);
     if (q->closed) {
         char why[200];
         snprintf(why, sizeof why,
@@ -904,7 +1306,8 @@ static int send_now(engine_t *e, op_t *o) {
     }
     push(&q->sends, m);
     if (q->sends.head == m) write_locked(e, m->peer);
-    int queued = q->sends.head != NULL;
+    /* the thread watches what is left: the socket, and (announced) the op's wait */
+    int queued = q->sends.head || q->ctl.head || q->cur || q->rts_wait.head;
     pthread_mutex_unlock(&q->smu);
     if (queued) hvdl_wakefd_signal(p->wake_fd);
     return HVDL_OK;

@@ -8,6 +8,7 @@ def main():
     R, P = hvd.rank(), hvd.size()
     assert P == 2
     peer = 1 - R
+    EAGER = int(os.environ.get("HOROVODLIKE_P2P_EAGER_BYTES", 64 << 10))
     DTYPES = [np.dtype(t) for t in (np.uint8, np.int8, np.int16, np.int32, np.int64,
                                     np.float16, bfloat16, np.float32, np.float64, np.bool_)
               if t is not None]
@@ -23,12 +24,19 @@ def main():
         return rng.integers(-1000, 1000, size=n).astype(dt).reshape(shape)
 
     # 1. every dtype and size, rank 0 -> rank 1, sent before the recv is posted (the
-    # barrier orders it: each send has completed before rank 1 leaves the barrier).
+    # barrier orders it: each eager send has completed before rank 1 leaves the barrier;
+    # one above HOROVODLIKE_P2P_EAGER_BYTES is announced, and moves once the recv is
+    # posted, so it is only waited for after the recvs).
+    sent = []
     if R == 0:
         for dt in DTYPES:
             for shape in SIZES:
-                hvd.send(data(dt, shape, 1), 1, name=f"a.{dt.name}.{shape}")
-                hvd.send(data(dt, shape, 2), 1, name=f"b.{dt.name}.{shape}")
+                pair = [hvd.send_async(data(dt, shape, 1), 1, name=f"a.{dt.name}.{shape}"),
+                        hvd.send_async(data(dt, shape, 2), 1, name=f"b.{dt.name}.{shape}")]
+                if data(dt, shape, 1).nbytes <= EAGER:      # completes unmatched
+                    [hvd.synchronize(h) for h in pair]
+                else:
+                    sent += pair
     hvd.barrier()
     if R == 1:
         for dt in DTYPES:
@@ -39,6 +47,9 @@ def main():
                 back = hvd.recv_(out, 0, name=f"b.{dt.name}.{shape}")
                 check(back is out, f"recv_ {dt} {shape} returns its buffer")
                 check_equal(out, data(dt, shape, 2), f"recv_ {dt} {shape}")
+
+    for h in sent:
+        hvd.synchronize(h)
 
     # 2. the other order: rank 1 posts its recvs (both kinds) first, then rank 0 sends.
     handles = []
@@ -85,11 +96,14 @@ def main():
         check(hvd.poll(h) in (True, False), "poll")
         hvd.synchronize(h)
 
-    # 5. both ranks send 8 MiB to each other before either receives: more than the
-    # socket buffers hold, so this completes only because every message is always read.
+    # 5. both ranks post a send of 8 MiB to each other before either receives: more than
+    # the socket buffers (and the ring) hold, so this completes only because posting
+    # never blocks and every message is always read (a blocking send this large waits
+    # for its recv, as MPI_Send does above its eager limit).
     big = np.arange(1 << 20, dtype=np.float64) + R
-    hvd.send(big, peer, name="cross")
+    hc = hvd.send_async(big, peer, name="cross")
     check_equal(hvd.recv(peer, name="cross"), np.arange(1 << 20, dtype=np.float64) + peer, "cross")
+    hvd.synchronize(hc)
 
     # 6. its own channel: collectives complete while a recv waits (its message is only
     # sent after them), and while an 8 MiB send is on its way.

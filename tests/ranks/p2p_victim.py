@@ -11,8 +11,16 @@ import horovodlike as hvd
 def main():
     hvd.init()
     R = hvd.rank()
+    how = os.environ["T_WAITS_IN"]
+    # ring-*: a 128 MiB message through a small ring (4096 pieces), under way when the
+    # test strikes: rank 1 sending it (ring-recv) or receiving it (ring-send)
+    huge = np.ones(16 << 20) if how.startswith("ring") else None
     if R == 1:
         hvd.send(np.arange(4.0), 0, name="first")
+        if how == "ring-recv":
+            hvd.send_async(huge, 0, name="huge")
+        elif how == "ring-send":
+            hvd.recv_async_(huge, 0, name="huge")
         print("ready", flush=True)
         time.sleep(300)                     # the test kills or stops this rank here
     else:
@@ -20,8 +28,12 @@ def main():
         print("ready", flush=True)
         t = time.monotonic()
         try:
-            if os.environ["T_WAITS_IN"] == "send":     # more than the socket buffers hold
+            if how == "send":                  # more than the socket buffers hold
                 hvd.send(np.zeros(64 << 17), 1, name="never")
+            elif how == "ring-recv":
+                hvd.recv_(huge, 1, name="huge")
+            elif how == "ring-send":
+                hvd.send(huge, 1, name="huge")
             else:
                 hvd.recv(1, name="never")
             print("no error", flush=True)
