@@ -488,6 +488,13 @@ MALFORMED_P2P = {
     "too-big": p2p_message(shape=(1 << 50,), payload=b""),
     "bytes-not-the-shape": p2p_message(nbytes=1 << 30, payload=b""),
     "dim-beyond-ndim": p2p_message(dims=[4, 7, 0, 0, 0, 0, 0, 0]),
+    # the rendezvous and ring frames (F_* in p2p.c): out of turn, or out of range
+    "clear-to-send-for-nothing": p2p_message(magic=0x53544348, payload=b""),
+    "payload-not-cleared": p2p_message(magic=0x41544448),
+    "ring-piece-without-ring": P2P_HDR.pack(0x43455048, 0, 0, 0, *[0] * 8, 4096),
+    "ack-for-nothing": P2P_HDR.pack(0x4b434148, 0, 0, 0, *[0] * 8, 16),
+    "ring-slot-too-small": P2P_HDR.pack(0x474e5248, 0, 0, 0, 8, 1, 3, 0, 0, 0, 0, 0, 100),
+    "ring-answer-to-no-offer": P2P_HDR.pack(0x4b4f5248, 0, 0, 0, *[0] * 8, 0),
 }
 
 

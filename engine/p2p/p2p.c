@@ -611,7 +611,7 @@ static void post_recv(engine_t *e, pmsg_t *r, int over) {
 
 static int violation(engine_t *e, int peer, const char *what) {
     char why[200];
-    snprintf(why, sizeof why, "broke the point-to-point protocol (%s)", what);
+    snprintf(why, sizeof why, "sent a malformed point-to-point frame (%s)", what);
     report_lost(e, peer, why);
     return -1;
 }

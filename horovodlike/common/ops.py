@@ -270,8 +270,10 @@ def _np_message(res):
 
 
 def send_async(tensor, dst, name=None, process_set=None):
-    """Send `tensor` to global rank `dst`. The handle completes once the data has left
-    this rank (possibly before `dst` posts its recv)."""
+    """Send `tensor` to global rank `dst`. Up to HOROVODLIKE_P2P_EAGER_BYTES the handle
+    completes once the data has left this rank (possibly before `dst` posts its recv);
+    a larger message moves once `dst` has posted its recv (rendezvous), and the handle
+    completes then. Posting never blocks."""
     x = _as_array(tensor, "send")
     code = dtype_code(x.dtype, "send")
     req = request.p2p("send", dst, name, process_set)
