@@ -600,6 +600,11 @@ static void post_recv(engine_t *e, pmsg_t *r, int over) {
     for (pmsg_t *m = q->unexpected.head; m; m = m->next)
         if (!strcmp(m->name, r->op->name)) {
             unlink_msg(&q->unexpected, m);
+            if (m->kind == K_UNEXPECTED_RTS && q->closed) { /* announced, never to come */
+                free(m->name);
+                free(m);
+                break;
+            }
             deliver(e, r, m);
             return;
         }

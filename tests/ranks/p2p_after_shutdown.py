@@ -13,6 +13,7 @@ done, so the failure cannot come from the process exiting.
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 
 BIG = np.arange(3 << 20, dtype=np.float32)              # 12 MiB: many socket buffers
+ANNOUNCED = 5 << 20                                      # 40 MiB: past the test's 16 MiB
 
 
 def main():
@@ -23,6 +24,8 @@ def main():
         hvd.send(np.array([1, 2, 3], dtype=np.int16), receiver, name="small")
         hvd.send(BIG, receiver, name="big")
         hvd.send(np.zeros((0, 4)), receiver, name="empty")
+        # above the eager threshold: announced only, and failed by the shutdown
+        hvd.send_async(np.ones(ANNOUNCED), receiver, name="announced")
         hvd.shutdown()
         if os.environ.get("T_LINGER") == "1":
             wait_for("received")
@@ -35,11 +38,12 @@ def main():
     hvd.recv_(buf, sender, name="small")
     check_equal(buf, np.array([1, 2, 3], dtype=np.int16), "small")
     check_equal(hvd.recv(sender, name="empty"), np.zeros((0, 4)), "empty")
-    t = time.monotonic()
-    check_raises(Exception, lambda: hvd.recv(sender, name="never"), f"rank {sender}", "never",
-                 what="recv of a message never sent")
-    took = time.monotonic() - t
-    check(took < 5, "the recv of a message never sent fails promptly", f"took {took:.1f} s")
+    for name in ("never", "announced"):
+        t = time.monotonic()
+        check_raises(Exception, lambda: hvd.recv(sender, name=name), f"rank {sender}", name,
+                     what=f"recv of a message never sent ({name})")
+        took = time.monotonic() - t
+        check(took < 5, "the recv of a message never sent fails promptly", f"took {took:.1f} s")
     arrive("received")
     hvd.shutdown()
     finish_alone()
