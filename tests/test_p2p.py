@@ -134,9 +134,10 @@ def test_stall_shutdown_fails_every_rank_on_a_stalled_recv():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("shutdown", [False, True])
 def test_stall_inspector_names_a_send_the_peer_does_not_read(tmp_path, shutdown):
-    """The peer is stopped while a send larger than the socket buffers is being written:
-    the stall inspector warns about the send (and, with a shutdown time shorter than the
-    peer timeout, fails it as stalled) before the heartbeats would name the peer."""
+    """The peer is stopped while a send above the eager threshold waits for it (it never
+    clears the announced message): the stall inspector warns about the send (and, with a
+    shutdown time shorter than the peer timeout, fails it as stalled) before the
+    heartbeats would name the peer."""
     env = {"T_WAITS_IN": "send", "HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
            "HOROVODLIKE_PEER_TIMEOUT_SECONDS": "4" if not shutdown else "60"}
     if shutdown:
