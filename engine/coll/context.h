@@ -96,6 +96,10 @@ int hvdl__ctx_inject_fire(ctx_t *c);
 #define HVDL_CTX_INJECT(c, site) \
     (__builtin_expect((c)->inject_site == (site), 0) && hvdl__ctx_inject_fire(c))
 void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t bytes);
+/* What an algorithm's own wait (one on a helper thread of its own) must do in its place
+ * every few tens of milliseconds: read the control connections and keep the heartbeats,
+ * as the transport's and the segment's waits do. -1 once the engine has failed. */
+int hvdl__ctx_watch(ctx_t *c);
 
 /* reduce.c */
 void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);
@@ -133,9 +137,15 @@ typedef struct span {
 } span_t;
 int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op,
                               double post);
-int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype, int op,
-                             buf_t *out, int64_t *share_bytes);
-int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t bytes, int dtype, const void *shares);
+/* The hierarchical allreduce's shm halves, over bytes [lo, hi) of the buffer, lo a
+ * multiple of hvdl__shm_piece_bytes: this rank's shares of the range reduced over the
+ * node, contiguous in `shares` (hvdl__shm_share_bytes of them), and back. */
+int64_t hvdl__shm_piece_bytes(const ctx_t *c);
+int64_t hvdl__shm_share_bytes(const ctx_t *c, int64_t lo, int64_t hi, int dtype);
+int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t lo, int64_t hi, int dtype, int op,
+                             uint8_t *shares);
+int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t lo, int64_t hi, int dtype,
+                               const uint8_t *shares);
 int hvdl__broadcast_shm(ctx_t *c, void *buf, int64_t bytes, int root);
 int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
                             int dtype, int op, double post);
