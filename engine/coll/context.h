@@ -3,9 +3,9 @@
  * the job, the transport, the node's shared-memory segment, scratch space, and where to
  * report a failure), as Gloo's algorithms see a Context rather than a whole library.
  *
- * The algorithm files (allreduce_*.c, allgather_*.c, broadcast_chain.c,
- * alltoall_pairwise.c, collectives_shm.c, reduce.c) include this header and not
- * engine.h, so the compiler keeps them off engine_t: an algorithm cannot read the
+ * The algorithm files (allreduce_*.c, allgather_*.c, reducescatter_hier.c,
+ * broadcast_chain.c, alltoall_pairwise.c, collectives_shm.c, reduce.c) include this
+ * header and not engine.h, so the compiler keeps them off engine_t: an algorithm cannot read the
  * queues, the negotiation state or the configuration, only what is here. The engine
  * fills one context at start-up (context.c) and hands &e->ctx to every call (exec.c).
  * The transport and the shm waits are the engine's side of this boundary: they reach
@@ -123,6 +123,10 @@ int hvdl__broadcast_chain(ctx_t *c, const group_t *g, void *buf, int64_t nbytes,
 int hvdl__allreduce_rd(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op);
 int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op, double post);
 int hvdl__allgather_hier(ctx_t *c, void *out, const int64_t *block_bytes);
+/* Segment seg_bytes[r] of the sum to global rank r (pre multiplies the input, post the
+ * result): shm on each node, then a ring reduce-scatter across nodes. */
+int hvdl__reducescatter_hier(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
+                             int dtype, int op, double pre, double post);
 int hvdl__alltoall_pairwise(ctx_t *c, const group_t *g, const void *in, const int64_t *send_bytes,
                             void *out, const int64_t *recv_bytes);
 /* collectives_shm.c: the group is every rank of this node */

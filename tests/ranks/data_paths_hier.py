@@ -1,5 +1,5 @@
 """Rank program of tests/test_data_paths.py's test_hierarchical_pieces_match_numpy: the
-pipelined hierarchical allreduce on fake nodes, at sizes from below one piece to many
+pipelined hierarchical allreduce and the hierarchical reducescatter on fake nodes, at sizes from below one piece to many
 pieces (odd sizes, several dtypes), against numpy. The data differs at every position
 and on every rank, so a piece reduced, sent or put back in the wrong place shows.
 argv[1]: ranks per node. With two nodes, float sums must equal numpy's bit for bit in
@@ -55,6 +55,23 @@ def main():
         xs = [np.random.default_rng(7 * size + q).standard_normal(size) for q in range(n)]
         check_close(hvd.allreduce(xs[r], op=hvd.Average, name=f"avg.{size}"),
                     sum(xs) / n, f"average {size}", rtol=1e-12, atol=1e-12)
+    # reducescatter across nodes (hierarchical): every rank's rows, odd row counts
+    for rows in (0, 1, n - 1, n + 1, 1001, 30011):
+        share = [rows // n + (q < rows % n) for q in range(n)]
+        lo = sum(share[:r])
+        for dt in (np.float64, np.int32, np.float32):
+            xs = [((np.arange(rows * 3, dtype=np.int64).reshape(rows, 3) * (q + 2) + q) % 4099)
+                  .astype(dt) for q in range(n)]
+            exp = sum(x.astype(np.int64) for x in xs).astype(dt)
+            check_equal(hvd.reducescatter(xs[r], op=hvd.Sum, name=f"rs.{rows}.{np.dtype(dt).name}"),
+                        exp[lo:lo + share[r]], f"reducescatter {rows} {np.dtype(dt).name}")
+        x = np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + r
+        exp = sum(np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + q for q in range(n))
+        check_close(hvd.reducescatter(x, op=hvd.Average, name=f"rsavg.{rows}"),
+                    exp[lo:lo + share[r]] / n, f"reducescatter average {rows}", rtol=1e-12, atol=0)
+        check_close(hvd.reducescatter(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
+                                      name=f"rsscale.{rows}"),
+                    exp[lo:lo + share[r]] * 1.5, f"reducescatter scaled {rows}", rtol=1e-12, atol=0)
     # a fused response (several tensors in one buffer) spanning many pieces
     hs = [hvd.allreduce_async(np.arange(3001 + i, dtype=np.float64) * (r + 1), op=hvd.Sum,
                               name=f"fused.{i}") for i in range(12)]
