@@ -5,9 +5,10 @@
  *
  * The algorithm files (allreduce_*.c, allgather_*.c, reducescatter_hier.c,
  * broadcast_chain.c, alltoall_pairwise.c, collectives_shm.c, reduce.c) include this
- * header and not engine.h, so the compiler keeps them off engine_t: an algorithm cannot read the
- * queues, the negotiation state or the configuration, only what is here. The engine
- * fills one context at start-up (context.c) and hands &e->ctx to every call (exec.c).
+ * header and not engine.h, so the compiler keeps them off engine_t: an algorithm cannot
+ * read the queues, the negotiation state or the configuration, only what is here. The
+ * engine fills one context at start-up (context.c) and hands &e->ctx to every call
+ * (exec.c).
  * The transport and the shm waits are the engine's side of this boundary: they reach
  * the peers' sockets and the liveness checks through the context's engine.
  */
