@@ -95,7 +95,7 @@ static int exchange(engine_t *e, const xfer_t *x, detached_t *d) {
         }
         if (progress) {
             last = hvdl_now();
-            if (!d && hvdl__liveness_check(e, last)) return -1;
+            if (d ? atomic_load(&d->cancel) : hvdl__liveness_check(e, last)) return -1;
             continue;
         }
 
