@@ -62,7 +62,7 @@ typedef struct cross {
     ctx_t c;
     detached_t d;
     uint8_t *shares;
-    const int64_t *soff;      /* piece k's shares: [soff[k], soff[k + 1]) */
+    int64_t full, last;       /* this rank's share bytes of a whole piece, of the last */
     int q, dtype, op;
     double post;
     pthread_mutex_t mu;
@@ -72,10 +72,10 @@ typedef struct cross {
 } cross_t;
 
 static int ring(cross_t *x, ctx_t *c, int k) {
-    int64_t n = x->soff[k + 1] - x->soff[k];
+    int64_t n = k + 1 < x->q ? x->full : x->last;
     if (k == 0) x->ring_t0 = hvdl_now();
     /* the ring scales what it finishes (post), so step 3 copies scaled shares */
-    int rc = hvdl__allreduce_ring(c, c->cross, x->shares + x->soff[k],
+    int rc = hvdl__allreduce_ring(c, c->cross, x->shares + k * x->full,
                                   n / hvdl_dtype_size(x->dtype), x->dtype, x->op, x->post);
     x->ring_t1 = hvdl_now();
     return rc;
@@ -140,19 +140,24 @@ int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op, 
     if (!bytes) return 0;
     int64_t piece = hvdl__shm_piece_bytes(c) * PIECE_SHM_PIECES;
     int q = (int)((bytes + piece - 1) / piece);
-    int64_t soff[q + 1];
-    soff[0] = 0;
-    for (int k = 0; k < q; k++)
-        soff[k + 1] = soff[k] + hvdl__shm_share_bytes(c, k * piece,
-                                                      k + 1 < q ? (k + 1) * piece : bytes, dtype);
+    /* Every piece but the last is whole, and whole pieces have equal shares: piece k's
+     * shares start at k * full. */
+    int64_t full = hvdl__shm_share_bytes(c, 0, piece, dtype);
+    int64_t last = hvdl__shm_share_bytes(c, (int64_t)(q - 1) * piece, bytes, dtype);
+    int64_t total = (int64_t)(q - 1) * full + last;
     /* All of it before the helper starts: its buffers never move while it runs. */
-    if (HVDL_CTX_INJECT(c, INJ_HIER_ALLOC) || buf_reserve(&c->hier, soff[q] + 1))
-        return hvdl__ctx_oom(c, "hierarchical share buffer", soff[q] + 1);
+    if (HVDL_CTX_INJECT(c, INJ_HIER_ALLOC) || buf_reserve(&c->hier, total + 1))
+        return hvdl__ctx_oom(c, "hierarchical share buffer", total + 1);
     if (HVDL_CTX_INJECT(c, INJ_RING_ALLOC) || buf_reserve(&c->scratch, c->chunk_bytes))
         return hvdl__ctx_oom(c, "ring staging buffer", c->chunk_bytes);
 
-    cross_t x = {
-        .shares = c->hier.data, .soff = soff, .q = q, .dtype = dtype, .op = op, .post = post};
+    cross_t x = {.shares = c->hier.data,
+                 .full = full,
+                 .last = last,
+                 .q = q,
+                 .dtype = dtype,
+                 .op = op,
+                 .post = post};
     x.c = *c;
     hvdl__detached_init(&x.d, c->tcp);
     x.c.tcp = &x.d.base;
@@ -173,7 +178,7 @@ int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op, 
     for (int k = 0; k <= q && !rc; k++) {
         if (k < q) {
             int64_t lo = k * piece, hi = k + 1 < q ? lo + piece : bytes;
-            rc = hvdl__shm_reduce_scatter(c, buf, lo, hi, dtype, op, x.shares + soff[k]) ||
+            rc = hvdl__shm_reduce_scatter(c, buf, lo, hi, dtype, op, x.shares + k * full) ||
                  hand_over(&x, c, threaded, k);
             t_rs1 = hvdl_now();
         }
@@ -181,7 +186,7 @@ int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op, 
             int64_t lo = (k - 1) * piece, hi = k < q ? lo + piece : bytes;
             rc = (threaded && wait_ring(&x, c, k - 1));
             if (k == 1) t_ag0 = hvdl_now();
-            rc = rc || hvdl__shm_allgather_shares(c, buf, lo, hi, dtype, x.shares + soff[k - 1]);
+            rc = rc || hvdl__shm_allgather_shares(c, buf, lo, hi, dtype, x.shares + (k - 1) * full);
         }
     }
     if (threaded) {
