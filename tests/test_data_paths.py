@@ -79,3 +79,24 @@ def test_allreduce_algorithms_across_fake_nodes(algorithm, np_, hosts):
               env={"HOROVODLIKE_ALLREDUCE_ALGORITHM": algorithm,
                    "HOROVODLIKE_ALLGATHER_ALGORITHM": "ring" if algorithm == "ring" else "auto",
                    "HOROVODLIKE_SHM_CHUNK_BYTES": "4096"}).assert_ok()
+
+
+HIER = rank_program("data_paths_hier")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hosts,per_node,env", [
+    # 4 KiB chunks: a piece is 16 KiB (2 ranks a node) or 24 KiB, so the sizes run from
+    # under one piece to about 50
+    ("a:2,b:2", 2, {"HOROVODLIKE_SHM_CHUNK_BYTES": "4096"}),
+    ("a:3,b:3", 3, {"HOROVODLIKE_SHM_CHUNK_BYTES": "4096"}),
+    ("a:2,b:2,c:2", 2, {"HOROVODLIKE_SHM_CHUNK_BYTES": "4096"}),
+    # the default pieces (1 MiB at 2 ranks a node): 3 MB is 3 of them and a part
+    ("a:2,b:2", 2, {"HIER_SIZES": "262145,800001"}),
+], ids=["2x2", "2x3", "3x2", "2x2-default-pieces"])
+def test_hierarchical_pieces_match_numpy(hosts, per_node, env):
+    """The pipelined hierarchical allreduce (allreduce_hier.c) at sizes of one piece to
+    many: bit for bit the algorithm's order with two nodes, the same bits on every rank."""
+    np_ = sum(int(h.split(":")[1]) for h in hosts.split(","))
+    run_ranks(HIER, np=np_, args=(per_node,), launcher_args=["-H", hosts] + FAKE_NODES,
+              timeout=280, env={"HOROVODLIKE_ALLREDUCE_ALGORITHM": "hier", **env}).assert_ok()

@@ -24,7 +24,8 @@ def test_traced_algorithm_is_the_one_chosen(tmp_path):
             for t in a["tensors"]:
                 algs[t] = a["algorithm"]
     want = {"allreduce.ar": "hierarchical", "allgather.ag": "hierarchical",
-            "broadcast.bc": "tcp_chain", "alltoall.a2a": "tcp_pairwise"}
+            "broadcast.bc": "tcp_chain", "alltoall.a2a": "tcp_pairwise",
+            "reducescatter.rs": "hierarchical"}
     for name, alg in want.items():
         got = [v for k, v in algs.items() if k.endswith(name.split(".", 1)[1])]
         assert got == [alg], f"{name}: traced {got}, chose {alg}; all: {algs}"

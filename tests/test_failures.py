@@ -75,10 +75,11 @@ def _cleanup(store, procs):
     store.close()
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
-def test_killed_rank_fails_survivors_promptly_naming_it(tmp_path, victim):
-    store, procs = _spawn_job(BIG_ALLREDUCE, 3, tmp_path)
+def _kill_midway(tmp_path, victim, np_, hosts=None, extra_env=None):
+    """Kill `victim` in the middle of BIG_ALLREDUCE's stream; every survivor must fail
+    promptly naming it, and fail its next op too."""
+    store, procs = _spawn_job(BIG_ALLREDUCE, np_, tmp_path, extra_env=extra_env, hosts=hosts)
+    host = hosts[victim] if hosts else HOST
     try:
         deadline = time.monotonic() + 60
         for p in procs:
@@ -93,13 +94,30 @@ def test_killed_rank_fails_survivors_promptly_naming_it(tmp_path, victim):
             took = time.monotonic() - killed_at
             assert p.returncode == 0, out
             assert f"lost {r}" in out, out
-            assert f"rank {victim} (host {HOST}) was lost" in out, out
+            assert f"rank {victim} (host {host}) was lost" in out, out
             assert took < 30, f"rank {r} needed {took:.1f}s to notice"
             assert f"later-op-failed {r}" in out and f"rank {victim}" in out.split("later-op-failed")[1]
     finally:
         _cleanup(store, procs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
+def test_killed_rank_fails_survivors_promptly_naming_it(tmp_path, victim):
+    _kill_midway(tmp_path, victim, 3)
     # the shared-memory segment the ranks used was nameless since start-up
     assert not glob.glob("/dev/shm/hvdl-*")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", [2, 1], ids=["other-node", "same-node-as-0"])
+def test_killed_rank_fails_the_pipelined_hierarchical_allreduce(tmp_path, victim):
+    """Two fake nodes of two: the cross-node rings run on a helper thread whose exchanges
+    leave failures to the engine's thread (allreduce_hier.c); a rank killed mid-stream is
+    still named by every survivor, whether its node or the other one loses it."""
+    _kill_midway(tmp_path, victim, 4, hosts=["node-a", "node-a", "node-b", "node-b"],
+                 extra_env={"HOROVODLIKE_ALLREDUCE_ALGORITHM": "hier"})
+    assert not glob.glob("/dev/shm/hvdl-[0-9a-f]*")      # the nodes' segments: nameless
 
 
 KILL_SELF = rank_program("failures_kill_self")

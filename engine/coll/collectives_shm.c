@@ -227,16 +227,31 @@ int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, 
     return two_shot(c, c->shm, &io, total, dtype, op, post);
 }
 
-/* The first half of hierarchical allreduce: this rank's reduced shares of every piece,
- * gathered contiguously into out (*share_bytes in all). */
-int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype, int op,
-                             buf_t *out, int64_t *share_bytes) {
+/* The hierarchical allreduce's halves work on a range [lo, hi) of the buffer, lo a
+ * multiple of hvdl__shm_piece_bytes (the two-shot's piece), so that it can pipeline
+ * them piece by piece (allreduce_hier.c). Each shm piece of the range is one barrier. */
+int64_t hvdl__shm_piece_bytes(const ctx_t *c) { return c->shm->rchunk * c->shm->nlocal; }
+
+/* This rank's share of [lo, hi): what hvdl__shm_reduce_scatter writes for that range. */
+int64_t hvdl__shm_share_bytes(const ctx_t *c, int64_t lo, int64_t hi, int dtype) {
+    int64_t piece = hvdl__shm_piece_bytes(c), total = 0, off, n;
+    for (; lo < hi; lo += piece) {
+        share_of(min64(piece, hi - lo), hvdl_dtype_size(dtype), c->shm->nlocal, c->shm->me, &off,
+                 &n);
+        total += n;
+    }
+    return total;
+}
+
+/* The first half of hierarchical allreduce: this rank's reduced shares of every piece of
+ * [lo, hi), written contiguously to out (hvdl__shm_share_bytes in all). */
+int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t lo, int64_t hi, int dtype, int op,
+                             uint8_t *out) {
     hvdl_shm_t *s = c->shm;
-    int64_t piece = s->rchunk * s->nlocal, off, n;
-    out->len = 0;
-    for (int64_t lo = 0; lo < bytes; lo += piece) {
+    int64_t piece = hvdl__shm_piece_bytes(c), off, n;
+    for (; lo < hi; lo += piece) {
         int which = s->epoch++ & 1;
-        int64_t len = min64(piece, bytes - lo);
+        int64_t len = min64(piece, hi - lo);
         memcpy(hvdl__shm_slot(s, s->me, which), (const uint8_t *)buf + lo, (size_t)len);
         hvdl__shm_post(c);
         if (hvdl__shm_wait_all(c)) return -1;
@@ -244,27 +259,26 @@ int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype
          * copies it reduces from are written again only two pieces later, after barrier
          * k + 1, which every rank reaches once it has finished reducing piece k. */
         reduce_share(s, len, dtype, op, 1.0, which, &off, &n);
-        if (HVDL_CTX_INJECT(c, INJ_HIER_ALLOC) ||
-            buf_put(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->rchunk, n))
-            return hvdl__ctx_oom(c, "hierarchical share buffer", out->len + n);
+        memcpy(out, hvdl__shm_slot(s, s->me, which) + s->nlocal * s->rchunk, (size_t)n);
+        out += n;
     }
-    *share_bytes = out->len;
     return 0;
 }
 
-/* The second half: put every rank's (now globally reduced) shares back into buf. */
-int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t bytes, int dtype, const void *shares) {
+/* The second half: put every rank's (now globally reduced) shares of [lo, hi) back into
+ * buf. */
+int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t lo, int64_t hi, int dtype,
+                               const uint8_t *shares) {
     hvdl_shm_t *s = c->shm;
     int esz = hvdl_dtype_size(dtype);
-    int64_t piece = s->rchunk * s->nlocal, off, n;
-    const uint8_t *mine = shares;
-    for (int64_t lo = 0; lo < bytes; lo += piece) {
+    int64_t piece = hvdl__shm_piece_bytes(c), off, n;
+    for (; lo < hi; lo += piece) {
         int which = s->epoch++ & 1;
-        int64_t len = min64(piece, bytes - lo);
+        int64_t len = min64(piece, hi - lo);
         share_of(len, esz, s->nlocal, s->me, &off, &n);
         if (n) {   /* a rank's share may be empty (and `shares` NULL) for tiny buffers */
-            memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->rchunk, mine, (size_t)n);
-            mine += n;
+            memcpy(hvdl__shm_slot(s, s->me, which) + s->nlocal * s->rchunk, shares, (size_t)n);
+            shares += n;
         }
         hvdl__shm_post(c);
         if (hvdl__shm_wait_all(c)) return -1;

@@ -3,11 +3,12 @@
  * the job, the transport, the node's shared-memory segment, scratch space, and where to
  * report a failure), as Gloo's algorithms see a Context rather than a whole library.
  *
- * The algorithm files (allreduce_*.c, allgather_*.c, broadcast_chain.c,
- * alltoall_pairwise.c, collectives_shm.c, reduce.c) include this header and not
- * engine.h, so the compiler keeps them off engine_t: an algorithm cannot read the
- * queues, the negotiation state or the configuration, only what is here. The engine
- * fills one context at start-up (context.c) and hands &e->ctx to every call (exec.c).
+ * The algorithm files (allreduce_*.c, allgather_*.c, reducescatter_hier.c,
+ * broadcast_chain.c, alltoall_pairwise.c, collectives_shm.c, reduce.c) include this
+ * header and not engine.h, so the compiler keeps them off engine_t: an algorithm cannot
+ * read the queues, the negotiation state or the configuration, only what is here. The
+ * engine fills one context at start-up (context.c) and hands &e->ctx to every call
+ * (exec.c).
  * The transport and the shm waits are the engine's side of this boundary: they reach
  * the peers' sockets and the liveness checks through the context's engine.
  */
@@ -96,6 +97,10 @@ int hvdl__ctx_inject_fire(ctx_t *c);
 #define HVDL_CTX_INJECT(c, site) \
     (__builtin_expect((c)->inject_site == (site), 0) && hvdl__ctx_inject_fire(c))
 void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t bytes);
+/* What an algorithm's own wait (one on a helper thread of its own) must do in its place
+ * every few tens of milliseconds: read the control connections and keep the heartbeats,
+ * as the transport's and the segment's waits do. -1 once the engine has failed. */
+int hvdl__ctx_watch(ctx_t *c);
 
 /* reduce.c */
 void hvdl__reduce(int dtype, int op, void *dst, const void *src, int64_t count);
@@ -119,6 +124,10 @@ int hvdl__broadcast_chain(ctx_t *c, const group_t *g, void *buf, int64_t nbytes,
 int hvdl__allreduce_rd(ctx_t *c, const group_t *g, void *buf, int64_t count, int dtype, int op);
 int hvdl__allreduce_hier(ctx_t *c, void *buf, int64_t count, int dtype, int op, double post);
 int hvdl__allgather_hier(ctx_t *c, void *out, const int64_t *block_bytes);
+/* Segment seg_bytes[r] of the sum to global rank r (pre multiplies the input, post the
+ * result): shm on each node, then a ring reduce-scatter across nodes. */
+int hvdl__reducescatter_hier(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
+                             int dtype, int op, double pre, double post);
 int hvdl__alltoall_pairwise(ctx_t *c, const group_t *g, const void *in, const int64_t *send_bytes,
                             void *out, const int64_t *recv_bytes);
 /* collectives_shm.c: the group is every rank of this node */
@@ -133,9 +142,15 @@ typedef struct span {
 } span_t;
 int hvdl__allreduce_shm_spans(ctx_t *c, const span_t *v, int nspans, int dtype, int op,
                               double post);
-int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t bytes, int dtype, int op,
-                             buf_t *out, int64_t *share_bytes);
-int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t bytes, int dtype, const void *shares);
+/* The hierarchical allreduce's shm halves, over bytes [lo, hi) of the buffer, lo a
+ * multiple of hvdl__shm_piece_bytes: this rank's shares of the range reduced over the
+ * node, contiguous in `shares` (hvdl__shm_share_bytes of them), and back. */
+int64_t hvdl__shm_piece_bytes(const ctx_t *c);
+int64_t hvdl__shm_share_bytes(const ctx_t *c, int64_t lo, int64_t hi, int dtype);
+int hvdl__shm_reduce_scatter(ctx_t *c, const void *buf, int64_t lo, int64_t hi, int dtype, int op,
+                             uint8_t *shares);
+int hvdl__shm_allgather_shares(ctx_t *c, void *buf, int64_t lo, int64_t hi, int dtype,
+                               const uint8_t *shares);
 int hvdl__broadcast_shm(ctx_t *c, void *buf, int64_t bytes, int root);
 int hvdl__reducescatter_shm(ctx_t *c, const void *in, const int64_t *seg_bytes, void *out,
                             int dtype, int op, double post);

@@ -3,6 +3,8 @@
  * the few calls through which an algorithm reaches back into the engine (failure, trace).
  */
 #include "fail.h"
+#include "liveness.h"
+#include "net.h"
 #include <stdio.h>
 
 void hvdl__ctx_fill(engine_t *e) {
@@ -30,4 +32,9 @@ void hvdl__ctx_span(ctx_t *c, const char *name, double t0, double t1, int64_t by
     char args[64];
     snprintf(args, sizeof args, "\"bytes\": %lld", (long long)bytes);
     hvdl__tl_span(c->engine, TL_ALGORITHM, name, t0, t1, args);
+}
+
+int hvdl__ctx_watch(ctx_t *c) {
+    engine_t *e = c->engine;
+    return hvdl__watch_control(e, 0) || hvdl__liveness_check(e, hvdl_now()) || e->failed ? -1 : 0;
 }

@@ -83,7 +83,14 @@ static int choose_algorithm(engine_t *e, const group_t *g, const response_t *r) 
                    ? ALG_HIER
                    : ALG_RING;
     case HVDL_OP_BROADCAST: return shm ? ALG_SHM : ALG_CHAIN;
-    case HVDL_OP_REDUCESCATTER: return shm && r->meta.prescale == 1.0 ? ALG_SHM : ALG_RING;
+    case HVDL_OP_REDUCESCATTER:
+        if (shm && r->meta.prescale == 1.0) return ALG_SHM;
+        /* the global set across nodes: hierarchical unless the allreduce knob forces a
+         * flat TCP algorithm (a reduce-scatter is half an allreduce) */
+        return g->id == 0 && e->cross && e->shm && e->cfg.algorithm != ALG_RING &&
+                       e->cfg.algorithm != ALG_RD
+                   ? ALG_HIER
+                   : ALG_RING;
     case HVDL_OP_ALLTOALL: return shm ? ALG_SHM : ALG_PAIRWISE;
     default: return ALG_NONE;     /* barrier, join: negotiation itself was the work */
     }
@@ -251,6 +258,9 @@ static int exec_reducescatter(engine_t *e, const group_t *g, const meta_t *m, op
         /* each rank reduces its own segment straight from every rank's input */
         return hvdl__reducescatter_shm(&e->ctx, o->input, seg, o->output, m->dtype, op, post);
     }
+    if (alg == ALG_HIER)
+        return hvdl__reducescatter_hier(&e->ctx, o->input, seg, o->output, m->dtype, op,
+                                        m->prescale, post);
     /* The ring reduces in place, and the caller's input must stay intact. */
     if (HVDL_INJECT(e, INJ_SCATTER_ALLOC) || buf_reserve(&e->fusion, o->nbytes))
         return hvdl__oom(e, "reducescatter buffer", o->nbytes);

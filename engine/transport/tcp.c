@@ -16,6 +16,7 @@
 #include "liveness.h"
 #include "net.h"
 #include <errno.h>
+#include <stdio.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,29 +33,45 @@ typedef struct tcp {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static int tcp_exchange(transport_t *t, const xfer_t *x) {
-    engine_t *e = ((tcp_t *)t)->e;
+/* A failure the exchange met: reported now, or, detached (d set), kept for the engine's
+ * thread (transport.h). peer -1: a failure of this rank's own (status SYSTEM). */
+static int failed(engine_t *e, detached_t *d, int peer, const char *why) {
+    if (!d) {
+        if (peer < 0) return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "%s", why);
+        hvdl__peer_lost(e, peer, why);
+        return -1;
+    }
+    if (!d->failed) {
+        d->peer = peer;
+        snprintf(d->why, sizeof d->why, "%s", why);
+        d->failed = 1;
+    }
+    return -1;
+}
+
+static int exchange(engine_t *e, const xfer_t *x, detached_t *d) {
     int sfd = x->slen > 0 ? e->peers[x->send_peer].data_fd : -1;
     int rfd = x->rlen > 0 ? e->peers[x->recv_peer].data_fd : -1;
     int64_t sent = 0, rcvd = 0, fill = 0;
     double last = hvdl_now();
     struct pollfd pf[e->size + 2];
     int ranks[e->size + 2];
+    char why[64];
 
     while (sent < x->slen || rcvd < x->rlen) {
         int progress = 0;
         if (sent < x->slen) {
-            if (HVDL_INJECT(e, INJ_TCP_SEND))
-                return hvdl__fail_job(e, HVDL_ERR_SYSTEM, "sending data to rank %d failed",
-                                      x->send_peer);
+            if (HVDL_INJECT(e, INJ_TCP_SEND)) {
+                snprintf(why, sizeof why, "sending data to rank %d failed", x->send_peer);
+                return failed(e, d, -1, why);
+            }
             ssize_t k = send(sfd, (const uint8_t *)x->sbuf + sent,
                              (size_t)min64(x->slen - sent, MAX_IO), MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k > 0) {
                 sent += k;
                 progress = 1;
             } else if (errno != EAGAIN && errno != EINTR) {
-                hvdl__peer_lost(e, x->send_peer, strerror(errno));
-                return -1;
+                return failed(e, d, x->send_peer, strerror(errno));
             }
         }
         if (rcvd < x->rlen) {
@@ -71,20 +88,18 @@ static int tcp_exchange(transport_t *t, const xfer_t *x) {
                     fill = 0;
                 }
             } else if (k == 0) {
-                hvdl__peer_lost(e, x->recv_peer, "its connection closed");
-                return -1;
+                return failed(e, d, x->recv_peer, "its connection closed");
             } else if (errno != EAGAIN && errno != EINTR) {
-                hvdl__peer_lost(e, x->recv_peer, strerror(errno));
-                return -1;
+                return failed(e, d, x->recv_peer, strerror(errno));
             }
         }
         if (progress) {
             last = hvdl_now();
-            if (hvdl__liveness_check(e, last)) return -1;
+            if (d ? atomic_load(&d->cancel) : hvdl__liveness_check(e, last)) return -1;
             continue;
         }
 
-        if (hvdl__buffered_abort(e)) return -1;
+        if (d ? atomic_load(&d->cancel) : hvdl__buffered_abort(e)) return -1;
         int n = 0;
         if (sent < x->slen) {
             pf[n] = (struct pollfd){sfd, POLLOUT, 0};
@@ -94,25 +109,54 @@ static int tcp_exchange(transport_t *t, const xfer_t *x) {
             pf[n] = (struct pollfd){rfd, POLLIN, 0};
             ranks[n++] = -1;
         }
-        int fds[e->size], who[e->size];
-        int nc = hvdl__control_fds(e, fds, who, e->size);
-        for (int i = 0; i < nc; i++) {
-            pf[n] = (struct pollfd){fds[i], POLLIN, 0};
-            ranks[n++] = who[i];
+        if (d) {
+            /* the engine's thread watches control and liveness meanwhile */
+            poll(pf, (nfds_t)n, 50);
+            if (atomic_load(&d->cancel)) return -1;
+        } else {
+            int fds[e->size], who[e->size];
+            int nc = hvdl__control_fds(e, fds, who, e->size);
+            for (int i = 0; i < nc; i++) {
+                pf[n] = (struct pollfd){fds[i], POLLIN, 0};
+                ranks[n++] = who[i];
+            }
+            poll(pf, (nfds_t)n, 200);
+            for (int i = 0; i < n; i++)
+                if (ranks[i] >= 0 && pf[i].revents && hvdl__control_readable(e, ranks[i]))
+                    return -1;
+            if (hvdl__liveness_check(e, hvdl_now())) return -1;
         }
-        poll(pf, (nfds_t)n, 200);
-        for (int i = 0; i < n; i++)
-            if (ranks[i] >= 0 && pf[i].revents && hvdl__control_readable(e, ranks[i])) return -1;
-        if (hvdl__liveness_check(e, hvdl_now())) return -1;
         /* One heartbeat interval later than liveness.c, whose verdict names the rank that
          * stopped rather than a neighbour that waits for it as we do. */
         if (hvdl_now() - last > e->cfg.peer_timeout + hvdl__heartbeat_interval(e)) {
             int peer = rcvd < x->rlen ? x->recv_peer : x->send_peer;
-            hvdl__peer_lost(e, peer, "no data moved for HOROVODLIKE_PEER_TIMEOUT_SECONDS");
-            return -1;
+            return failed(e, d, peer, "no data moved for HOROVODLIKE_PEER_TIMEOUT_SECONDS");
         }
     }
     return 0;
+}
+
+static int tcp_exchange(transport_t *t, const xfer_t *x) {
+    return exchange(((tcp_t *)t)->e, x, NULL);
+}
+
+static int detached_exchange(transport_t *t, const xfer_t *x) {
+    detached_t *d = (detached_t *)t;
+    return exchange(((tcp_t *)d->of)->e, x, d);
+}
+
+void hvdl__detached_init(detached_t *d, transport_t *tcp) {
+    d->base = (transport_t){"tcp (detached)", detached_exchange};
+    d->of = tcp;
+    atomic_init(&d->cancel, 0);
+    d->failed = 0;
+    d->peer = -1;
+    d->why[0] = 0;
+}
+
+int hvdl__detached_report(detached_t *d) {
+    if (!d->failed) return 0;
+    return failed(((tcp_t *)d->of)->e, NULL, d->peer, d->why);
 }
 
 transport_t *hvdl__tcp_transport(engine_t *e) {

@@ -6,6 +6,7 @@
  */
 #ifndef HVDL_TRANSPORT_H
 #define HVDL_TRANSPORT_H
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +29,29 @@ typedef struct transport {
     const char *name;
     int (*exchange)(struct transport *t, const xfer_t *x);
 } transport_t;
+
+/* The transport as a helper thread of a collective may use it while the engine's own
+ * thread runs the rest of that collective (allreduce_hier.c's cross-node ring beside the
+ * shared-memory steps). The engine's control connections and heartbeats belong to one
+ * thread at a time, so a detached exchange watches only its two data sockets: the
+ * engine's thread keeps watching control and liveness while it waits for the helper.
+ * The helper stops at its next poll (50 ms at most) once `cancel` is set, and leaves the
+ * first failure it meets in `peer`/`why`, for the engine's thread to report
+ * (hvdl__detached_report): a failure reported from two threads at once would race. */
+typedef struct detached {
+    transport_t base;        /* what the helper's algorithms call: base.exchange */
+    transport_t *of;         /* the engine's transport, whose data sockets it borrows */
+    atomic_int cancel;       /* set by the engine's thread: give up at the next poll */
+    int failed;              /* written by the helper before it signals its owner */
+    int peer;                /* the peer it failed on, or -1 (a failure of its own) */
+    char why[160];
+} detached_t;
+
+/* tcp.c: a detached view of `tcp` (the engine's TCP transport). */
+void hvdl__detached_init(detached_t *d, transport_t *tcp);
+/* tcp.c, on the engine's thread once the helper has stopped: reports the helper's failure
+ * as the engine's own (the peer named, or the system error) and returns -1; 0 if none. */
+int hvdl__detached_report(detached_t *d);
 
 /* This node's shared-memory segment (shm.c). */
 typedef struct hvdl_shm {

@@ -15,6 +15,7 @@ def main():
     hvd.allgather(np.ones((r + 1, 3), np.float32), name="ag")
     hvd.broadcast(np.ones(10), root_rank=0, name="bc")
     hvd.alltoall(np.ones((4, 2), np.float32), name="a2a")
+    hvd.reducescatter(np.ones((8, 2), np.float32), name="rs")
     hvd.allreduce(np.ones(100, np.float32), name="local", process_set=local)
     hvd.barrier()
     print("OK", flush=True)
