@@ -115,10 +115,37 @@ def _same_shape_op(tensor, inplace, code, req):
 
 def _allreduce(tensor, inplace, average, name, op, prescale_factor, postscale_factor,
                process_set, what):
+    # The cached fast path (request.allreduce_key). The key holds what check_tensor
+    # and the staging decision read: dtype, shape, device and layout; and `what`, whose
+    # output differs (in place or new). Checked on every call, as the key cannot hold
+    # them: the tensor is a plain contiguous one with no negative bit (a view of the
+    # same shape may be neither; both take the slow path's copy), and staging is not
+    # forced (an environment variable).
+    key = None
+    if type(tensor) is torch.Tensor and tensor.is_contiguous() and not tensor.is_neg():
+        key = request.allreduce_key(name, op, average, prescale_factor, postscale_factor,
+                                    process_set, (what, tensor.dtype, tensor.shape,
+                                                  tensor.device, tensor.layout))
+        prepared = request.cached(key) if key is not None else None
+        if prepared is not None and not _staging.forced():
+            return _prepared_op(prepared, tensor, inplace)
+    seen = request.generation()
     code = _tensors.check_tensor(tensor, what, staged=True)
     req = request.allreduce(name, op, average, prescale_factor, postscale_factor,
                             process_set, what)
-    return _same_shape_op(tensor, inplace, code, req)
+    if key is None or _staging.wanted(tensor):
+        return _same_shape_op(tensor, inplace, code, req)
+    prepared = request.prepare(req, code, tensor.shape)
+    handle = _prepared_op(prepared, tensor, inplace)
+    request.remember(key, prepared, seen)
+    return handle
+
+
+def _prepared_op(prepared, tensor, inplace):
+    """_same_shape_op for a contiguous CPU tensor and a request prepared earlier."""
+    out = tensor if inplace else torch.empty_like(tensor)
+    return _ops.submit_prepared(prepared, (tensor, out), lambda _: out,
+                                tensor.data_ptr(), out.data_ptr())
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
