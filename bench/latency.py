@@ -7,13 +7,24 @@ The clock is CLOCK_MONOTONIC (time.perf_counter), one clock for every process of
 node, so rank 0 can say how far apart the ranks left the barrier and how long each one's
 op took from its own start: what `bench/worker.py`'s single-op rows time, split by rank.
 Run it with HOROVOD_LOG_LEVEL=debug for the engine's barrier and two-shot counters.
+
+It also times bench/worker.py's calibration workload before and after, and rank 0 ends
+with one line `LATENCY {json}` (median and quartiles of every rank's op, calibration),
+so that runs alternated against another build can be compared round by round, a run in
+the machine's slow mode marked by bench/stats.py's rule.
 """
 import argparse
+import json
+import os
+import sys
 import time
 
 import numpy as np
 
 import horovodlike as hvd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from worker import calibrate_with  # noqa: E402
 
 
 def pct(v):
@@ -31,6 +42,7 @@ def main():
     for _ in range(20):
         hvd.barrier()
         hvd.allreduce(x, op=hvd.Sum, name="latency")
+    before = calibrate_with(hvd.barrier)
     rec = np.empty((args.rounds, 3))
     for i in range(args.rounds):
         a = time.perf_counter()
@@ -39,6 +51,7 @@ def main():
         if not args.barriers:
             hvd.allreduce(x, op=hvd.Sum, name="latency")
         rec[i] = a, b, time.perf_counter()
+    calibration = [before, calibrate_with(hvd.barrier)]
     every = hvd.allgather(rec[None], name="latency.clocks")   # (ranks, rounds, 3)
     if hvd.rank() != 0:
         return
@@ -54,6 +67,11 @@ def main():
     print(f"  ranks leave the barrier apart by  {pct((left.max(0) - left.min(0)) * us)}")
     print(f"  the last rank's op                {pct(op[late, idx])}")
     print(f"  every rank's op                   {pct(op.ravel())}")
+    print(f"  calibration before / after        {calibration[0] * 1e3:.1f} / "
+          f"{calibration[1] * 1e3:.1f} ms")
+    q25, q50, q75 = np.percentile(op.ravel(), [25, 50, 75])
+    print("LATENCY " + json.dumps({"bytes": args.bytes, "ranks": hvd.size(), "median_us": q50,
+                                   "p25_us": q25, "p75_us": q75, "calibration": calibration}))
 
 
 if __name__ == "__main__":
