@@ -116,16 +116,17 @@ def _same_shape_op(tensor, inplace, code, req):
 def _allreduce(tensor, inplace, average, name, op, prescale_factor, postscale_factor,
                process_set, what):
     # The cached fast path (request.allreduce_key). The key holds what check_tensor
-    # and the staging decision read: dtype, shape, device and layout; and `what`, whose
-    # output differs (in place or new). Checked on every call, as the key cannot hold
-    # them: the tensor is a plain contiguous one with no negative bit (a view of the
-    # same shape may be neither; both take the slow path's copy), and staging is not
-    # forced (an environment variable).
+    # and the staging decision read: dtype, shape and device; and `what`, whose output
+    # differs (in place or new). Checked on every call, as the key cannot hold them:
+    # the tensor is a plain strided, contiguous one with no negative bit (a view of the
+    # same shape may be neither, and takes the slow path's copy; a sparse tensor has
+    # no is_contiguous), and staging is not forced (an environment variable).
     key = None
-    if type(tensor) is torch.Tensor and tensor.is_contiguous() and not tensor.is_neg():
+    if (type(tensor) is torch.Tensor and tensor.layout is torch.strided
+            and tensor.is_contiguous() and not tensor.is_neg()):
         key = request.allreduce_key(name, op, average, prescale_factor, postscale_factor,
                                     process_set, (what, tensor.dtype, tensor.shape,
-                                                  tensor.device, tensor.layout))
+                                                  tensor.device))
         prepared = request.cached(key) if key is not None else None
         if prepared is not None and not _staging.forced():
             return _prepared_op(prepared, tensor, inplace)
