@@ -2,6 +2,7 @@
 of barriers alone, with each rank's own clock readings gathered to rank 0.
 
     horovodlikerun -np 2 python bench/latency.py [--bytes 4096] [--rounds 1000] [--barriers]
+    horovodlikerun -np 2 python bench/latency.py --layers    # where an op's time goes
 
 The clock is CLOCK_MONOTONIC (time.perf_counter), one clock for every process of a
 node, so rank 0 can say how far apart the ranks left the barrier and how long each one's
@@ -31,14 +32,79 @@ def pct(v):
     return " ".join(f"{q:.0f}" for q in np.percentile(v, [10, 50, 90]))
 
 
+def layers(x, rounds):
+    """The same in-flight allreduce timed through three layers, back to back, so that
+    the differences say where an op's microseconds go (medians of 7 runs of `rounds`
+    ops, each run after a barrier):
+      api     hvd.allreduce(x, name=..., op=Sum): argument handling (the cached fast
+              path after the first call), the output array, handles, the engine;
+      handles ops.submit_prepared + engine.wait + engine.release: our handle table and
+              the engine module's wrappers, no argument handling, no output array;
+      cffi    hvdl_enqueue, hvdl_wait and hvdl_release called straight from cffi with a
+              request filled in once: the engine's own time (negotiation in the shared
+              segment, the barrier with the other ranks, the reduction) and cffi's calls.
+    """
+    from horovodlike._engine import ffi, lib
+    from horovodlike.common import engine, ops
+    out = np.empty_like(x)
+    prep = engine.Prepared(engine.ALLREDUCE, "allreduce.latency.layers",
+                           engine.DTYPES["float32"], x.shape, engine.SUM)
+    px, po = ffi.cast("void *", engine.address(x)), ffi.cast("void *", engine.address(out))
+    h = ffi.new("int64_t *")
+    msg, res = ffi.new("char[]", lib.HVDL_MSG_BYTES), ffi.new("hvdl_result *")
+    req = prep.req
+
+    def api():
+        hvd.allreduce(x, name="latency.api", op=hvd.Sum)
+
+    def handles():
+        with ops.waiting:
+            k = ops.submit_prepared(prep, (x, out), None, px, po)
+        e = ops._pending.pop(k)[0]
+        engine.wait(e, 60.0)
+        engine.release(e)
+
+    def cffi():
+        req.input, req.output, req.flags = px, po, lib.HVDL_CALLER_WAITS
+        lib.hvdl_enqueue(req, h)
+        lib.hvdl_wait(h[0], 60.0)
+        lib.hvdl_release(h[0], msg, res)
+
+    result = {}
+    for name, fn in (("api", api), ("handles", handles), ("cffi", cffi)):
+        for _ in range(200):
+            fn()
+        runs = []
+        for _ in range(7):
+            hvd.barrier()
+            t = time.perf_counter()
+            for _ in range(rounds):
+                fn()
+            runs.append((time.perf_counter() - t) / rounds * 1e6)
+        result[name] = float(np.median(runs))
+    return result
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bytes", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=1000)
     ap.add_argument("--barriers", action="store_true", help="time a stream of barriers only")
+    ap.add_argument("--layers", action="store_true",
+                    help="time the op through the API, our handles and cffi alone (layers())")
     args = ap.parse_args()
     hvd.init()
     x = np.ones(max(1, args.bytes // 4), np.float32)
+    if args.layers:
+        before = calibrate_with(hvd.barrier)
+        result = layers(x, args.rounds)
+        calibration = [before, calibrate_with(hvd.barrier)]
+        if hvd.rank() == 0:
+            print(f"{args.bytes} B allreduce, {hvd.size()} ranks, us per op (median of 7 runs "
+                  f"of {args.rounds}): " + ", ".join(f"{k} {v:.1f}" for k, v in result.items()))
+            print("LAYERS " + json.dumps({"bytes": args.bytes, "ranks": hvd.size(), **result,
+                                          "calibration": calibration}))
+        return
     for _ in range(20):
         hvd.barrier()
         hvd.allreduce(x, op=hvd.Sum, name="latency")
