@@ -35,7 +35,7 @@ def pct(v):
 def layers(x, rounds):
     """The same in-flight allreduce timed through three layers, back to back, so that
     the differences say where an op's microseconds go (medians of 7 runs of `rounds`
-    ops, each run after a barrier):
+    ops, the layers interleaved, each run after a barrier):
       api     hvd.allreduce(x, name=..., op=Sum): argument handling (the cached fast
               path after the first call), the output array, handles, the engine;
       handles ops.submit_prepared + engine.wait + engine.release: our handle table and
@@ -70,19 +70,22 @@ def layers(x, rounds):
         lib.hvdl_wait(h[0], 60.0)
         lib.hvdl_release(h[0], msg, res)
 
-    result = {}
-    for name, fn in (("api", api), ("handles", handles), ("cffi", cffi)):
+    fns = {"api": api, "handles": handles, "cffi": cffi}
+    for fn in fns.values():
         for _ in range(200):
             fn()
-        runs = []
-        for _ in range(7):
+    # Interleaved in blocks, so a change of the machine's load between the layers does
+    # not pass for a difference between them.
+    runs = {name: [] for name in fns}
+    block = max(1, rounds // 7)
+    for _ in range(7):
+        for name, fn in fns.items():
             hvd.barrier()
             t = time.perf_counter()
-            for _ in range(rounds):
+            for _ in range(block):
                 fn()
-            runs.append((time.perf_counter() - t) / rounds * 1e6)
-        result[name] = float(np.median(runs))
-    return result
+            runs[name].append((time.perf_counter() - t) / block * 1e6)
+    return {name: float(np.median(v)) for name, v in runs.items()}
 
 
 def main():
@@ -101,7 +104,7 @@ def main():
         calibration = [before, calibrate_with(hvd.barrier)]
         if hvd.rank() == 0:
             print(f"{args.bytes} B allreduce, {hvd.size()} ranks, us per op (median of 7 runs "
-                  f"of {args.rounds}): " + ", ".join(f"{k} {v:.1f}" for k, v in result.items()))
+                  f"of {max(1, args.rounds // 7)}): " + ", ".join(f"{k} {v:.1f}" for k, v in result.items()))
             print("LAYERS " + json.dumps({"bytes": args.bytes, "ranks": hvd.size(), **result,
                                           "calibration": calibration}))
         return
