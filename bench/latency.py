@@ -37,7 +37,8 @@ def layers(x, rounds):
     the differences say where an op's microseconds go (medians of 7 runs of `rounds`
     ops, the layers interleaved, each run after a barrier):
       api     hvd.allreduce(x, name=..., op=Sum): argument handling (the cached fast
-              path after the first call), the output array, handles, the engine;
+              path after the first call: a blocking call with no handle), the output
+              array, the engine;
       handles ops.submit_prepared + engine.wait + engine.release: our handle table and
               the engine module's wrappers, no argument handling, no output array;
       cffi    hvdl_enqueue, hvdl_wait and hvdl_release called straight from cffi with a

@@ -65,8 +65,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
             and not (tensor.requires_grad and torch.is_grad_enabled())):
         # No graph to record: the autograd Function (some 5 us of a 4 KiB op) would
         # return the same tensor. _allreduce makes every other check made below.
-        return _now(C._allreduce, tensor, False, None, name, op, prescale_factor,
-                    postscale_factor, process_set, "allreduce")
+        return C._allreduce(tensor, False, None, name, op, prescale_factor,
+                            postscale_factor, process_set, "allreduce", now=True)
     _tensors.check_tensor(tensor, "allreduce", staged=True)
     compressed, ctx = compression.compress(tensor)
     reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor,

@@ -114,7 +114,9 @@ def _same_shape_op(tensor, inplace, code, req):
 
 
 def _allreduce(tensor, inplace, average, name, op, prescale_factor, postscale_factor,
-               process_set, what):
+               process_set, what, now=False):
+    """An allreduce's handle; now=True: wait for it here and return the output (a
+    cached call then needs no handle: _ops.run_prepared)."""
     # The cached fast path (request.allreduce_key). The key holds what check_tensor
     # and the staging decision read: dtype, shape and device; and `what`, whose output
     # differs (in place or new). Checked on every call, as the key cannot hold them:
@@ -129,7 +131,16 @@ def _allreduce(tensor, inplace, average, name, op, prescale_factor, postscale_fa
                                                   tensor.device))
         prepared = request.cached(key) if key is not None else None
         if prepared is not None and not _staging.forced():
+            if now:
+                out = tensor if inplace else torch.empty_like(tensor)
+                _ops.run_prepared(prepared, (tensor, out), tensor.data_ptr(), out.data_ptr())
+                return out
             return _prepared_op(prepared, tensor, inplace)
+    if now:
+        with _ops.waiting:
+            handle = _allreduce(tensor, inplace, average, name, op, prescale_factor,
+                                postscale_factor, process_set, what)
+        return synchronize(handle)
     seen = request.generation()
     code = _tensors.check_tensor(tensor, what, staged=True)
     req = request.allreduce(name, op, average, prescale_factor, postscale_factor,
