@@ -104,8 +104,9 @@ def main():
         result = layers(x, args.rounds)
         calibration = [before, calibrate_with(hvd.barrier)]
         if hvd.rank() == 0:
+            per_layer = ", ".join(f"{k} {v:.1f}" for k, v in result.items())
             print(f"{args.bytes} B allreduce, {hvd.size()} ranks, us per op (median of 7 runs "
-                  f"of {max(1, args.rounds // 7)}): " + ", ".join(f"{k} {v:.1f}" for k, v in result.items()))
+                  f"of {max(1, args.rounds // 7)}): {per_layer}")
             print("LAYERS " + json.dumps({"bytes": args.bytes, "ranks": hvd.size(), **result,
                                           "calibration": calibration}))
         return

@@ -136,6 +136,26 @@ def process_set_changes():
                 np.full(1024, TOTAL, np.float32), "set added again")
 
 
+def duplicate_in_flight_is_refused():
+    """The engine's refusal of a name in flight reaches a cached call as it reaches an
+    uncached one, and leaves nothing behind. The other rank submits only once rank 0
+    has made its checks, so rank 0's first op cannot have finished."""
+    x = np_x(6)
+    exp = np.full(6, TOTAL, np.float32)
+    check_equal(hvd.allreduce(x, op=hvd.Sum, name="dup"), exp, "dup, first call")
+    if R != 0:
+        wait_for("rank0-dup-checked")
+    h = hvd.allreduce_async(x, op=hvd.Sum, name="dup")
+    if R == 0:
+        check_raises(ValueError, lambda: hvd.allreduce(x, op=hvd.Sum, name="dup"),
+                     "allreduce.dup", "in flight", what="cached blocking call, name in flight")
+        check_raises(ValueError, lambda: hvd.allreduce_async(x, op=hvd.Sum, name="dup"),
+                     "allreduce.dup", "in flight", what="cached async call, name in flight")
+        arrive("rank0-dup-checked")
+    check_equal(hvd.synchronize(h), exp, "dup, the op in flight")
+    check_equal(hvd.allreduce(x, op=hvd.Sum, name="dup"), exp, "dup after the refusals")
+
+
 def cache_is_bounded():
     x = np_x(4)
     for i in range(request.PREPARED_MAX + 10):
@@ -148,5 +168,6 @@ fast_path_is_taken()
 numpy_slow_path_answers()
 torch_slow_path_answers()
 process_set_changes()
+duplicate_in_flight_is_refused()
 cache_is_bounded()
 finish()
