@@ -32,8 +32,7 @@ class Ours:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.prepared = {}
 
-    def _submit(self, x, name):
-        # In place, as MPI_IN_PLACE: the engine reads and writes the caller's buffer.
+    def _prepared(self, x, name):
         # The request is prepared once per name and shape, as the API's cached fast path
         # does for a repeated call (horovodlike/common/request.py, allreduce_key).
         key = (name, x.shape)
@@ -42,18 +41,20 @@ class Ours:
             prepared = self.prepared[key] = self.engine.Prepared(
                 self.engine.ALLREDUCE, name, self.engine.DTYPES["float32"], x.shape,
                 getattr(self.engine, self.reduce_op))
-        at = self.engine.data_pointer(x)
-        return self.ops.submit_prepared(prepared, (x,), lambda _: x, at, at)
+        return prepared
 
-    def allreduce(self, x):               # blocking, as hvd.allreduce: waited at once
-        with self.ops.waiting:
-            h = self._submit(x, "bench")
-        self.ops.synchronize(h)
+    def _submit(self, x, name):
+        # In place, as MPI_IN_PLACE: the engine reads and writes the caller's buffer.
+        at = self.engine.data_pointer(x)
+        return self.ops.submit_prepared(self._prepared(x, name), (x,), lambda _: x, at, at)
+
+    def allreduce(self, x):               # blocking, as a cached hvd.allreduce waits
+        at = self.engine.data_pointer(x)
+        self.ops.run_prepared(self._prepared(x, "bench"), (x,), at, at)
 
     def allreduce_flag(self, x):          # a name of its own: its shape differs
-        with self.ops.waiting:
-            h = self._submit(x, "bench.flag")
-        self.ops.synchronize(h)
+        at = self.engine.data_pointer(x)
+        self.ops.run_prepared(self._prepared(x, "bench.flag"), (x,), at, at)
 
     def step(self, grads):
         handles = [self._submit(g, f"grad.{i}") for i, g in enumerate(grads)]
