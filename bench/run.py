@@ -1,6 +1,6 @@
 """The benchmark: our engine and its peers on the same cases, in ONE invocation.
 
-    python bench/run.py                 # everything (about 10 minutes here)
+    python bench/run.py                 # everything (about 15 minutes here)
     python bench/run.py --quick         # fewer sizes and rounds
     python bench/run.py --cases sizes --np 2 --rounds 3
     python bench/run.py --cases sizes,train --np 2 --plot   # + docs/bench_sizes.png
@@ -12,8 +12,15 @@ so slow drift of this noisy machine hits everyone alike. Peers: mpi4py's Allredu
 OpenMPI, torch.distributed with gloo, DeepSpeed's CPU shared-memory allreduce for sizes
 up to 1 MiB when `deepspeed` is importable, and Horovod when it is importable (each
 skipped with a note otherwise; --peers picks a subset). --plot draws time and bus
-bandwidth against message size, ours against each peer. Prints a table of medians and
-of our time divided by each peer's, and writes the raw samples as JSON.
+bandwidth against message size, ours against each peer.
+
+Each row is built from rounds (one job of one implementation each), not from pooled
+samples: the median of the rounds' medians with their min-max, the ratio of ours to each
+peer's, and a round that ran in the machine's slow mode (told by a fixed calibration
+workload timed around it) marked and kept out of the row (bench/stats.py has the rule
+and its reasons). The raw samples go to JSON: "samples" keeps one entry per row and
+implementation with the "seconds" of its kept rounds (what --replot draws), and
+"rounds" each round's median, calibration and mark.
 """
 import argparse
 import glob
@@ -26,6 +33,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -111,7 +120,7 @@ def peer_args(impl, case, np_, worker_args):
 
 
 def collect(cases, impls, rounds, budget, timeout):
-    samples = {}          # (case, np, label, impl) -> [seconds]
+    samples = {}          # (case, np, label, impl) -> [round: {round, seconds, calibration}]
     for case, np_, worker_args in cases:
         for rnd in range(rounds):
             order = impls if rnd % 2 == 0 else impls[::-1]
@@ -132,8 +141,10 @@ def collect(cases, impls, rounds, budget, timeout):
                     print(f"  {case} np={np_} round {rnd + 1}/{rounds} deepspeed: hung, "
                           f"killed after {DEEPSPEED_TIMEOUT} s", file=sys.stderr, flush=True)
                     continue
+                cal = out.get("calibration", {})
                 for label, vals in out["results"].items():
-                    samples.setdefault((case, np_, label, impl), []).extend(vals)
+                    samples.setdefault((case, np_, label, impl), []).append(
+                        {"round": rnd + 1, "seconds": vals, "calibration": cal.get(label)})
                 print(f"  {case} np={np_} round {rnd + 1}/{rounds} {impl}: {time.time() - t:.1f} s",
                       file=sys.stderr, flush=True)
     return samples
@@ -179,6 +190,27 @@ def collect_train(rounds, timeout):
     return {f"{k[0]}@{k[1]}": v for k, v in samples.items()}, lines
 
 
+def mark_slow(samples):
+    """Mark each round {"slow": bool} by stats.is_slow, against the baseline of every
+    round at the same rank count (every case and implementation: the calibration is the
+    same work in all of them). Returns {np: baseline seconds}."""
+    bases = {}
+    for np_ in {k[1] for k in samples}:
+        bases[np_] = stats.baseline([r["calibration"] for k, rs in samples.items()
+                                     if k[1] == np_ for r in rs])
+    for (_, np_, _, _), rs in samples.items():
+        for r in rs:
+            r["slow"] = stats.is_slow(r["calibration"], bases[np_])
+    return bases
+
+
+def kept_seconds(rounds):
+    """The samples a row is built from: those of the rounds not marked slow (all of them
+    when every round is)."""
+    kept = [r for r in rounds if not r.get("slow")] or rounds
+    return [v for r in kept for v in r["seconds"]]
+
+
 def human(nbytes):
     for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= div:
@@ -186,26 +218,54 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
+def cell(summary, scale, digits=3):
+    """"median [lo-hi]" of one implementation's rounds, with its slow rounds counted."""
+    text = (f"{summary['median'] * scale:.{digits}g} "
+            f"[{summary['lo'] * scale:.{digits}g}-{summary['hi'] * scale:.{digits}g}]")
+    if summary["all_slow"]:
+        return text + f" ({summary['slow']} slow: all)"
+    return text + (f" ({summary['slow']} slow)" if summary["slow"] else "")
+
+
 def table(samples, impls):
+    """A row per (case, ranks, size): each implementation's median over its kept rounds
+    with the min-max of those rounds in brackets (ms), slow rounds counted in
+    parentheses, and ours / each peer's median."""
     peers = [i for i in impls if i != "ours"]
-    head = (["case", "ranks"] + [f"{i} (ms)" for i in impls] + [f"ours/{p}" for p in peers])
+    head = (["case", "ranks"] + [f"{i} (ms) median [min-max of rounds]" for i in impls]
+            + [f"ours/{p}" for p in peers])
     rows = []
     keys = sorted({k[:3] for k in samples}, key=lambda k: (k[0], k[1], int(k[2]) if k[2].isdigit() else 0))
     for case, np_, label in keys:
-        med = {i: statistics.median(samples[(case, np_, label, i)])
-               for i in impls if (case, np_, label, i) in samples}
+        summ = {i: stats.summarize(samples[(case, np_, label, i)])
+                for i in impls if (case, np_, label, i) in samples}
         name = human(int(label)) if label.isdigit() else label
         if case == "idle":
-            cells = [f"{med[i] * 100:.2f}% of a core" if i in med else "-" for i in impls]
+            cells = [f"{summ[i]['median'] * 100:.2f}% of a core" if i in summ else "-"
+                     for i in impls]
             rows.append([name, str(np_)] + cells + ["" for _ in peers])
             continue
-        cells = [f"{med[i] * 1e3:.3f}" if i in med else "-" for i in impls]
-        ratios = [f"{med['ours'] / med[p]:.2f}" if "ours" in med and p in med else "-" for p in peers]
+        cells = [cell(summ[i], 1e3) if i in summ else "-" for i in impls]
+        ratios = [f"{stats.ratio(summ['ours'], summ[p]):.2f}" if "ours" in summ and p in summ
+                  else "-" for p in peers]
         rows.append([name, str(np_)] + cells + ratios)
     widths = [max(len(r[c]) for r in rows + [head]) for c in range(len(head))]
     fmt = lambda r: "| " + " | ".join(v.rjust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
     lines = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(r) for r in rows]
     return "\n".join(lines)
+
+
+def slow_report(samples):
+    """One line per implementation and row with slow rounds: which, and their medians."""
+    lines = []
+    for (case, np_, label, impl), rs in sorted(samples.items(), key=lambda kv: str(kv[0])):
+        slow = [r for r in rs if r.get("slow")]
+        if slow:
+            name = human(int(label)) if label.isdigit() else label
+            what = ", ".join(f"round {r['round']} {statistics.median(r['seconds']) * 1e3:.3g} ms"
+                             for r in slow)
+            lines.append(f"slow mode: {case} {name} np={np_} {impl}: {what}")
+    return lines
 
 
 def bus_bandwidth(nbytes, np_, seconds):
@@ -292,7 +352,11 @@ def main(argv=None):
                              f"(available: {', '.join(impls)})")
         impls = [i for i in impls if i in args.peers.split(",")]
     impls = ["ours"] + impls
-    rounds = args.rounds or (2 if args.quick else 3)
+    # Rounds are cheap (a few seconds per job but at oversubscribed rank counts), and a
+    # median and a spread over rounds need several of them; training and the shaped link
+    # take minutes a round, so they keep their former counts unless --rounds says.
+    rounds = args.rounds or 5
+    long_rounds = args.rounds or (2 if args.quick else 3)
     budget = 0.3 if args.quick else 1.0
     sizes = QUICK_SIZES if args.quick else SIZES
     wanted = args.cases.split(",")
@@ -307,15 +371,22 @@ def main(argv=None):
     if "idle" in wanted:
         cases.append(("idle", 2, []))
     print(f"benchmarking {', '.join(impls)}; {rounds} alternating rounds", file=sys.stderr)
-    samples = collect(cases, impls, rounds, budget, timeout=900)
+    rounds_of = collect(cases, impls, rounds, budget, timeout=900)
+    bases = mark_slow(rounds_of)
+    samples = {k: kept_seconds(rs) for k, rs in rounds_of.items()}
     train_samples, train_lines = ({}, [])
     if "train" in wanted and "gloo" in impls:
-        train_samples, train_lines = collect_train(rounds, timeout=900)
+        train_samples, train_lines = collect_train(long_rounds, timeout=900)
     net_samples, net_lines = ({}, [])
     if "netns" in wanted:
-        net_samples, net_lines = collect_netns(rounds, budget, timeout=900)
-    print(table(samples, impls))
-    for line in train_lines + net_lines:
+        net_samples, net_lines = collect_netns(long_rounds, budget, timeout=900)
+    print(table(rounds_of, impls))
+    print(f"rows: median of each implementation's rounds (each round's median sample), "
+          f"[min-max] over those rounds; a round whose calibration took more than "
+          f"{stats.SLOW_FACTOR}x the baseline is slow and left out (bench/stats.py); "
+          f"baselines: " + ", ".join(f"{n} ranks {b * 1e3:.1f} ms" for n, b in
+                                      sorted(bases.items()) if b is not None))
+    for line in slow_report(rounds_of) + train_lines + net_lines:
         print(line)
     if HUNG:
         notes.append(f"DeepSpeed hung and was killed in {len(HUNG)} job(s): {'; '.join(HUNG)}")
@@ -326,6 +397,13 @@ def main(argv=None):
         json.dump({"command": " ".join([sys.executable] + sys.argv), "notes": notes,
                    "samples": [{"case": k[0], "np": k[1], "label": k[2], "impl": k[3], "seconds": v}
                                for k, v in samples.items()],
+                   "rounds": [{"case": k[0], "np": k[1], "label": k[2], "impl": k[3],
+                               "round": r["round"], "median": statistics.median(r["seconds"]),
+                               "calibration": r["calibration"], "slow": r["slow"],
+                               "seconds": r["seconds"]}
+                              for k, rs in rounds_of.items() for r in rs],
+                   "slow_factor": stats.SLOW_FACTOR,
+                   "calibration_baseline": {str(n): b for n, b in bases.items()},
                    "train": train_samples, "netns": net_samples,
                    "summary": train_lines + net_lines}, f, indent=1)
     print(f"raw samples: {args.out}")

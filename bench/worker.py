@@ -3,7 +3,10 @@
     python bench/worker.py --impl ours|mpi|gloo|deepspeed|horovod --case sizes|resnet50|idle
 
 Launched by bench/run.py under the implementation's own launcher. Rank 0 prints one JSON
-line: {"impl": ..., "case": ..., "np": N, "results": {label: [seconds, ...]}}.
+line: {"impl": ..., "case": ..., "np": N, "results": {label: [seconds, ...]},
+"calibration": {label: [seconds before, seconds after]}}: the fixed workload of
+calibrate(), timed around each label's measurement, by which bench/stats.py tells a
+round that ran in the machine's slow mode.
 Only the implementation under test is imported, so no other library's threads run here.
 """
 import argparse
@@ -27,24 +30,31 @@ class Ours:
         self.hvd, self.engine, self.ops = hvd, engine, ops
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
+        self.prepared = {}
+
+    def _prepared(self, x, name):
+        # The request is prepared once per name and shape, as the API's cached fast path
+        # does for a repeated call (horovodlike/common/request.py, allreduce_key).
+        key = (name, x.shape)
+        prepared = self.prepared.get(key)
+        if prepared is None:
+            prepared = self.prepared[key] = self.engine.Prepared(
+                self.engine.ALLREDUCE, name, self.engine.DTYPES["float32"], x.shape,
+                getattr(self.engine, self.reduce_op))
+        return prepared
 
     def _submit(self, x, name):
         # In place, as MPI_IN_PLACE: the engine reads and writes the caller's buffer.
-        at = self.engine.address(x)
-        return self.ops.submit((x,), lambda _: x, op=self.engine.ALLREDUCE, name=name,
-                               dtype=self.engine.DTYPES["float32"], shape=x.shape,
-                               input_ptr=at, output_ptr=at,
-                               reduce_op=getattr(self.engine, self.reduce_op))
+        at = self.engine.data_pointer(x)
+        return self.ops.submit_prepared(self._prepared(x, name), (x,), lambda _: x, at, at)
 
-    def allreduce(self, x):               # blocking, as hvd.allreduce: waited at once
-        with self.ops.waiting:
-            h = self._submit(x, "bench")
-        self.ops.synchronize(h)
+    def allreduce(self, x):               # blocking, as a cached hvd.allreduce waits
+        at = self.engine.data_pointer(x)
+        self.ops.run_prepared(self._prepared(x, "bench"), (x,), at, at)
 
     def allreduce_flag(self, x):          # a name of its own: its shape differs
-        with self.ops.waiting:
-            h = self._submit(x, "bench.flag")
-        self.ops.synchronize(h)
+        at = self.engine.data_pointer(x)
+        self.ops.run_prepared(self._prepared(x, "bench.flag"), (x,), at, at)
 
     def step(self, grads):
         handles = [self._submit(g, f"grad.{i}") for i, g in enumerate(grads)]
@@ -161,6 +171,31 @@ def timed(impl, fn, min_iters=5, max_iters=50, budget=1.0):
     return samples
 
 
+CALIBRATION_BUFFERS = [np.ones(1 << 21, np.float32), np.empty(1 << 21, np.float32)]  # 8 MiB
+
+
+def calibrate(impl):
+    return calibrate_with(impl.barrier)
+
+
+def calibrate_with(barrier):
+    """Wall seconds of a fixed workload that needs no communication, run by every rank
+    at once after a barrier (so the ranks compete for the cores as in a measurement):
+    a Python loop and 8 MiB copies, about 5 ms on a quiet machine. It takes the same
+    work whatever the implementation, so its time says how fast the machine was around
+    a measurement (bench/stats.py explains the rule built on it)."""
+    barrier()
+    src, dst = CALIBRATION_BUFFERS
+    t = time.perf_counter()
+    for _ in range(3):
+        acc = 0
+        for i in range(20000):
+            acc += i
+        np.copyto(dst, src)
+        np.copyto(src, dst)
+    return time.perf_counter() - t
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", required=True, choices=IMPLS)
@@ -175,14 +210,19 @@ def main():
             ap.error("--average is for --impl ours (the peers' allreduce has no Average)")
         Ours.reduce_op = "AVERAGE"
     impl = IMPLS[args.impl]()
-    results = {}
+    results, calibration = {}, {}
     if args.case == "sizes":
+        before = calibrate(impl)
         for nbytes in [int(s) for s in args.sizes.split(",")]:
             x = np.ones(nbytes // 4, np.float32)
             results[str(nbytes)] = timed(impl, lambda: impl.allreduce(x), budget=args.budget)
+            after = calibrate(impl)
+            calibration[str(nbytes)], before = [before, after], after
     elif args.case == "resnet50":
         grads = [np.ones(s, np.float32) for s in resnet50_gradient_shapes()]
+        before = calibrate(impl)
         results["resnet50"] = timed(impl, lambda: impl.step(grads), budget=args.budget * 3)
+        calibration["resnet50"] = [before, calibrate(impl)]
     else:
         import resource
         t0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -194,7 +234,8 @@ def main():
         impl.barrier()
     if impl.rank == 0:
         print("BENCH " + json.dumps({"impl": args.impl, "case": args.case, "np": impl.size,
-                                     "results": results}), flush=True)
+                                     "results": results, "calibration": calibration}),
+              flush=True)
 
 
 if __name__ == "__main__":

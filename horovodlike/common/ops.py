@@ -77,6 +77,33 @@ def submit(keep, finish, **request):
     return handle
 
 
+def submit_prepared(prepared, keep, finish, input_ptr, output_ptr):
+    """submit() of a request filled in earlier (request.py's cached fast path)."""
+    basics._t()
+    engine_handle = prepared.enqueue(input_ptr, output_ptr, waiting.now)
+    handle = next(_handles)
+    _pending[handle] = (engine_handle, keep, finish)
+    return handle
+
+
+def run_prepared(prepared, keep, input_ptr, output_ptr):
+    """A blocking call on a prepared request whose output is the caller's buffer
+    (request.py's cached fast path): enqueue, wait, release, with no handle in
+    `_pending` and no Result. An interrupted or failed wait parks the op there, as
+    synchronize() leaves it, so that its buffers stay alive while the engine may still
+    use them."""
+    basics._t()
+    engine_handle = prepared.enqueue(input_ptr, output_ptr, True)
+    try:
+        # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
+        while not engine.wait(engine_handle, 0.5):
+            pass
+    except BaseException:
+        _pending[next(_handles)] = (engine_handle, keep, lambda _: None)
+        raise
+    engine.release_done(engine_handle)
+
+
 def _entry(handle):
     try:
         return _pending[handle]
@@ -137,16 +164,51 @@ def _gathered(x, res):
     return flat.reshape((res.first_dim,) + x.shape[1:])
 
 
+def _allreduce_key(tensor, average, name, op, prescale_factor, postscale_factor,
+                   process_set):
+    """(key, prepared request or None) of the cached fast path (request.allreduce_key):
+    the array's dtype (with its byte order) and shape are in the key; C-contiguity is
+    checked on every call, as a view of the same shape and dtype may not be. key is
+    None when the call cannot be cached."""
+    if type(tensor) is not np.ndarray or not tensor.flags.c_contiguous:
+        return None, None
+    key = request.allreduce_key(name, op, average, prescale_factor, postscale_factor,
+                                process_set, (tensor.dtype, tensor.shape))
+    return key, (request.cached(key) if key is not None else None)
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
+    key, prepared = _allreduce_key(tensor, average, name, op, prescale_factor,
+                                   postscale_factor, process_set)
+    if prepared is not None:
+        out = np.empty_like(tensor)
+        return submit_prepared(prepared, (tensor, out), lambda _: out,
+                               engine.data_pointer(tensor), engine.data_pointer(out))
+    seen = request.generation()
     x = _as_array(tensor, "allreduce")
-    dtype_code(x.dtype, "allreduce")
-    return _same_shape(x, request.allreduce(name, op, average, prescale_factor,
-                                            postscale_factor, process_set))
+    code = dtype_code(x.dtype, "allreduce")
+    req = request.allreduce(name, op, average, prescale_factor, postscale_factor,
+                            process_set)
+    if key is None:
+        return _same_shape(x, req)
+    prepared = request.prepare(req, code, x.shape)
+    out = np.empty_like(x)
+    handle = submit_prepared(prepared, (x, out), lambda _: out, engine.data_pointer(x),
+                             engine.data_pointer(out))
+    request.remember(key, prepared, seen)
+    return handle
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None):
+    _, prepared = _allreduce_key(tensor, average, name, op, prescale_factor,
+                                 postscale_factor, process_set)
+    if prepared is not None:
+        out = np.empty_like(tensor)
+        run_prepared(prepared, (tensor, out), engine.data_pointer(tensor),
+                     engine.data_pointer(out))
+        return out
     with waiting:
         h = allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
                             process_set)

@@ -56,6 +56,14 @@ global_process_set.process_set_id = 0
 _sets = {}           # id -> ProcessSet, this engine's registrations
 _next_id = 1
 _dynamic = False
+# Bumped whenever a set gets or loses its id: request.py's cached requests hold set ids,
+# and drop them all when this moves.
+changes = 0
+
+
+def _changed():
+    global changes
+    changes += 1
 
 
 def set_id(process_set):
@@ -81,6 +89,7 @@ def _register(ps):
         raise ValueError(f"process set ranks {ps.ranks} are not a non-empty subset of "
                          f"[0, {basics.size()})")
     engine.process_set_add(_next_id, ps.ranks)
+    _changed()
     ps.process_set_id = _next_id
     _sets[_next_id] = ps
     _next_id += 1
@@ -114,6 +123,7 @@ def dynamic():
 
 def _unregister(sid):
     engine.process_set_remove(sid)
+    _changed()
     ps = _sets.pop(sid, None)
     if ps is not None:
         ps.process_set_id = None
@@ -139,6 +149,7 @@ def forget_all():
     """Unregister every user set on this side only, after the engine that knew them has
     stopped (elastic reset: the ranks now mean other processes). Passing one of them
     afterwards raises 'not registered'."""
+    _changed()
     for ps in list(_sets.values()):
         ps.process_set_id = None
     _sets.clear()

@@ -21,6 +21,9 @@ output. Everything else about a call is decided here, and comes back as a valida
 Every check runs before a name is taken: a refused call must not use up an unnamed op's
 number, or this rank's later unnamed ops would stop matching the other ranks'.
 
+A call that repeats one already made (same name, op, scales, process set, and the same
+tensor facts its binding names) takes a cached fast path: see `allreduce_key`.
+
 This module also holds the two helpers every binding needs around requests:
 `wait_all` (wait for every handle of a group, then raise the first error) and
 `split_list` (Horovod's split of a list into n nearly equal parts).
@@ -32,7 +35,7 @@ import threading
 import warnings
 from typing import Optional, Tuple
 
-from . import basics, engine
+from . import basics, engine, process_sets
 from .process_sets import ProcessSet, global_process_set, set_id
 
 Average, Sum, Adasum, Min, Max, Product = (engine.AVERAGE, engine.SUM, engine.ADASUM,
@@ -315,6 +318,98 @@ def allreduce(name=None, op=None, average=None, prescale_factor=1.0, postscale_f
     post = scale(postscale_factor, what, "postscale_factor")
     return _request("allreduce", what, name, process_set, namer, members, reduce_op=op,
                     prescale=pre, postscale=post)
+
+
+# ------------------------------------------------------------------ the cached fast path
+#
+# Cost model: at 1 rank a 4 KiB allreduce spends most of its 10-15 us in Python, and of
+# that most in deciding, again, what a call that repeats the last one means: the op and
+# scale checks, the set lookup, the name, a frozen Request, the fields dict, and the
+# engine's twenty cffi fields (docs/benchmarks.md, "Small ops, the next cut"). A
+# training loop makes the same named calls on tensors of the same kind every step. So
+# a named allreduce whose arguments were all accepted once keeps its filled-in engine
+# request (engine.Prepared) under a key of everything the checks looked at; the next
+# call with an equal key only checks what the key cannot hold (the tensor is still
+# contiguous, its binding's per-call facts) and enqueues.
+#
+# What the key must hold so that the fast path never accepts a call the slow path
+# refuses, nor gives it another meaning:
+# - the name, only when it is a str (True == 1 would alias two names), and no average=
+#   (the slow path warns that it is deprecated on every call);
+# - op, only an int or None (True == 1 again), and each scale with its type (the slow
+#   path refuses a bool) and, for zero, its sign (0.0 == -0.0 but scales differently);
+# - the process set by identity and current id: equal sets compare equal by their
+#   ranks, but an unregistered copy must still be refused. Ids change only through
+#   process_sets, whose `changes` count empties every cache;
+# - the tensor facts the binding passes (dtype with byte order, shape, device...).
+# Unnamed ops are never cached: each call takes a new number.
+
+PREPARED_MAX = 1024     # a loop naming each call anew (f"grad.{step}") must not grow this
+
+
+class _Prepared(threading.local):
+    """This thread's cache (an engine.Prepared belongs to one thread)."""
+
+    def __init__(self):
+        self.entries = {}
+        self.changes = None
+
+
+_prepared = _Prepared()
+
+
+def _scale_key(v):
+    return (type(v), v if v else str(v))
+
+
+def allreduce_key(name, op, average, prescale_factor, postscale_factor, process_set,
+                  facts):
+    """The cache key of an allreduce call, or None when it cannot be cached.
+    facts: a hashable tuple of the tensor's facts that the binding's checks read."""
+    if type(name) is not str or average is not None or not (op is None or type(op) is int):
+        return None
+    if type(prescale_factor) not in (float, int) or type(postscale_factor) not in (float, int):
+        return None
+    if process_set is None:
+        ps = None
+    elif type(process_set) is ProcessSet:
+        ps = (id(process_set), process_set.process_set_id)
+    else:
+        return None
+    return (name, op, _scale_key(prescale_factor), _scale_key(postscale_factor), ps, facts)
+
+
+def cached(key):
+    """The value remembered under key on this thread, or None."""
+    c = _prepared
+    if c.changes != process_sets.changes:
+        c.entries.clear()
+        c.changes = process_sets.changes
+    return c.entries.get(key)
+
+
+def generation():
+    """Read before the slow path's checks, passed to remember() after them."""
+    return process_sets.changes
+
+
+def remember(key, value, seen):
+    """Keep value under key, unless process sets changed since `seen` (generation()
+    read before the checks that value stands for)."""
+    c = _prepared
+    if seen != process_sets.changes or c.changes != seen:
+        return
+    if len(c.entries) >= PREPARED_MAX:
+        c.entries.clear()
+    c.entries[key] = value
+
+
+def prepare(req, code, shape):
+    """An engine.Prepared for a validated Request on a tensor of this dtype code and
+    shape (raises the same errors engine.enqueue would)."""
+    f = req.fields(code, shape)
+    return engine.Prepared(f["op"], f["name"], code, f["shape"], f["reduce_op"],
+                           f["root_rank"], f["prescale"], f["postscale"], f["process_set"])
 
 
 def allgather(name=None, process_set=None, ndim=None, what="allgather", namer=None,

@@ -114,11 +114,50 @@ def _same_shape_op(tensor, inplace, code, req):
 
 
 def _allreduce(tensor, inplace, average, name, op, prescale_factor, postscale_factor,
-               process_set, what):
+               process_set, what, now=False):
+    """An allreduce's handle; now=True: wait for it here and return the output (a
+    cached call then needs no handle: _ops.run_prepared)."""
+    # The cached fast path (request.allreduce_key). The key holds what check_tensor
+    # and the staging decision read: dtype, shape and device; and `what`, whose output
+    # differs (in place or new). Checked on every call, as the key cannot hold them:
+    # the tensor is a plain strided, contiguous one with no negative bit (a view of the
+    # same shape may be neither, and takes the slow path's copy; a sparse tensor has
+    # no is_contiguous), and staging is not forced (an environment variable).
+    key = None
+    if (type(tensor) is torch.Tensor and tensor.layout is torch.strided
+            and tensor.is_contiguous() and not tensor.is_neg()):
+        key = request.allreduce_key(name, op, average, prescale_factor, postscale_factor,
+                                    process_set, (what, tensor.dtype, tensor.shape,
+                                                  tensor.device))
+        prepared = request.cached(key) if key is not None else None
+        if prepared is not None and not _staging.forced():
+            if now:
+                out = tensor if inplace else torch.empty_like(tensor)
+                _ops.run_prepared(prepared, (tensor, out), tensor.data_ptr(), out.data_ptr())
+                return out
+            return _prepared_op(prepared, tensor, inplace)
+    if now:
+        with _ops.waiting:
+            handle = _allreduce(tensor, inplace, average, name, op, prescale_factor,
+                                postscale_factor, process_set, what)
+        return synchronize(handle)
+    seen = request.generation()
     code = _tensors.check_tensor(tensor, what, staged=True)
     req = request.allreduce(name, op, average, prescale_factor, postscale_factor,
                             process_set, what)
-    return _same_shape_op(tensor, inplace, code, req)
+    if key is None or _staging.wanted(tensor):
+        return _same_shape_op(tensor, inplace, code, req)
+    prepared = request.prepare(req, code, tensor.shape)
+    handle = _prepared_op(prepared, tensor, inplace)
+    request.remember(key, prepared, seen)
+    return handle
+
+
+def _prepared_op(prepared, tensor, inplace):
+    """_same_shape_op for a contiguous CPU tensor and a request prepared earlier."""
+    out = tensor if inplace else torch.empty_like(tensor)
+    return _ops.submit_prepared(prepared, (tensor, out), lambda _: out,
+                                tensor.data_ptr(), out.data_ptr())
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
