@@ -34,4 +34,5 @@ args=()
 for a in "$@"; do
     case "$a" in tests/*) args+=("$ROOT/$a") ;; *) args+=("$a") ;; esac
 done
-python -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${args[@]}"
+python -m pytest -q -p no:cacheprovider -n "${HOROVODLIKE_TEST_WORKERS:-3}" --dist load \
+    --rootdir "$ROOT" "${args[@]}"

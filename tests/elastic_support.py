@@ -1,13 +1,12 @@
 """Shared by the elastic tests: run a job under horovodlikerun's elastic mode on fake
 hosts (``--ssh-command "sh -c {command}"``), with a discovery script that prints a
 host file the test (or the job itself) may rewrite while the job runs."""
-import glob
 import os
 import stat
 import threading
 import time
 
-from harness import run_ranks
+from harness import leaked_segments, run_ranks
 
 FAKE_NODES = ["--ssh-command", "sh -c {command}"]
 
@@ -50,4 +49,4 @@ def run_elastic(script, tmp_path, hosts, np_, min_np, max_np, env=None, extra=()
         return run_ranks(script, np=np_, launcher_args=args, env=env, timeout=timeout)
     finally:
         stop.set()
-        assert not glob.glob("/dev/shm/hvdl-*")
+        assert not leaked_segments()

@@ -29,6 +29,7 @@ agrees across ranks, prints failures with context to stderr and exits 1, or prin
 one rank, ``wait_for("x")`` on another (HVDTEST_DIR, the run's own folder), never a
 sleep.
 """
+import glob
 import os
 import re
 import shutil
@@ -229,6 +230,51 @@ def kill_tree(proc):
         _signal(pgid=pgid)
         _signal(pid=pid)
     _signal(pgid=proc.pid)
+
+
+# ------------------------------------------------------------ shared memory
+
+# A segment's name (/dev/shm/hvdl-*) exists only while a job's ranks attach to it: the
+# last to attach unlinks it (engine/transport/shm.c). So a name that no live process maps
+# is left behind for good, except in the microseconds between its creator's shm_open and
+# mmap. Tests run side by side (pytest -n), so a name another test's job is attaching to
+# right now is not a leak: that job maps it.
+SEGMENTS = "/dev/shm/hvdl-*"
+
+
+def segments():
+    """The segment names in /dev/shm now."""
+    return set(glob.glob(SEGMENTS))
+
+
+def _mapped_segments():
+    mapped = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                for line in f:
+                    at = line.find("/dev/shm/hvdl-")
+                    if at >= 0:
+                        mapped.add(line[at:].split()[0])
+        except OSError:
+            continue
+    return mapped
+
+
+def leaked_segments(before=(), settle=2.0):
+    """Segment names not in `before` that no live process has mapped for `settle`
+    seconds: what a job left behind. Returns at once when there is none."""
+    deadline = time.monotonic() + settle
+    while True:
+        left = segments() - set(before)
+        if left:
+            left -= _mapped_segments()
+            left &= segments()                 # unlinked while /proc was read
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)                       # polling a condition, not ordering ranks
 
 
 # ----------------------------------------------------------------------- run

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 
 import pytest
+from harness import leaked_segments, segments
 
 from horovodlike._build_engine import (COMPILE_FLAGS, SANITIZE_FLAGS, engine_include_dirs,
                                        engine_sources)
@@ -66,10 +67,6 @@ def _can_disable_aslr():
                           capture_output=True).returncode == 0
 
 
-def _shm_segments():
-    return set(glob.glob("/dev/shm/hvdl-*"))
-
-
 # ThreadSanitizer, on its own (it cannot be mixed with ASan). -O1 comes from _build.
 TSAN_FLAGS = ["-fsanitize=thread", "-g"]
 TSAN_SUPPRESSIONS = os.path.join(CTESTS, "tsan.supp")
@@ -99,12 +96,12 @@ def test_c_engine(tmp_path, build):
     cmd = [exe]
     if build == "tsan" and _can_disable_aslr():
         cmd = ["setarch", os.uname().machine, "-R", exe]
-    before = _shm_segments()
+    before = segments()
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, env=env,
                              timeout=240, cwd=str(tmp_path))
     finally:
-        for seg in _shm_segments() - before:      # only if a run died mid start-up
+        for seg in leaked_segments(before):      # only if a run died mid start-up
             try:
                 os.unlink(seg)
             except OSError:

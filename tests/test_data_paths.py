@@ -2,12 +2,11 @@
 many pieces), the TCP ring (HOROVODLIKE_SHM=0, and across fake nodes), process sets that
 are exactly one node's ranks (shm) or straddle nodes (TCP), and 8 oversubscribed ranks.
 Sizes are odd, smaller than the rank count, and not multiples of the piece size."""
-import glob
 import os
 
 import pytest
 
-from harness import rank_program, run_ranks
+from harness import leaked_segments, rank_program, run_ranks
 
 PATHS = rank_program("data_paths_paths")
 
@@ -58,7 +57,7 @@ def test_process_sets_on_a_node_and_across_fake_nodes():
 
 def test_no_shared_memory_segment_is_left_behind():
     run_ranks(rank_program("one_allreduce"), np=3, args=(10,)).assert_ok()
-    assert not glob.glob("/dev/shm/hvdl-*")
+    assert not leaked_segments()
 
 
 FAKE_NODES = ["--ssh-command", "sh -c {command}"]

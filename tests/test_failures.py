@@ -6,7 +6,6 @@ The kill tests start the ranks themselves (a rendezvous store and N plain proces
 the launcher's environment) so the test, not a launcher, decides who dies and when, and
 can watch the survivors; the launcher's own reaction is tested separately.
 """
-import glob
 import os
 import signal
 import socket
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import MPIRUN_SKIP_REASON, REPO, rank_program, run_ranks
+from harness import MPIRUN_SKIP_REASON, REPO, leaked_segments, rank_program, run_ranks
 from horovodlike.common import jobkey
 from horovodlike.common.store import StoreServer
 
@@ -106,7 +105,7 @@ def _kill_midway(tmp_path, victim, np_, hosts=None, extra_env=None):
 def test_killed_rank_fails_survivors_promptly_naming_it(tmp_path, victim):
     _kill_midway(tmp_path, victim, 3)
     # the shared-memory segment the ranks used was nameless since start-up
-    assert not glob.glob("/dev/shm/hvdl-*")
+    assert not leaked_segments()
 
 
 @pytest.mark.timeout(120)

@@ -15,13 +15,12 @@ Under mpirun (2 ranks), SIGSTOP at init, mid-collective and shutdown: mpirun its
 returns non-zero within the peer (or start-up) timeout plus a margin, because a survivor
 ends the job (MPI's own waits, in MPI_Init and MPI_Finalize, would wait for ever).
 """
-import glob
 import re
 import socket
 
 import pytest
 
-from harness import requires_mpirun, rank_program, run_ranks
+from harness import leaked_segments, rank_program, requires_mpirun, run_ranks, segments
 
 HOST = socket.gethostname()
 NP = 3
@@ -46,7 +45,7 @@ def _cases():
 @pytest.mark.parametrize("phase,role,sig", list(_cases()))
 def test_fault_matrix(phase, role, sig):
     victim = ROLES[role]
-    before = set(glob.glob("/dev/shm/hvdl-*"))
+    before = segments()
     launcher_args = []
     env = {"FAULT_PHASE": phase, "FAULT_VICTIM": victim, "FAULT_SIGNAL": sig,
            "HOROVODLIKE_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT,
@@ -77,7 +76,7 @@ def test_fault_matrix(phase, role, sig):
         said = ["\n".join(lines.get(r, [])) for r in range(NP) if r != victim]
         assert any("FAILED" in s and f"rank {victim}" in s for s in said), text
     assert res.elapsed < 60, text
-    assert set(glob.glob("/dev/shm/hvdl-*")) <= before, text
+    assert not leaked_segments(before), text
 
 
 # Where the survivors of an mpirun job wait without an end: MPI_Init (a rank stopped
@@ -93,7 +92,7 @@ MPI_BOUND = {"init": START_TIMEOUT + 5 + 12,    # + mpi_end.START_MARGIN + start
 @pytest.mark.parametrize("role", ["worker", "coordinator"])
 def test_mpirun_stopped_rank_ends_the_job(phase, role):
     victim = {"worker": MPI_NP - 1, "coordinator": 0}[role]
-    before = set(glob.glob("/dev/shm/hvdl-*"))
+    before = segments()
     env = {"FAULT_PHASE": phase, "FAULT_VICTIM": victim, "FAULT_SIGNAL": "SIGSTOP",
            "HOROVODLIKE_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT,
            "HOROVODLIKE_START_TIMEOUT": START_TIMEOUT, "HOROVOD_STALL_CHECK_DISABLE": "1"}
@@ -109,7 +108,7 @@ def test_mpirun_stopped_rank_ends_the_job(phase, role):
         said = "\n".join(res.rank_lines("stderr").get(survivor, []))
         assert f"rank {victim} (host {HOST}) was lost" in said, text
         assert "ending the MPI job (MPI_Abort)" in said, text
-    assert set(glob.glob("/dev/shm/hvdl-*")) <= before, text
+    assert not leaked_segments(before), text
 
 
 # A rank that stops (or hangs) once the job has shut down: its engine is gone, so no
@@ -122,7 +121,7 @@ GRACE = 2
 @pytest.mark.parametrize("role", list(ROLES))
 def test_launcher_kills_a_rank_stopped_after_its_peers_finished(role):
     victim = ROLES[role]
-    before = set(glob.glob("/dev/shm/hvdl-*"))
+    before = segments()
     res = run_ranks(AFTER_SHUTDOWN, np=NP, launcher="horovodlikerun", timeout=60,
                     env={"FAULT_VICTIM": victim, "FAULT_MODE": "stop", "FAULT_BUSY": 0},
                     launcher_args=["--shutdown-grace", str(GRACE)])
@@ -134,7 +133,7 @@ def test_launcher_kills_a_rank_stopped_after_its_peers_finished(role):
     lines = res.rank_lines()
     assert all("FINISHED" in lines.get(r, []) for r in range(NP) if r != victim), text
     assert res.elapsed < GRACE + 25, text
-    assert set(glob.glob("/dev/shm/hvdl-*")) <= before, text
+    assert not leaked_segments(before), text
 
 
 @pytest.mark.timeout(90)

@@ -8,13 +8,12 @@ line), a shape changed on one rank of either node, a rank that stays away (stall
 warning and shutdown, naming exactly that rank), a join, a node of one rank beside
 nodes of two, and a node's leader killed while the others wait in their segments.
 """
-import glob
 import re
 import time
 
 import pytest
 
-from harness import rank_program, run_ranks
+from harness import leaked_segments, rank_program, run_ranks
 from test_failures import _cleanup, _read_until, _spawn_job
 from test_negotiate_shm import REPEATED
 
@@ -137,4 +136,4 @@ def test_a_node_leader_killed_while_the_others_wait_is_named(tmp_path):
             assert float(re.search(r"after ([\d.]+)s", out)[1]) < 20, out
     finally:
         _cleanup(store, procs)
-    assert not glob.glob("/dev/shm/hvdl-*")
+    assert not leaked_segments()

@@ -8,7 +8,6 @@ rank (before and after the others posted), a rank that stays away (stall warning
 shutdown), a process set beside global ops, a join, and a rank killed or stopped while
 the others wait in the segment.
 """
-import glob
 import os
 import re
 import signal
@@ -16,7 +15,7 @@ import time
 
 import pytest
 
-from harness import rank_program, run_ranks
+from harness import leaked_segments, rank_program, run_ranks
 from test_failures import HOST, _cleanup, _read_until, _spawn_job
 
 AGREED = re.compile(r"rank (\d+) agreed on (\d+) tensors in shared memory and executed (\d+) "
@@ -182,7 +181,7 @@ def test_a_rank_lost_while_others_wait_in_the_segment_is_named(tmp_path, how):
         if how == "SIGSTOP" and procs[2].poll() is None:
             os.kill(procs[2].pid, signal.SIGCONT)
         _cleanup(store, procs)
-    assert not glob.glob("/dev/shm/hvdl-*")
+    assert not leaked_segments()
 
 
 BARRIER_THEN_SHUTDOWN = rank_program("negotiate_shm_barrier_then_shutdown")
