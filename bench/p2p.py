@@ -35,6 +35,8 @@ def main():
     ap.add_argument("--sizes", default="4096,65536,1048576,16777216")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--backends", default="horovodlike,mpi,gloo")
+    ap.add_argument("--json", help="rank 0 writes the per-size medians and 10th/90th "
+                    "percentiles (seconds, one way) here; bench/plot_p2p.py draws them")
     args = ap.parse_args()
     from mpi4py import MPI
     import horovodlike as hvd
@@ -83,8 +85,15 @@ def main():
               + "  hvdl/mpi time")
         for size, med, spread in rows:
             cols = " ".join(f"{med[k] * 1e6:16.1f} {size / med[k] / 1e9:16.3f}" for k in backends)
-            ratio = med["horovodlike"] / med["mpi"] if "mpi" in med else float("nan")
+            ratio = (med["horovodlike"] / med["mpi"] if {"horovodlike", "mpi"} <= med.keys()
+                     else float("nan"))
             print(f"{size:>10} {cols}  {ratio:.2f}x")
+        if args.json:
+            import json
+            with open(args.json, "w") as f:
+                json.dump({"rounds": args.rounds, "loadavg": os.getloadavg()[0],
+                           "rows": [{"bytes": size, "median_s": med, "p10_p90_s": spread}
+                                    for size, med, spread in rows]}, f)
     hvd.shutdown()
     if dist is not None:
         dist.destroy_process_group()

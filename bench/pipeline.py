@@ -15,6 +15,10 @@ hang count.
 
     python bench/pipeline.py --np 2 --d 512 --microbatches 8 --rounds 5     # compute-bound
     python bench/pipeline.py --np 2 --d 64 --microbatches 32 --rounds 5     # message-bound
+
+--detail DIR adds, per rank, where the measured steps' time went (per-thread CPU and
+run-queue wait, context switches, horovodlike's time blocked in recv); --json FILE
+appends the per-round figures for bench/plot_pipeline.py.
 """
 import argparse
 import json
@@ -47,6 +51,37 @@ def _data(args):
             torch.randn(args.batch, args.d, generator=g))
 
 
+def _threads():
+    """Per thread of this process: CPU ns run, ns waited on a run queue (schedstat),
+    voluntary and involuntary context switches."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            run, waited, _ = open(f"/proc/self/task/{tid}/schedstat").read().split()
+            st = dict(line.split(":\t") for line in
+                      open(f"/proc/self/task/{tid}/status").read().splitlines()
+                      if ":\t" in line)
+        except (OSError, ValueError):
+            continue                               # the thread ended meanwhile
+        out[tid] = [int(run), int(waited), int(st["voluntary_ctxt_switches"]),
+                    int(st["nonvoluntary_ctxt_switches"])]
+    return out
+
+
+def _detail(args, mode, rank, before, after, extra):
+    """With --detail DIR: where this rank's time went over the measured steps, per
+    thread (the main thread is the one whose id is the process's), to DIR/mode.rank.json."""
+    if not args.detail:
+        return
+    main = str(os.getpid())
+    rows = {("main" if t == main else t): [b - a for a, b in zip(before.get(t, [0] * 4), v)]
+            for t, v in after.items()}
+    with open(os.path.join(args.detail, f"{mode}.{rank}.json"), "w") as f:
+        json.dump(dict(extra, rank=rank, steps=args.steps,
+                       threads={t: dict(zip(("run_ns", "runq_wait_ns", "vcsw", "ivcsw"), v))
+                                for t, v in rows.items()}), f)
+
+
 def worker_hvd(args):
     import torch
     import torch.nn.functional as F
@@ -63,13 +98,20 @@ def worker_hvd(args):
     cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
     sched = cls(pipe, microbatches=args.microbatches)
     x, y = _data(args)
-    times = []
+    times, waits, walls = [], [], []
     for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            before = _threads()
         t0 = time.perf_counter()
         opt.zero_grad()
         sched.train_batch(x, y)
         opt.step()
         times.append(time.perf_counter() - t0)
+        waits.append(sched.last_wait_s)
+        walls.append(sched.last_wall_s)
+    _detail(args, "hvd", hvd.rank(), before, _threads(),
+            {"step_s": times[args.warmup:], "recv_wait_s": waits[args.warmup:],
+             "train_batch_s": walls[args.warmup:]})
     if hvd.rank() == 0:
         print(json.dumps({"times": times[args.warmup:]}), flush=True)
     # the last stage finishes its last batch first; a shutdown now would end the job
@@ -100,6 +142,8 @@ def worker_torch(args):
     x, y = _data(args)
     times = []
     for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            before = _threads()
         t0 = time.perf_counter()
         opt.zero_grad()
         if rank == 0:
@@ -110,6 +154,7 @@ def worker_torch(args):
             sched.step()
         opt.step()
         times.append(time.perf_counter() - t0)
+    _detail(args, "torch", rank, before, _threads(), {"step_s": times[args.warmup:]})
     if rank == 0:
         print(json.dumps({"times": times[args.warmup:]}), flush=True)
     dist.destroy_process_group()
@@ -145,7 +190,8 @@ def run_mode(mode, args):
     """The step times of one run, or None when it hung (killed after --timeout)."""
     me = [sys.executable, os.path.abspath(__file__), "--worker", mode] + \
         [f"--{k}={getattr(args, k)}" for k in ("d", "layers", "batch", "microbatches",
-                                                "schedule", "steps", "warmup")]
+                                                "schedule", "steps", "warmup")] + \
+        ([f"--detail={os.path.abspath(args.detail)}"] if args.detail else [])
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if mode == "hvd":
         cmds = [(["horovodlikerun", "-np", str(args.np)] + me, env)]
@@ -170,6 +216,31 @@ def run_mode(mode, args):
     return _result(text)["times"]
 
 
+def print_detail(d, modes, np_):
+    """Per rank, per measured step: where the time of bench/pipeline.py --detail went."""
+    print("per rank, per step (last round): step ms, recv wait ms (horovodlike), CPU ms of "
+          "the main thread / of all other threads, run-queue wait ms (all threads), "
+          "context switches voluntary / involuntary (all threads), busy threads")
+    for m in modes:
+        for r in range(np_):
+            try:
+                x = json.load(open(os.path.join(d, f"{m}.{r}.json")))
+            except OSError:
+                continue
+            n, th = x["steps"], x["threads"]
+            busy = sum(1 for v in th.values() if v["run_ns"] > 1e6)
+            main_ms = th["main"]["run_ns"] / n / 1e6
+            other_ms = sum(v["run_ns"] for t, v in th.items() if t != "main") / n / 1e6
+            runq = sum(v["runq_wait_ns"] for v in th.values()) / n / 1e6
+            vc = sum(v["vcsw"] for v in th.values()) / n
+            ic = sum(v["ivcsw"] for v in th.values()) / n
+            wait = (f"{statistics.median(x['recv_wait_s']) * 1e3:6.2f}"
+                    if "recv_wait_s" in x else "     -")
+            print(f"  {m:5s} rank {r}: step {statistics.median(x['step_s']) * 1e3:7.2f}  "
+                  f"recv wait {wait}  CPU main {main_ms:6.2f} other {other_ms:6.2f}  "
+                  f"runq {runq:6.2f}  csw {vc:6.0f} / {ic:4.0f}  busy threads {busy}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", choices=MODES)
@@ -184,6 +255,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--detail", help="each rank writes where its time went (per-thread CPU, "
+                    "run-queue wait, context switches; horovodlike also its recv waits) "
+                    "to DIR/<mode>.<rank>.json, the last round's")
+    ap.add_argument("--json", help="append this run's per-round figures, as one JSON line, "
+                    "to this file (bench/plot_pipeline.py draws them)")
     args = ap.parse_args()
     if args.worker:
         {"hvd": worker_hvd, "torch": worker_torch}[args.worker](args)
@@ -213,6 +289,17 @@ def main():
         paired = [h / t for h, t in zip(per_round["hvd"], per_round["torch"])]
         print(f"  horovodlike / torch: per round {statistics.median(paired):.2f}x "
               f"({min(paired):.2f}..{max(paired):.2f})")
+    if args.detail:
+        print_detail(args.detail, modes, args.np)
+    if args.json:
+        # per-round medians in ms, in round order; a hung run leaves no entry
+        with open(args.json, "a") as f:
+            f.write(json.dumps({
+                "np": args.np, "d": args.d, "microbatches": args.microbatches,
+                "layers": args.layers, "batch": args.batch, "schedule": args.schedule,
+                "rounds": args.rounds, "steps": args.steps, "ms": per_round, "hangs": hangs,
+                "loadavg": os.getloadavg()[0], "when": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                     time.gmtime())}) + "\n")
 
 
 if __name__ == "__main__":
