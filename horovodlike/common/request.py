@@ -446,14 +446,14 @@ def reducescatter(name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     prescale=pre, postscale=post)
 
 
-def p2p(kind, peer, name=None, process_set=None, what=None):
+def p2p(kind, peer, name=None, process_set=None, what=None, namer=None):
     """A send (peer = the destination) or recv (peer = the source): peer is a GLOBAL
     rank, as every rank argument is; with a process set, this rank and the peer must both
     be members. Only the two ranks take part, and they match by (source, destination,
     name): a named message is "p2p.<name>"; unnamed ones are numbered per pair and
     direction ("p2p.noname.<k>" is the k-th unnamed send from src to dst, and the k-th
     unnamed recv from src on dst), so they match when both sides post them in the same
-    order."""
+    order. A binding may number them its own way (namer.next("p2p", (src, dst)))."""
     what = what or kind
     ps, sid = resolve_set(process_set)
     member_index(ps, what)
@@ -470,7 +470,7 @@ def p2p(kind, peer, name=None, process_set=None, what=None):
                          f"global, also with a process set")
     if name is None:
         pair = (me, peer) if kind == "send" else (peer, me)
-        base = f"p2p.noname.{counters.next('p2p', pair)}"
+        base = f"p2p.noname.{(namer or counters).next('p2p', pair)}"
     else:
         base = f"p2p.{name}"
     return Request(kind, base, ps, sid, ps.size(), ps.rank(), root_rank=peer)

@@ -125,16 +125,51 @@ def run(items, inputs, out_dtypes, out_shapes, what):
         with _errors.translated():
             return [to_tf(a) for a in _kernels.execute(items, [np.asarray(t) for t in inputs])]
     check_xla(what)
-    batch = _Batch(tuple(items), [np_dtype(d) for d in out_dtypes])
+    outs, _ = staged(functools.partial(_kernels.submit_all, tuple(items)), inputs,
+                     out_dtypes, out_shapes, what)
+    return outs
+
+
+def staged(submit, inputs, out_dtypes, out_shapes, what, independent=False):
+    """The enqueue node and the wait node of one batch in a graph (the module's
+    docstring). submit(arrays) hands the inputs to the engine without waiting and returns
+    (handles, refusal), as _kernels.submit_all does; each handle's output is a tuple.
+    Returns (outputs, done): `done` is the op that completes the batch (a TF1 Session
+    must run it when the batch has no outputs).
+
+    independent: leave the wait out of the program order in which a tf.function runs
+    its stateful ops (TensorFlow's automatic control dependencies), keeping only that
+    it runs before the function returns. Collectives keep the order (every rank enqueues
+    them in the same order). Point-to-point messages must not: a rank that sends and
+    then receives would otherwise not post its recv until its send had completed, and a
+    send above the eager threshold completes only once the peer has posted its recv, so
+    two ranks that each send a large message before receiving would wait for each other
+    (the enqueues stay in program order: posting never waits)."""
+    batch = _Batch(submit, [np_dtype(d) for d in out_dtypes])
     token = tf.numpy_function(batch.enqueue, list(inputs), tf.int64, stateful=True,
                               name=f"horovodlike_{what}_enqueue")
     *outs, status = _off_thread(batch.wait, token, list(out_dtypes) + [tf.string],
                                 f"horovodlike_{what}_wait")
-    with tf.control_dependencies([_errors.check_status(status, what)]):
+    done = _errors.check_status(status, what)
+    if independent:
+        _run_independently(status.op, done)
+    with tf.control_dependencies([done]):
         outs = [tf.identity(o) for o in outs]
     for o, s in zip(outs, out_shapes):
         o.set_shape(s)
-    return outs
+    return outs, done
+
+
+def _run_independently(*graph_ops):
+    """Mark ops as TensorFlow's automatic control dependencies' "independent" ops: they
+    run before the function returns, unordered with its other stateful ops. Outside a
+    tf.function (a TF1 graph) nothing orders stateful ops, and nothing is needed."""
+    from tensorflow.python.framework import ops as tf_ops
+    manager = getattr(tf_ops.get_default_graph(), "experimental_acd_manager", None)
+    if manager is None:
+        return
+    for op in graph_ops:
+        manager.run_independently(op)
 
 
 # Batches enqueued and not yet waited for: token -> (handles, refusal). A step that
@@ -148,13 +183,13 @@ class _Batch:
     """The two kernels of one batch in a graph. Plain Python that AutoGraph must leave
     alone; one instance per graph node, shared by every run of it."""
 
-    def __init__(self, items, empty):
-        self.items, self.empty = items, empty
+    def __init__(self, submit, empty):
+        self.submit, self.empty = submit, empty
 
     @tf.autograph.experimental.do_not_convert
     def enqueue(self, *arrays):
         token = next(_tokens)
-        _open[token] = _kernels.submit_all(self.items, arrays)
+        _open[token] = self.submit(arrays)
         return np.int64(token)
 
     @tf.autograph.experimental.do_not_convert
