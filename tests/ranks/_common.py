@@ -8,6 +8,7 @@ A rank program under tests/ranks/ runs by path, so this folder is its sys.path[0
 """
 import os
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -124,6 +125,29 @@ def wait_for(*whats, timeout=60):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no rank arrived at {missing} within {timeout} s")
         time.sleep(0.005)
+
+
+class watchdog:
+    """`with watchdog(stage, seconds, detail):` ends this rank (exit 3), naming the stage,
+    if the block runs longer than `seconds`: a hang then fails in seconds, naming where
+    (the other ranks see their peer gone and end too)."""
+
+    def __init__(self, stage, seconds, detail=""):
+        self.stage, self.seconds, self.detail = stage, seconds, detail
+
+    def __enter__(self):
+        def fire():
+            r = hvd.rank() if hvd.is_initialized() else "?"
+            sys.stderr.write(f"rank {r}: HANG in {self.stage} ({self.detail}"
+                             f"{', ' if self.detail else ''}{self.seconds:.0f} s)\n")
+            sys.stderr.flush()
+            os._exit(3)
+        self.timer = threading.Timer(self.seconds, fire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
 
 
 def finish_alone():

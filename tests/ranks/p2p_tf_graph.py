@@ -5,7 +5,6 @@ the hardest case: one thread runs every node of a step).
 Every stage has a watchdog that names it and ends the rank if it hangs (the peer then
 sees this rank gone and fails too), so a deadlock fails in seconds, naming the stage."""
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
-import threading
 
 import tensorflow as tf
 import horovodlike.tensorflow as htf
@@ -14,23 +13,9 @@ STAGE_S = float(os.environ.get("HVDTEST_STAGE_S", "60"))
 BIG = 100_000                       # float32 elements: 400 KB, above the 64 KiB eager limit
 
 
-class watchdog:
-    def __init__(self, stage):
-        self.stage = stage
-
-    def __enter__(self):
-        def fire():
-            sys.stderr.write(f"rank {htf.rank()}: HANG in {self.stage} "
-                             f"({tf.config.threading.get_inter_op_parallelism_threads()} "
-                             f"inter-op threads, {STAGE_S:.0f} s)\n")
-            sys.stderr.flush()
-            os._exit(3)
-        self.timer = threading.Timer(STAGE_S, fire)
-        self.timer.daemon = True
-        self.timer.start()
-
-    def __exit__(self, *exc):
-        self.timer.cancel()
+def stage_watchdog(stage):
+    return watchdog(stage, STAGE_S, f"{tf.config.threading.get_inter_op_parallelism_threads()} "
+                                    f"inter-op threads")
 
 
 def payload(dt, shape, seed):
@@ -270,10 +255,10 @@ def main():
     R = htf.rank()
     assert htf.size() == 2, htf.size()
     for stage in (dtypes_and_shapes, exchange, crossed, into_variable, errors, pipeline):
-        with watchdog(stage.__name__):
+        with stage_watchdog(stage.__name__):
             stage(R)
     if R == 0:
-        with watchdog("eager dtype check"):
+        with stage_watchdog("eager dtype check"):
             check_raises(htf.TensorMismatchError,
                          lambda: htf.recv(1, name="eager.back", dtype=tf.int32),
                          "eager.back", "dtype", "float32", "int32",

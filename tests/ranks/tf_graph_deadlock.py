@@ -1,6 +1,6 @@
 """Rank program of tests/test_tf_graph_deadlock.py, run by test_tf_graphs_never_deadlock."""
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
-import threading
+from _common import watchdog as common_watchdog
 
 
 def main():
@@ -19,24 +19,8 @@ def main():
     STAGE_S = float(os.environ.get("HVDTEST_STAGE_S", "40"))
 
 
-    class watchdog:
-        """Ends this rank, naming the stage, if the stage hangs (the other rank then sees
-        its peer gone and ends too)."""
-        def __init__(self, stage):
-            self.stage = stage
-
-        def __enter__(self):
-            def fire():
-                sys.stderr.write(f"rank {R}: HANG in {self.stage} "
-                                 f"({THREADS} inter-op threads, {STAGE_S:.0f} s)\n")
-                sys.stderr.flush()
-                os._exit(3)
-            self.timer = threading.Timer(STAGE_S, fire)
-            self.timer.daemon = True
-            self.timer.start()
-
-        def __exit__(self, *exc):
-            self.timer.cancel()
+    def watchdog(stage):
+        return common_watchdog(stage, STAGE_S, f"{THREADS} inter-op threads")
 
 
     def staggered(n, make):
