@@ -129,6 +129,91 @@ def crossed(R):
         same(got, tf.fill([BIG], float(O * 1000 + i + (1 if R == 0 else 0))), f"crossed {i}")
 
 
+def loops_and_branches(R):
+    """Large messages both ways in a tf.range loop (a while loop: one name, in order,
+    every iteration) and in a tf.cond branch that reads a variable."""
+    O = 1 - R
+    v = tf.Variable(1.0)
+
+    @tf.function
+    def loop(x):
+        acc = tf.zeros([BIG])
+        for i in tf.range(3):
+            htf.send(x + tf.cast(i, tf.float32), O, name="loop")
+            acc += htf.recv(O, name="loop", dtype=tf.float32, shape=(BIG,))
+        return acc
+
+    @tf.function
+    def branch(x):
+        def taken():
+            htf.send(x * v, O, name="branch")
+            return htf.recv(O, name="branch", dtype=tf.float32, shape=(BIG,))
+        return tf.cond(v > 0, taken, lambda: x)
+
+    same(loop(tf.fill([BIG], float(R))), tf.fill([BIG], 3.0 * O + 3.0), "tf.range loop")
+    same(branch(tf.fill([BIG], float(R + 1))), tf.fill([BIG], float(O + 1)), "tf.cond branch")
+
+
+def send_then_assign(R):
+    """A large send of a variable's value, then an assignment to the variable in the same
+    function, before the peer has posted its recv: the peer gets the value as it was
+    when sent (the engine reads TensorFlow's buffer after the enqueue returned)."""
+    if R == 0:
+        v = tf.Variable(tf.fill([BIG], 5.0))
+        flag = os.path.join(os.environ["HVDTEST_DIR"], "assigned")
+
+        @tf.function
+        def step():
+            htf.send(v, 1, name="assigned")
+            done = v.assign(tf.zeros([BIG]))
+            with tf.control_dependencies([done]):       # tell rank 1 only now
+                tf.io.write_file(flag, "")
+        step()
+        same(v, tf.zeros([BIG]), "the variable after its assignment")
+        return
+    wait_for("assigned")
+    same(tf.function(lambda: htf.recv(0, name="assigned", dtype=tf.float32, shape=(BIG,)))(),
+         tf.fill([BIG], 5.0), "the value sent before the assignment")
+
+
+def keras_and_session(R):
+    """A Keras model whose layers send (stage 0) and receive (stage 1) in predict();
+    send and recv in a TF1 graph run by a Session (send returns the op to run)."""
+    import keras
+
+    class Send(keras.layers.Layer):
+        def call(self, x):
+            htf.send(x, 1, name="keras.act")
+            return x
+
+    class Recv(keras.layers.Layer):
+        def call(self, x):
+            return htf.recv(0, name="keras.act", dtype=tf.float32, shape=(None, 4))
+
+    x = np.arange(24, dtype=np.float32).reshape(8, 3)
+    if R == 0:
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, kernel_initializer="ones"),
+                              Send()])
+    else:
+        m = keras.Sequential([keras.Input((3,)), Recv(),
+                              keras.layers.Dense(1, kernel_initializer="ones")])
+    out = m.predict(x, batch_size=4, verbose=0)
+    if R == 1:
+        check_equal(out, (x.sum(1) * 4)[:, None], "Keras predict through send and recv")
+
+    g = tf.Graph()
+    with g.as_default():
+        if R == 0:
+            fetch = htf.send(tf.constant([1.0, 2.0]), 1, name="session")
+        else:
+            fetch = htf.recv(0, name="session", dtype=tf.float32, shape=(2,))
+        with tf.compat.v1.Session(graph=g) as sess:
+            for i in range(2):
+                got = sess.run(fetch)
+                if R == 1:
+                    check_equal(got, np.array([1.0, 2.0], np.float32), f"Session recv {i}")
+
+
 def into_variable(R):
     """recv_ into a tf.Variable inside a graph; a message of the wrong dtype leaves it."""
     if R == 0:
@@ -254,7 +339,8 @@ def main():
     htf.init()
     R = htf.rank()
     assert htf.size() == 2, htf.size()
-    for stage in (dtypes_and_shapes, exchange, crossed, into_variable, errors, pipeline):
+    for stage in (dtypes_and_shapes, exchange, crossed, loops_and_branches, send_then_assign,
+                  into_variable, errors, pipeline, keras_and_session):
         with stage_watchdog(stage.__name__):
             stage(R)
     if R == 0:
