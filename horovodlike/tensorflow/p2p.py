@@ -125,7 +125,7 @@ def _mismatch(req, field, theirs, mine):
 
 
 def _shape_text(shape):
-    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+    return str(tuple("?" if d is None else d for d in shape)).replace("'", "")
 
 
 def _check_message(req, res, dtype, shape):

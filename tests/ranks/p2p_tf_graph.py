@@ -36,7 +36,7 @@ def same(got, exp, what):
         return
     if got.dtype == tf.bool:
         got, exp = tf.cast(got, tf.int8), tf.cast(exp, tf.int8)
-    check_equal(tf.cast(got, tf.float64).numpy(), tf.cast(exp, tf.float64).numpy(), what)
+    check_equal(np.asarray(tf.cast(got, tf.float64)), np.asarray(tf.cast(exp, tf.float64)), what)
 
 
 DTYPES = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
@@ -44,10 +44,10 @@ DTYPES = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat
 
 
 def dtypes_and_shapes(R):
-    """Every dtype, with the recv's shape fully known, partly known and unknown, and a
-    0-size tensor; the sender's function and the receiver's have different names."""
-    cases = [(dt, (3, 4), i) for i, dt in enumerate(DTYPES)] + [(tf.float32, (0, 3), 99),
-                                                               (tf.bfloat16, (0,), 98)]
+    """Every dtype, with the recv's shape fully known, partly known and unknown; 0-size
+    tensors and a 0-d one. The sender's function and the receiver's differ."""
+    cases = [(dt, (3, 4), i) for i, dt in enumerate(DTYPES)] + [
+        (tf.float32, (0, 3), 99), (tf.bfloat16, (0,), 98), (tf.float64, (), 97)]
     if R == 0:
         @tf.function
         def sender():
@@ -63,7 +63,7 @@ def dtypes_and_shapes(R):
         for dt, shape, seed in cases:
             outs.append(htf.recv(0, name=f"dt.{dt.name}.{seed}.0", dtype=dt, shape=shape))
             outs.append(htf.recv(0, name=f"dt.{dt.name}.{seed}.1", dtype=dt,
-                                 shape=(None,) + shape[1:]))
+                                 shape=(None,) + shape[1:] if shape else None))
             outs.append(htf.recv(0, name=f"dt.{dt.name}.{seed}.2", dtype=dt))
         return outs
     outs = receiver()
