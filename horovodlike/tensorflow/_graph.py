@@ -27,6 +27,11 @@ collectives it needs: nothing is chained to anything it would not run anyway.
 Cost: about the time of one more py-call per batch, not per tensor (a gradient batch
 is still one enqueue and one wait, fused by the engine).
 
+Point-to-point messages (p2p.py) are built from the same two nodes (`staged`), with
+their wait left out of the order in which a tf.function runs its stateful ops: a
+message completes once its two ranks have posted it, and a wait kept in that order
+would keep this rank's later posts back (see `staged`).
+
 Unnamed ops get their names when they are traced, as Horovod names graph ops when the
 graph is built: numbered per function graph, in trace order, which every rank follows
 the same way. The order in which TensorFlow later runs them does not matter, and a rank

@@ -38,9 +38,11 @@ What a graph needs that eager code does not:
 Not differentiable: a tape treats a recv's output as a constant and sees no path through
 a send (docs/tensorflow.md, "Point-to-point messages"). XLA cannot run them.
 
-Cost in a graph, per message: two py-calls and a one-element tf.data pipeline (about as
-much as one graph collective), no copy on the send side; a recv of a fully known shape
-lands in a 64-byte aligned buffer that TensorFlow adopts without a copy.
+Cost in a graph, per message: the two py-calls and the one-element tf.data pipeline of
+one graph collective (docs/tensorflow.md, "How it runs"); no copy on the send side (the
+engine reads TensorFlow's buffer, kept alive until the send completes); a recv of a
+fully known shape lands in a 64-byte aligned buffer that TensorFlow adopts without a
+copy, otherwise in the engine's buffer, which TensorFlow copies once.
 """
 import numpy as np
 import tensorflow as tf
