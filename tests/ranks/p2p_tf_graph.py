@@ -244,14 +244,21 @@ def into_variable(R):
 
 
 def errors(R):
-    """A recv traced without dtype; a message of another dtype or shape than declared
-    (full shape: checked by the engine; partial: by the binding); XLA refused."""
+    """A recv traced without dtype; bad arguments refused when traced; a message of
+    another dtype or shape than declared (full shape: checked by the engine; partial: by
+    the binding); XLA refused."""
     @tf.function
     def no_dtype():
         return htf.recv(1 - R, name="never")
     check_raises(ValueError, no_dtype, "dtype=", "tf.function", what="recv in a graph without dtype")
     check_raises(tf.errors.InvalidArgumentError, no_dtype, "dtype=",
                  what="recv in a graph without dtype (tf.errors type)")
+
+    check_raises(tf.errors.InvalidArgumentError,
+                 tf.function(lambda: htf.send(tf.ones(2), R, name="self")), "itself",
+                 what="send to this rank, traced")
+    check_raises(TypeError, tf.function(lambda: htf.recv_(tf.ones(2), 1 - R, name="x")),
+                 "tf.Variable", what="recv_ into a tensor, traced")
 
     @tf.function(jit_compile=True)
     def under_xla(x):
