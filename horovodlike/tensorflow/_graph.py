@@ -47,6 +47,7 @@ says what to change, instead of failing obscurely or being dropped.
 import functools
 import itertools
 import re
+import warnings
 import weakref
 
 import numpy as np
@@ -170,8 +171,14 @@ def _run_independently(*graph_ops):
     run before the function returns, unordered with its other stateful ops. Outside a
     tf.function (a TF1 graph) nothing orders stateful ops, and nothing is needed."""
     from tensorflow.python.framework import ops as tf_ops
-    manager = getattr(tf_ops.get_default_graph(), "experimental_acd_manager", None)
+    g = tf_ops.get_default_graph()
+    manager = getattr(g, "experimental_acd_manager", None)
     if manager is None:
+        if getattr(g, "_add_control_dependencies", False):     # a TensorFlow without it
+            warnings.warn("horovodlike: this TensorFlow has no automatic-control-"
+                          "dependency manager to leave point-to-point waits out of "
+                          "program order; inside a tf.function a rank that sends a large "
+                          "message before its recvs now waits for the peer's recv first")
         return
     for op in graph_ops:
         manager.run_independently(op)
