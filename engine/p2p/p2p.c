@@ -693,7 +693,7 @@ static int mbox_offered(engine_t *e, int peer) {
     p2p_hdr_t a = {.magic = F_MBOX_NO};
     const int64_t *f = q->rx_hdr.shape;             /* 1, pid, fd, token */
     if (q->mrx.base) return violation(e, peer, "a second mailbox");
-    int err = !e->cfg.shm ? EPERM
+    int err = !e->cfg.p2p_mailbox ? EPERM
               : f[1] <= 0 || f[2] < 0
                   ? EINVAL
                   : hvdl__p2p_ring_attach(&q->mrx, f[1], f[2], (uint64_t)f[3], q->rx_hdr.nbytes, 1);
@@ -836,8 +836,7 @@ static int sender_frame(engine_t *e, int peer) {
     } else if (h->magic == F_MBOX_OK || h->magic == F_MBOX_NO) {
         pmsg_t *sw = h->magic == F_MBOX_OK ? calloc(1, sizeof *sw) : NULL;
         if (q->mb_state != MB_OFFERED) bad = "a mailbox answer to no offer";
-        else if (sw) {                              /* in send order: what follows uses it */
-            sw->kind = K_SWITCH;
+        else if (sw) { /* in send order: what follows uses it */ sw->kind = K_SWITCH;
             sw->peer = peer;
             sw->hdr.magic = F_SWITCH;
             sw->started = hvdl_now();
@@ -914,6 +913,7 @@ static int begin_payload(engine_t *e, int peer) {
         return mb_drain(e, peer);
     case F_BELL:
         if (!atomic_load(&q->mrx_live)) return violation(e, peer, "a doorbell of no mailbox");
+        atomic_store(hvdl__p2p_mbox_word(&q->mrx, MBOX_BELLED), 0); /* seq_cst: see mb_put */
         return mb_drain(e, peer);
     case F_RTS: return announced(e, peer, &q->rx_hdr, q->rx_name);
     case F_DATA:
@@ -1142,10 +1142,13 @@ static int mb_put(ppeer_t *q, pmsg_t *m, int *bell) {
         hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail + sizeof h + h.name_len, m->op->input,
                            (size_t)h.nbytes);
     q->mtx_tail += len;
-    /* seq_cst, the store then the load: either a polling receiver sees the record (it
-     * looks again after it stops polling), or this sees it not polling and rings. */
+    /* seq_cst, the store then the loads: either a polling receiver sees the record (it
+     * looks again after it stops polling), or this sees it not polling and rings; and a
+     * bell still unanswered (BELLED) is not rung again: its answer clears BELLED before
+     * it drains, so it sees this record. */
     atomic_store(hvdl__p2p_mbox_word(&q->mtx, MBOX_TAIL), q->mtx_tail);
-    *bell = atomic_load(hvdl__p2p_mbox_word(&q->mtx, MBOX_POLLING)) == 0;
+    *bell = atomic_load(hvdl__p2p_mbox_word(&q->mtx, MBOX_POLLING)) == 0 &&
+            atomic_exchange(hvdl__p2p_mbox_word(&q->mtx, MBOX_BELLED), 1) == 0;
     return 0;
 }
 
@@ -1192,8 +1195,9 @@ static void write_locked(engine_t *e, int peer) {
             if (!m->framed && q->mb_state == MB_LIVE && (m->kind == K_EAGER || m->kind == K_RTS)) {
                 int bell = 0, rc = mb_put(q, m, &bell);
                 if (rc < 0) {
-                    report_lost(e, peer, "broke its point-to-point mailbox (its head moved "
-                                         "out of range)");
+                    report_lost(e, peer,
+                                "broke its point-to-point mailbox (its head moved "
+                                "out of range)");
                     return;
                 }
                 if (rc > 0) {
@@ -1529,7 +1533,7 @@ static void offer_mbox(engine_t *e, int peer) {
     int64_t rec = (int64_t)record_bytes(P2P_MAX_NAME, e->cfg.p2p_eager_bytes);
     int64_t cap = (2 * rec + 4095) & ~(int64_t)4095;
     cap = cap < 4 * MBOX_MIN ? 4 * MBOX_MIN : cap;
-    if (!e->cfg.shm || cap > MBOX_MAX || strcmp(e->peers[peer].host, e->host)) return;
+    if (!e->cfg.p2p_mailbox || cap > MBOX_MAX || strcmp(e->peers[peer].host, e->host)) return;
     int err = hvdl__p2p_ring_create(&q->mtx, cap, 1);
     if (err) {
         hvdl__log(e, HVDL_LOG_WARNING,

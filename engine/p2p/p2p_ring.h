@@ -24,7 +24,7 @@ uint8_t *hvdl__p2p_ring_slot(const p2p_ring_t *r, int64_t piece);
 
 /* The same segment as a mailbox (one slot of slot_bytes, a byte ring of records): its
  * control words live in the token's page, each on a cache line of its own. */
-enum { MBOX_TAIL, MBOX_HEAD, MBOX_POLLING, MBOX_WANT_ROOM };
+enum { MBOX_TAIL, MBOX_HEAD, MBOX_POLLING, MBOX_WANT_ROOM, MBOX_BELLED };
 _Atomic uint64_t *hvdl__p2p_mbox_word(const p2p_ring_t *r, int which);
 /* Copy n bytes in at / out from byte position pos (modulo the ring; out to NULL drops). */
 void hvdl__p2p_mbox_put(const p2p_ring_t *r, uint64_t pos, const void *src, size_t n);

@@ -404,12 +404,30 @@ def remember(key, value, seen):
     c.entries[key] = value
 
 
-def prepare(req, code, shape):
+def p2p_key(kind, name, peer, process_set, facts):
+    """The cache key of a named send or recv_ (kind) to or from peer, or None when it
+    cannot be cached. What it holds, as allreduce_key: the name only as a str (unnamed
+    ops take a new number every call), the peer only as an int (True == 1), the set by
+    identity and id, and the array's facts (dtype with its byte order, shape); the
+    checks of request.p2p depend on nothing else."""
+    if type(name) is not str or type(peer) is not int:
+        return None
+    if process_set is None:
+        ps = None
+    elif type(process_set) is ProcessSet:
+        ps = (id(process_set), process_set.process_set_id)
+    else:
+        return None
+    return (kind, name, peer, ps, facts)
+
+
+def prepare(req, code, shape, recv_into=False):
     """An engine.Prepared for a validated Request on a tensor of this dtype code and
     shape (raises the same errors engine.enqueue would)."""
     f = req.fields(code, shape)
     return engine.Prepared(f["op"], f["name"], code, f["shape"], f["reduce_op"],
-                           f["root_rank"], f["prescale"], f["postscale"], f["process_set"])
+                           f["root_rank"], f["prescale"], f["postscale"], f["process_set"],
+                           recv_into=recv_into)
 
 
 def allgather(name=None, process_set=None, ndim=None, what="allgather", namer=None,
