@@ -370,13 +370,20 @@ def allreduce_key(name, op, average, prescale_factor, postscale_factor, process_
         return None
     if type(prescale_factor) not in (float, int) or type(postscale_factor) not in (float, int):
         return None
-    if process_set is None:
-        ps = None
-    elif type(process_set) is ProcessSet:
-        ps = (id(process_set), process_set.process_set_id)
-    else:
+    ps = _set_key(process_set)
+    if ps is False:
         return None
     return (name, op, _scale_key(prescale_factor), _scale_key(postscale_factor), ps, facts)
+
+
+def _set_key(process_set):
+    """A process_set= argument in a cache key: None (the global set), (identity, id), or
+    False when it cannot be cached."""
+    if process_set is None:
+        return None
+    if type(process_set) is ProcessSet:
+        return (id(process_set), process_set.process_set_id)
+    return False
 
 
 def cached(key):
@@ -410,13 +417,8 @@ def p2p_key(kind, name, peer, process_set, facts):
     ops take a new number every call), the peer only as an int (True == 1), the set by
     identity and id, and the array's facts (dtype with its byte order, shape); the
     checks of request.p2p depend on nothing else."""
-    if type(name) is not str or type(peer) is not int:
-        return None
-    if process_set is None:
-        ps = None
-    elif type(process_set) is ProcessSet:
-        ps = (id(process_set), process_set.process_set_id)
-    else:
+    ps = _set_key(process_set)
+    if type(name) is not str or type(peer) is not int or ps is False:
         return None
     return (kind, name, peer, ps, facts)
 
