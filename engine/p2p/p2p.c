@@ -36,13 +36,54 @@
  * the other direction waits for. Posting still never blocks, so no posting order
  * deadlocks; a blocking send above the threshold waits for its recv, as MPI_Send does.
  *
+ * The mailbox. Between two ranks on one node, a send's announcement (an eager message
+ * whole, or a large one's RTS) goes through the pair's shared-memory mailbox instead of
+ * the connection: a byte ring of records (header, name, payload, padded to 8 bytes)
+ * written by the sender, with the positions as atomic words beside it (p2p_ring.c). The
+ * receiving rank's caller that waits on a recv from that peer polls the mailbox itself
+ * (hvdl__engine_wait, hvdl__p2p_poll) and matches what it finds, so a small message
+ * moves with no thread woken and no system call on either side. The sender rings
+ * (F_BELL over the connection, waking the p2p thread, which then drains the mailbox as
+ * it reads frames) only when nobody polls: the receiver counts its pollers in the
+ * mailbox (POLLING), the sender stores the new tail and then loads the count, the
+ * receiver drops the count and then looks once more (both seq_cst), so either the
+ * sender sees a poller that will take the record or the receiver's thread is rung;
+ * a bell not yet answered (BELLED) is not rung again. A full mailbox holds the sender's
+ * queue (in order) until the receiver, asked by WANT_ROOM with the same fence
+ * protocol, answers F_ROOM; the receiver's thread always drains, so a mailbox never
+ * stays full while the receiver lives.
+ * Ordering: a rank offers its mailbox (F_MBOX, like the ring, after the authenticated
+ * handshake: memfd + token) on its first send to a peer on its node; until the peer
+ * accepts, announcements go over the connection. On F_MBOX_OK it queues F_SWITCH in
+ * the send queue, and announcements queued after it go through the mailbox; the
+ * receiver reads the mailbox only once F_SWITCH has come, i.e. after every
+ * announcement sent over the connection. Payloads after a CTS (DATA, SDATA, PIECE)
+ * still go as before, so one name's small and large messages keep their order. The
+ * receiver trusts nothing in the mailbox: the filled length is bounded by its size,
+ * each header is checked as a frame's, each record must lie within what was filled.
+ * The receiving side of a peer (posted recvs, unexpected messages, the reader's state)
+ * is under that peer's rmu, taken by the p2p thread, by a caller posting a recv (posted
+ * on the caller's thread, without waking the p2p thread) and by a polling caller.
+ *
  * Frame (p2p_hdr_t, 88 bytes, then the name, then nbytes of payload):
  *   magic, name_len (1..4096), dtype, ndim (0..8), shape[8], nbytes.
  * Every field is range-checked before anything is trusted (header_problem),
  * nbytes must equal the shape's size and is bounded by P2P_MAX_BYTES, and a peer that
  * breaks this is named by the loop thread as lost (hvdl__p2p_tend), which tells the job.
  *
- * Cost model, one message of n bytes between two ranks:
+ * Cost model, one message of n bytes between two ranks on one node, the mailbox live:
+ *   eager      the sender's caller copies the record into the mailbox (one memcpy of
+ *              n bytes, no system call) and completes; a receiver polling for it
+ *              copies it out into the recv's buffer (recv_) or a new one (recv): no
+ *              wake-up anywhere. Not polling: one sendmsg of an 88-byte bell (at most
+ *              one unanswered per pair) and the two wake-ups below. Latency: the two
+ *              memcpys + the Python calls (measured: docs/benchmarks.md, "Point-to-
+ *              point messages", "The mailbox"); bandwidth up to the threshold: memcpy's,
+ *              halved (two copies).
+ *   memory     a mailbox per sending pair: one page + max(256 KiB, two of the largest
+ *              eager records), made on the first send.
+ *   rendezvous the RTS through the mailbox, the rest as below.
+ * Between nodes (or HOROVODLIKE_P2P_MAILBOX=0), one message of n bytes:
  *   sender     one sendmsg by the caller (header, name and payload in one call), no
  *              copy and no wake-up; the p2p thread's wake-ups only when the socket
  *              buffer is full or earlier sends to that peer are still queued;
