@@ -522,7 +522,9 @@ def test_malformed_p2p_message_fails_the_job_naming_the_sender(job_factory, case
 
 MBOX_BYTES = 64 << 10                    # MBOX_MIN in p2p.c
 MALFORMED_MAILBOX = {                    # (tail, the bytes from the first record on)
-    "filled-out-of-range": (MBOX_BYTES + 8, p2p_message()),
+    # 512 valid 128-byte records fill it exactly: only the bound on the filled length
+    # (more than the mailbox holds) is wrong
+    "filled-out-of-range": (MBOX_BYTES + 128, p2p_message(name=b"x" * 24) * 512),
     "bad-magic": (112, p2p_message(magic=0xDEADBEEF)),
     "carries-a-control-frame": (96, p2p_message(magic=0x53544348, payload=b"")),
     "record-longer-than-put": (91, p2p_message()),
