@@ -91,15 +91,19 @@ VICTIM = rank_program("p2p_victim")
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
-@pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send"])
+@pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send", "mailbox-recv"])
 def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, waits_in):
     """The op waits for a message never sent, for a send the peer never reads, or in the
-    middle of a transfer through the pair's ring (the peer sending, or receiving)."""
+    middle of a transfer through the pair's ring (the peer sending, or receiving); or,
+    mailbox-recv, its caller polls the pair's live mailbox the whole time (a spin longer
+    than the test) when the peer is struck."""
     timeout = 3
     before = set(os.listdir("/dev/shm"))
-    store, procs = _spawn_job(VICTIM, 2, tmp_path, {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),
-                                                    "HOROVODLIKE_P2P_SHM_RING_BYTES": str(256 << 10),
-                                                    "T_WAITS_IN": waits_in})
+    env = {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),
+           "HOROVODLIKE_P2P_SHM_RING_BYTES": str(256 << 10), "T_WAITS_IN": waits_in}
+    if waits_in == "mailbox-recv":
+        env["HOROVODLIKE_SPIN_US"] = str(60 * 10**6)
+    store, procs = _spawn_job(VICTIM, 2, tmp_path, env)
     try:
         deadline = time.monotonic() + 60
         for p in procs:
@@ -227,4 +231,19 @@ def test_unmatched_large_sends_are_not_held_by_the_receiver(where):
     """Above HOROVODLIKE_P2P_EAGER_BYTES a send waits for its recv (rendezvous): 192 MiB
     sent unasked costs the receiver a few announcements, not 192 MiB."""
     res = _run(RENDEZVOUS, FAKE_NODES if where == "fake-nodes" else (), timeout=160)
+    res.assert_ok()
+
+
+MAILBOX = rank_program("p2p_mailbox")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("where", ["mailbox", "tcp"])
+def test_the_mailbox_keeps_order_and_wraps(where):
+    """One name's small and large messages arrive in posting order across the switch from
+    the connection to the mailbox; 300 eager messages of odd sizes, about 120 times the
+    mailbox, sent while the receiver does not poll, wrap it at every offset and make the
+    sender wait for room; a recv never waited on gets its message by the doorbell. The
+    same program over the connection alone (HOROVODLIKE_SHM=0) is the reference."""
+    res = _run(MAILBOX, env={"HOROVODLIKE_SHM": "0"} if where == "tcp" else None, timeout=160)
     res.assert_ok()

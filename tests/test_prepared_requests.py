@@ -15,3 +15,7 @@ if importlib.util.find_spec("pytest_timeout") is not None:
 
 def test_cached_allreduce_answers_as_the_slow_path():
     run_ranks(rank_program("prepared_requests"), 2, "horovodlikerun", timeout=90).assert_ok()
+
+
+def test_cached_send_and_recv_answer_as_the_slow_path():
+    run_ranks(rank_program("prepared_p2p"), 2, "horovodlikerun", timeout=90).assert_ok()

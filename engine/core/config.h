@@ -29,6 +29,9 @@ typedef struct config {
     int64_t shm_chunk_bytes; /* HOROVODLIKE_SHM_CHUNK_BYTES: per-rank piece size */
     int64_t p2p_eager_bytes; /* HOROVODLIKE_P2P_EAGER_BYTES: larger sends wait for the
                                 recv (rendezvous, p2p.c) */
+    int p2p_mailbox; /* HOROVODLIKE_P2P_MAILBOX: small messages between ranks of
+                               one node through a shared-memory mailbox (p2p.c); by
+                               default as HOROVODLIKE_SHM */
     int64_t p2p_ring_bytes; /* HOROVODLIKE_P2P_SHM_RING_BYTES: one node's mailbox per pair
                                 (p2p_ring.c); 0: loopback TCP */
     char timeline[4096]; /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */

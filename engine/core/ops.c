@@ -286,18 +286,28 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
      * arrive, instead of waiting for the engine thread to be woken and then being woken
      * by it (measured: docs/benchmarks.md, "The waiting caller does the engine's work"). */
     if (e->negotiation->callers_drive && yield) look_us = e->shm_spin_us;
+    /* A recv from a peer on this node polls the peer's mailbox (p2p.c): the message then
+     * needs no engine thread of either rank, so it spins without yielding wherever every
+     * local rank has a core, as a shared-memory barrier does. */
+    int polls = hvdl__p2p_poll_begin(e, o);
+    if (polls && e->shm_spin_us > 0) {
+        yield = 0;
+        look_us = e->shm_spin_us;
+    }
     double until = hvdl_now() + look_us * 1e-6;
     int drove = 0; /* a drive took the op from the incoming queue */
     int drives = e->negotiation->callers_drive;
     if (drives) hvdl__drive_enter(e);
     while (!atomic_load(&o->done)) {
         if (drives) drove |= hvdl__drive(e);
+        if (polls) hvdl__p2p_poll(e, o);
         if (atomic_load(&o->done) || hvdl_now() >= until) break;
         if (yield) sched_yield();
         else
             for (int k = 0; k < 32; k++) hvdl_pause();
     }
     if (drives) hvdl__drive_leave(e);
+    if (polls) hvdl__p2p_poll_end(e, o);
     if (atomic_load(&o->done)) return HVDL_OK;
     /* Not done: the loop thread takes over. It was not woken for a flagged op, and may
      * have gone to sleep without seeing it. */

@@ -36,13 +36,54 @@
  * the other direction waits for. Posting still never blocks, so no posting order
  * deadlocks; a blocking send above the threshold waits for its recv, as MPI_Send does.
  *
+ * The mailbox. Between two ranks on one node, a send's announcement (an eager message
+ * whole, or a large one's RTS) goes through the pair's shared-memory mailbox instead of
+ * the connection: a byte ring of records (header, name, payload, padded to 8 bytes)
+ * written by the sender, with the positions as atomic words beside it (p2p_ring.c). The
+ * receiving rank's caller that waits on a recv from that peer polls the mailbox itself
+ * (hvdl__engine_wait, hvdl__p2p_poll) and matches what it finds, so a small message
+ * moves with no thread woken and no system call on either side. The sender rings
+ * (F_BELL over the connection, waking the p2p thread, which then drains the mailbox as
+ * it reads frames) only when nobody polls: the receiver counts its pollers in the
+ * mailbox (POLLING), the sender stores the new tail and then loads the count, the
+ * receiver drops the count and then looks once more (both seq_cst), so either the
+ * sender sees a poller that will take the record or the receiver's thread is rung;
+ * a bell not yet answered (BELLED) is not rung again. A full mailbox holds the sender's
+ * queue (in order) until the receiver, asked by WANT_ROOM with the same fence
+ * protocol, answers F_ROOM; the receiver's thread always drains, so a mailbox never
+ * stays full while the receiver lives.
+ * Ordering: a rank offers its mailbox (F_MBOX, like the ring, after the authenticated
+ * handshake: memfd + token) on its first send to a peer on its node; until the peer
+ * accepts, announcements go over the connection. On F_MBOX_OK it queues F_SWITCH in
+ * the send queue, and announcements queued after it go through the mailbox; the
+ * receiver reads the mailbox only once F_SWITCH has come, i.e. after every
+ * announcement sent over the connection. Payloads after a CTS (DATA, SDATA, PIECE)
+ * still go as before, so one name's small and large messages keep their order. The
+ * receiver trusts nothing in the mailbox: the filled length is bounded by its size,
+ * each header is checked as a frame's, each record must lie within what was filled.
+ * The receiving side of a peer (posted recvs, unexpected messages, the reader's state)
+ * is under that peer's rmu, taken by the p2p thread, by a caller posting a recv (posted
+ * on the caller's thread, without waking the p2p thread) and by a polling caller.
+ *
  * Frame (p2p_hdr_t, 88 bytes, then the name, then nbytes of payload):
  *   magic, name_len (1..4096), dtype, ndim (0..8), shape[8], nbytes.
  * Every field is range-checked before anything is trusted (header_problem),
  * nbytes must equal the shape's size and is bounded by P2P_MAX_BYTES, and a peer that
  * breaks this is named by the loop thread as lost (hvdl__p2p_tend), which tells the job.
  *
- * Cost model, one message of n bytes between two ranks:
+ * Cost model, one message of n bytes between two ranks on one node, the mailbox live:
+ *   eager      the sender's caller copies the record into the mailbox (one memcpy of
+ *              n bytes, no system call) and completes; a receiver polling for it
+ *              copies it out into the recv's buffer (recv_) or a new one (recv): no
+ *              wake-up anywhere. Not polling: one sendmsg of an 88-byte bell (at most
+ *              one unanswered per pair) and the two wake-ups below. Latency: the two
+ *              memcpys + the Python calls (measured: docs/benchmarks.md, "Point-to-
+ *              point messages", "The mailbox"); bandwidth up to the threshold: memcpy's,
+ *              halved (two copies).
+ *   memory     a mailbox per sending pair: one page + max(256 KiB, two of the largest
+ *              eager records), made on the first send.
+ *   rendezvous the RTS through the mailbox, the rest as below.
+ * Between nodes (or HOROVODLIKE_P2P_MAILBOX=0), one message of n bytes:
  *   sender     one sendmsg by the caller (header, name and payload in one call), no
  *              copy and no wake-up; the p2p thread's wake-ups only when the socket
  *              buffer is full or earlier sends to that peer are still queued;
@@ -106,12 +147,20 @@
 #define F_RING 0x474e5248u
 #define F_RING_OK 0x4b4f5248u
 #define F_RING_NO 0x4f4e5248u
+#define F_MBOX 0x58424d48u    /* the mailbox's offer (like RING), answered by MBOX_OK / _NO */
+#define F_MBOX_OK 0x4b424d48u
+#define F_MBOX_NO 0x4e424d48u
+#define F_SWITCH 0x57534d48u  /* in send order: announcements come by the mailbox from here */
+#define F_BELL 0x4c454248u    /* the mailbox has a record and nobody polls it */
+#define F_ROOM 0x4d4f5248u    /* the mailbox has room again (the sender asked) */
 #define P2P_MAX_NAME 4096
 #define P2P_MAX_BYTES ((int64_t)1 << 40)  /* a longer message is malformed */
 #define STAGE_BYTES (64 * 1024)
 #define RING_SLOTS 8                     /* pieces in flight per pair */
 #define RING_MIN_SLOT 4096
 #define RING_MAX_SLOT ((int64_t)64 << 20)
+#define MBOX_MIN ((int64_t)64 << 10)
+#define MBOX_MAX ((int64_t)64 << 20)
 
 typedef struct p2p_hdr {
     uint32_t magic, name_len;
@@ -123,7 +172,21 @@ _Static_assert(sizeof(p2p_hdr_t) == 88, "the p2p header is 88 bytes on the wire"
 
 /* What a pmsg is: a send (by the frames it goes out as), a control frame, or what the
  * receiver holds. */
-enum { K_EAGER, K_RTS, K_DATA, K_SDATA, K_CTL, K_RECV, K_UNEXPECTED, K_UNEXPECTED_RTS, K_AWAIT };
+enum {
+    K_EAGER,
+    K_RTS,
+    K_DATA,
+    K_SDATA,
+    K_CTL,
+    K_SWITCH, /* F_SWITCH, in the send queue (no op) */
+    K_RECV,
+    K_UNEXPECTED,
+    K_UNEXPECTED_RTS,
+    K_AWAIT
+};
+/* The sender's mailbox to a peer (under smu): none yet, offered, accepted (F_SWITCH
+ * queued), live (F_SWITCH written: announcements go through it), refused or failed. */
+enum { MB_NONE, MB_OFFERED, MB_SWITCHING, MB_LIVE, MB_OFF };
 
 /* A message in flight: a send being written, a recv waiting, an unexpected message (or
  * the announcement of one, RTS), a recv cleared to come (awaiting its payload), or a
@@ -165,6 +228,19 @@ typedef struct ppeer {
     int ring_state;
     p2p_ring_t tx;
     int64_t tx_pieces, tx_acked;
+    int mb_state;            /* MB_*, under smu */
+    p2p_ring_t mtx;          /* the mailbox this rank writes to the peer, under smu */
+    uint64_t mtx_tail;
+    /* The receiving side (what follows, to the end): under rmu, taken by the p2p thread
+     * when it reads the connection and by a caller that posts a recv or polls the
+     * mailbox while it waits. Lock order: rmu, then smu, then the engine's mu. */
+    pthread_mutex_t rmu;
+    p2p_ring_t mrx;          /* the mailbox the peer writes to this rank */
+    uint64_t mrx_head;
+    /* mrx is mapped and the peer's F_SWITCH has come: callers may poll it (set under
+     * rmu once mrx is mapped, cleared when the peer broke its protocol; read lock-free) */
+    atomic_int mrx_live;
+    char mb_name[P2P_MAX_NAME + 1];
     plist_t recvs;           /* posted, not matched yet */
     plist_t unexpected;      /* arrived whole (or announced, RTS), no recv yet */
     plist_t awaiting;        /* recvs cleared to come (CTS sent), FIFO per name */
@@ -184,17 +260,19 @@ typedef struct ppeer {
 } ppeer_t;
 
 /* Set up at start (thread, started, wake_fd, peers' fds), then owned as each field says:
- * mu for the incoming ops and stop, each peer's smu for its send queue, the p2p thread
- * for the rest of a peer (receiving), atomics for what the loop thread reads. */
+ * mu for stop, each peer's smu for its send queue, each peer's rmu for its receiving
+ * side, atomics for what the loop thread and callers read. */
 struct p2p {
     pthread_t thread;
     int started;
     int wake_fd;
-    pthread_mutex_t mu;      /* guards incoming and stop */
-    op_t *incoming_head, *incoming_tail;
+    pthread_mutex_t mu;      /* guards stop */
     int stop;
     ppeer_t *peers;
     atomic_int npending;     /* ops not finished */
+    /* The thread is about to sleep without a timeout (no op pending): a caller that
+     * posts a recv wakes it (so that it watches the failure flag and stalls again). */
+    atomic_int sleeping;
     double last_stall_check;
     /* A failure the loop thread must tell the job about (hvdl__p2p_tend). */
     atomic_int lost_peer;    /* -1: none */
@@ -240,11 +318,18 @@ static const char *header_problem(const void *hdr) {
     const p2p_hdr_t *h = hdr;
     if (!named_frame(h->magic)) {
         if (h->magic != F_PIECE && h->magic != F_ACK && h->magic != F_RING &&
-            h->magic != F_RING_OK && h->magic != F_RING_NO)
+            h->magic != F_RING_OK && h->magic != F_RING_NO && h->magic != F_MBOX &&
+            h->magic != F_MBOX_OK && h->magic != F_MBOX_NO && h->magic != F_SWITCH &&
+            h->magic != F_BELL && h->magic != F_ROOM)
             return "bad magic";
         if (h->name_len || h->dtype || h->ndim) return "a control frame with a name or dtype";
-        for (int d = h->magic == F_RING ? 4 : 0; d < HVDL_MAX_DIMS; d++)
+        int offer = h->magic == F_RING || h->magic == F_MBOX;
+        for (int d = offer ? 4 : 0; d < HVDL_MAX_DIMS; d++)
             if (h->shape[d]) return "a control frame with a shape";
+        if (h->magic == F_MBOX)
+            return h->nbytes >= MBOX_MIN && h->nbytes <= MBOX_MAX && h->shape[0] == 1
+                       ? NULL
+                       : "mailbox size out of range";
         if (h->magic == F_PIECE || h->magic == F_ACK)
             return h->nbytes >= 1 && h->nbytes <= RING_MAX_SLOT ? NULL : "piece size out of range";
         if (h->magic == F_RING)
@@ -361,6 +446,7 @@ static void fail_list(engine_t *e, plist_t *l, int status, const char *msg) {
 /* Every op waiting on peer q ends: with (status, msg), or, msg NULL, naming q. */
 static void fail_peer(engine_t *e, ppeer_t *q, int status, const char *msg) {
     plist_t half = {0};                             /* a recv half read, or half moved */
+    pthread_mutex_lock(&q->rmu);
     if (q->rx_into && q->rx_into->op) {
         push(&half, q->rx_into);
         q->rx_into = NULL;
@@ -377,6 +463,7 @@ static void fail_peer(engine_t *e, ppeer_t *q, int status, const char *msg) {
     pthread_mutex_unlock(&q->smu);
     fail_list(e, &q->recvs, status, msg);
     fail_list(e, &q->awaiting, status, msg);
+    pthread_mutex_unlock(&q->rmu);
 }
 
 /* Everything this thread holds fails with one message (the engine failed or stopped). */
@@ -640,7 +727,130 @@ static int ring_offered(engine_t *e, int peer) {
     return queue_ctl_locked(e, peer, &a, NULL);
 }
 
-/* The sender's side of a frame without a payload: CTS, ACK, RING_OK, RING_NO. */
+/* MBOX: the peer offers its mailbox to this rank; map it and answer. It is read once
+ * the peer's F_SWITCH comes, in order after every announcement sent over the connection. */
+static int mbox_offered(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    p2p_hdr_t a = {.magic = F_MBOX_NO};
+    const int64_t *f = q->rx_hdr.shape;             /* 1, pid, fd, token */
+    if (q->mrx.base) return violation(e, peer, "a second mailbox");
+    int err = !e->cfg.p2p_mailbox ? EPERM
+              : f[1] <= 0 || f[2] < 0
+                  ? EINVAL
+                  : hvdl__p2p_ring_attach(&q->mrx, f[1], f[2], (uint64_t)f[3], q->rx_hdr.nbytes, 1);
+    if (!err) a.magic = F_MBOX_OK;
+    else
+        hvdl__log(e, HVDL_LOG_WARNING,
+                  "point-to-point messages from rank %d go over its connection, not shared "
+                  "memory: cannot attach its mailbox (%s)",
+                  peer, strerror(err));
+    q->mrx_head = 0;
+    return queue_ctl_locked(e, peer, &a, NULL);
+}
+
+/* An announcement (RTS) h of a large message: clear it if its recv is posted, else keep
+ * it (no payload) until one is. */
+static int announced(engine_t *e, int peer, const p2p_hdr_t *h, const char *name) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pmsg_t *r = posted_for(q, name);
+    if (r) {
+        unlink_msg(&q->recvs, r);
+        return clear_to_send(e, r, h, name);
+    }
+    pmsg_t *m = held_entry(e, peer, K_UNEXPECTED_RTS, h, name);
+    if (!m) return -1;
+    push(&q->unexpected, m);
+    return 0;
+}
+
+/* A record's bytes in the mailbox: header, name, payload, then padding to 8 bytes. */
+static uint64_t record_bytes(int64_t name_len, int64_t payload) {
+    return ((uint64_t)sizeof(p2p_hdr_t) + (uint64_t)name_len + (uint64_t)payload + 7) & ~7ull;
+}
+
+/* An eager message h whose payload lies in the peer's mailbox at pos: into its posted
+ * recv (one copy), or buffered whole as unexpected. */
+static int mb_eager(engine_t *e, int peer, const p2p_hdr_t *h, const char *name, uint64_t pos) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pmsg_t *r = posted_for(q, name);
+    if (r) {
+        uint8_t *dst = NULL;
+        unlink_msg(&q->recvs, r);
+        if (accept_into(e, r, h, &dst)) return 0;   /* failed (mismatch): dropped */
+        hvdl__p2p_mbox_get(&q->mrx, pos, dst, (size_t)h->nbytes);
+        finish(e, r, HVDL_OK, NULL);
+        return 0;
+    }
+    pmsg_t *m = held_entry(e, peer, K_UNEXPECTED, h, name);
+    if (!m) return -1;
+    if (h->nbytes && !(m->data = malloc((size_t)h->nbytes))) {
+        free(m->name);
+        free(m);
+        hvdl__fail(e, HVDL_ERR_SYSTEM,
+                   "rank %d (host %s) failed: out of memory for a %lld-byte point-to-point "
+                   "message '%.64s' from rank %d",
+                   e->rank, e->host, (long long)h->nbytes, name, peer);
+        return -1;
+    }
+    hvdl__p2p_mbox_get(&q->mrx, pos, m->data, (size_t)h->nbytes);
+    push(&q->unexpected, m);
+    return 0;
+}
+
+/* With q->rmu held: take every record the peer has put in its mailbox, in order, as the
+ * connection's reader takes frames. The peer is not trusted: the filled length, each
+ * header and each record's length are checked before anything is read. 0, or -1 once
+ * the peer is reported (its mailbox is then no longer read). The sender may wait for
+ * room (MBOX_WANT_ROOM): it is told (F_ROOM) once records have been taken. */
+static int mb_drain(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    if (!atomic_load(&q->mrx_live)) return 0;
+    uint64_t cap = (uint64_t)q->mrx.slot_bytes;
+    int took = 0;
+    for (;;) {
+        uint64_t tail = atomic_load_explicit(hvdl__p2p_mbox_word(&q->mrx, MBOX_TAIL),
+                                             memory_order_acquire);
+        uint64_t avail = tail - q->mrx_head;
+        if (!avail) break;
+        const char *bad = NULL;
+        p2p_hdr_t h;
+        if (avail > cap || avail < sizeof h) bad = "a mailbox filled out of range";
+        else {
+            hvdl__p2p_mbox_get(&q->mrx, q->mrx_head, &h, sizeof h);
+            bad = header_problem(&h);
+            if (!bad && h.magic != P2P_MAGIC && h.magic != F_RTS)
+                bad = "a frame the mailbox does not carry";
+            else if (!bad && record_bytes(h.name_len, h.magic == F_RTS ? 0 : h.nbytes) > avail)
+                bad = "a mailbox record longer than what was put";
+        }
+        if (!bad) {
+            hvdl__p2p_mbox_get(&q->mrx, q->mrx_head + sizeof h, q->mb_name, h.name_len);
+            q->mb_name[h.name_len] = 0;
+            if (strlen(q->mb_name) != h.name_len) bad = "a NUL byte in a name";
+        }
+        if (bad) {
+            atomic_store(&q->mrx_live, 0);
+            return violation(e, peer, bad);
+        }
+        uint64_t len = record_bytes(h.name_len, h.magic == F_RTS ? 0 : h.nbytes);
+        int rc = h.magic == F_RTS
+                     ? announced(e, peer, &h, q->mb_name)
+                     : mb_eager(e, peer, &h, q->mb_name, q->mrx_head + sizeof h + h.name_len);
+        if (rc) return -1;
+        q->mrx_head += len;
+        atomic_store(hvdl__p2p_mbox_word(&q->mrx, MBOX_HEAD), q->mrx_head);
+        took = 1;
+    }
+    /* seq_cst: either the sender sees the new head, or this sees its request */
+    if (took && atomic_exchange(hvdl__p2p_mbox_word(&q->mrx, MBOX_WANT_ROOM), 0)) {
+        p2p_hdr_t room = {.magic = F_ROOM};
+        return queue_ctl_locked(e, peer, &room, NULL);
+    }
+    return 0;
+}
+
+/* The sender's side of a frame without a payload: CTS, ACK, RING_OK, RING_NO, MBOX_OK,
+ * MBOX_NO, ROOM. */
 static int sender_frame(engine_t *e, int peer) {
     ppeer_t *q = &e->p2p->peers[peer];
     const p2p_hdr_t *h = &q->rx_hdr;
@@ -661,6 +871,24 @@ static int sender_frame(engine_t *e, int peer) {
         if (q->tx_acked >= q->tx_pieces) bad = "an acknowledgement of nothing";
         else q->tx_acked++;
         q->blocked = 0;
+    } else if (h->magic == F_ROOM) {
+        if (q->mb_state != MB_LIVE && q->mb_state != MB_SWITCHING) bad = "room in no mailbox";
+        q->blocked = 0;
+    } else if (h->magic == F_MBOX_OK || h->magic == F_MBOX_NO) {
+        pmsg_t *sw = h->magic == F_MBOX_OK ? calloc(1, sizeof *sw) : NULL;
+        if (q->mb_state != MB_OFFERED) bad = "a mailbox answer to no offer";
+        else if (sw) { /* in send order: what follows uses it */ sw->kind = K_SWITCH;
+            sw->peer = peer;
+            sw->hdr.magic = F_SWITCH;
+            sw->started = hvdl_now();
+            push(&q->sends, sw);
+            q->mb_state = MB_SWITCHING;
+            sw = NULL;
+        } else {                                    /* refused (or no memory): the connection */
+            q->mb_state = MB_OFF;
+            hvdl__p2p_ring_close(&q->mtx);
+        }
+        free(sw);
     } else if (q->ring_state != 1) {
         bad = "a ring answer to no offer";
     } else if (h->magic == F_RING_OK) {
@@ -712,21 +940,23 @@ static int begin_payload(engine_t *e, int peer) {
     case F_CTS:
     case F_ACK:
     case F_RING_OK:
-    case F_RING_NO: return sender_frame(e, peer);
+    case F_RING_NO:
+    case F_MBOX_OK:
+    case F_MBOX_NO:
+    case F_ROOM: return sender_frame(e, peer);
     case F_RING: return ring_offered(e, peer);
     case F_PIECE: return piece_arrived(e, peer);
-    case F_RTS: {
-        pmsg_t *r = posted_for(q, q->rx_name);
-        if (r) {
-            unlink_msg(&q->recvs, r);
-            return clear_to_send(e, r, &q->rx_hdr, q->rx_name);
-        }
-        /* announced only: nothing buffered */
-        pmsg_t *m = held_entry(e, peer, K_UNEXPECTED_RTS, &q->rx_hdr, q->rx_name);
-        if (!m) return -1;
-        push(&q->unexpected, m);
-        return 0;
-    }
+    case F_MBOX: return mbox_offered(e, peer);
+    case F_SWITCH:
+        if (!q->mrx.base || atomic_load(&q->mrx_live))
+            return violation(e, peer, "a switch to no mailbox");
+        atomic_store(&q->mrx_live, 1);
+        return mb_drain(e, peer);
+    case F_BELL:
+        if (!atomic_load(&q->mrx_live)) return violation(e, peer, "a doorbell of no mailbox");
+        atomic_store(hvdl__p2p_mbox_word(&q->mrx, MBOX_BELLED), 0); /* seq_cst: see mb_put */
+        return mb_drain(e, peer);
+    case F_RTS: return announced(e, peer, &q->rx_hdr, q->rx_name);
     case F_DATA:
     case F_SDATA: {
         pmsg_t *a = take_awaiting(q, q->rx_name);
@@ -873,6 +1103,8 @@ static void read_peer(engine_t *e, int peer) {
         ssize_t n = rc ? 0 : recv(q->fd, q->stage, STAGE_BYTES, MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
         if (n <= 0) {                               /* closed or broken */
+            /* what the peer put in its mailbox before it closed is delivered too */
+            if (mb_drain(e, peer)) return;
             q->closed = 1;
             pthread_mutex_lock(&q->smu);            /* callers queue sends under it */
             int waiting = q->recvs.head || q->sends.head || q->rx_into || q->rts_wait.head ||
@@ -926,9 +1158,50 @@ static int begin_frame(ppeer_t *q, pmsg_t *m) {
     return 0;                                       /* K_EAGER: the header as it is */
 }
 
+/* With q->smu held: put announcement m (EAGER with its payload, or RTS) in the mailbox.
+ * 0 done (*bell: nobody polls it, so the receiver's thread must be told), 1 no room
+ * (the receiver is asked to say when there is), -1 the receiver broke the mailbox. */
+static int mb_put(ppeer_t *q, pmsg_t *m, int *bell) {
+    int eager = m->kind == K_EAGER;
+    p2p_hdr_t h = m->hdr;
+    h.magic = eager ? P2P_MAGIC : F_RTS;
+    uint64_t len = record_bytes(h.name_len, eager ? h.nbytes : 0);
+    uint64_t cap = (uint64_t)q->mtx.slot_bytes;
+    _Atomic uint64_t *headp = hvdl__p2p_mbox_word(&q->mtx, MBOX_HEAD);
+    uint64_t used = q->mtx_tail - atomic_load_explicit(headp, memory_order_acquire);
+    if (used > cap) return -1;
+    if (len > cap - used) {
+        /* seq_cst: either the receiver sees the request, or this sees its new head */
+        atomic_store(hvdl__p2p_mbox_word(&q->mtx, MBOX_WANT_ROOM), 1);
+        used = q->mtx_tail - atomic_load(headp);
+        if (used > cap) return -1;
+        if (len > cap - used) return 1;
+    }
+    hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail, &h, sizeof h);
+    hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail + sizeof h, m->op->name, h.name_len);
+    if (eager && h.nbytes)
+        hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail + sizeof h + h.name_len, m->op->input,
+                           (size_t)h.nbytes);
+    q->mtx_tail += len;
+    /* seq_cst, the store then the loads: either a polling receiver sees the record (it
+     * looks again after it stops polling), or this sees it not polling and rings; and a
+     * bell still unanswered (BELLED) is not rung again: its answer clears BELLED before
+     * it drains, so it sees this record. */
+    atomic_store(hvdl__p2p_mbox_word(&q->mtx, MBOX_TAIL), q->mtx_tail);
+    *bell = atomic_load(hvdl__p2p_mbox_word(&q->mtx, MBOX_POLLING)) == 0 &&
+            atomic_exchange(hvdl__p2p_mbox_word(&q->mtx, MBOX_BELLED), 1) == 0;
+    return 0;
+}
+
 /* The frame m was writing has gone out: 1 when m is done with (off its list). */
 static int end_frame(engine_t *e, ppeer_t *q, pmsg_t *m) {
     m->framed = 0;
+    if (m->kind == K_SWITCH) {                      /* what follows goes by the mailbox */
+        unlink_msg(&q->sends, m);
+        free(m);
+        q->mb_state = MB_LIVE;
+        return 1;
+    }
     if (m->kind == K_CTL) {
         unlink_msg(&q->ctl, m);
         free(m->name);
@@ -960,6 +1233,24 @@ static void write_locked(engine_t *e, int peer) {
         if (!m) {
             m = q->ctl.head ? q->ctl.head : q->sends.head;
             if (!m) return;
+            if (!m->framed && q->mb_state == MB_LIVE && (m->kind == K_EAGER || m->kind == K_RTS)) {
+                int bell = 0, rc = mb_put(q, m, &bell);
+                if (rc < 0) {
+                    report_lost(e, peer,
+                                "broke its point-to-point mailbox (its head moved "
+                                "out of range)");
+                    return;
+                }
+                if (rc > 0) {
+                    q->blocked = 1;                 /* a ROOM resumes it */
+                    return;
+                }
+                p2p_hdr_t b = {.magic = F_BELL};
+                if (bell && queue_ctl(e, peer, &b, NULL)) return;
+                m->framed = 1;                      /* its announcement is out */
+                end_frame(e, q, m);
+                continue;
+            }
             if (!m->framed && begin_frame(q, m)) {
                 q->blocked = 1;                     /* an ACK resumes it */
                 return;
@@ -1030,6 +1321,7 @@ static void stall_check(engine_t *e, double now) {
     p->last_stall_check = now;
     for (int i = 0; i < e->size; i++) {
         ppeer_t *q = &p->peers[i];
+        pthread_mutex_lock(&q->rmu);
         for (pmsg_t *m = q->recvs.head; m; m = m->next) {
             if (now - m->started < e->cfg.stall_warning) continue;
             if (now - m->warned < e->cfg.stall_warning && !past_shutdown(e, m, now)) continue;
@@ -1044,12 +1336,17 @@ static void stall_check(engine_t *e, double now) {
                      "has not sent it%s%s%s",
                      m->op->name, e->rank, i, now - m->started, i,
                      k ? " (it sent, unmatched: " : "", sent, k ? "; do the names match?)" : "");
-            if (stall_shutdown(e, m, now, what)) return;
+            if (stall_shutdown(e, m, now, what)) {
+                pthread_mutex_unlock(&q->rmu);
+                return;
+            }
             hvdl__log(e, HVDL_LOG_WARNING, "stall: %s", what);
         }
+        pthread_mutex_unlock(&q->rmu);
         pthread_mutex_lock(&q->smu);
         /* the send being written, or the oldest announced one the peer has not cleared */
         pmsg_t *m = q->sends.head, *a = q->rts_wait.head;
+        if (m && !m->op) m = m->next;               /* a mailbox switch: no op */
         if (!m || (a && a->started < m->started)) m = a;
         char what[HVDL_MSG_BYTES - 64];
         int warn = m && now - m->started >= e->cfg.stall_warning &&
@@ -1080,29 +1377,6 @@ static void stall_check(engine_t *e, double now) {
 
 /* ---- the thread ---- */
 
-static void take_incoming(engine_t *e, int over) {
-    struct p2p *p = e->p2p;
-    pthread_mutex_lock(&p->mu);
-    op_t *o = p->incoming_head;
-    p->incoming_head = p->incoming_tail = NULL;
-    pthread_mutex_unlock(&p->mu);
-    while (o) {
-        op_t *next = o->next;
-        pmsg_t *m = calloc(1, sizeof *m);
-        if (!m) {
-            finish_bare(e, o, HVDL_ERR_SYSTEM, "out of memory for a point-to-point message");
-            o = next;
-            continue;
-        }
-        m->op = o;
-        m->peer = o->meta.root_rank;
-        m->started = o->enqueued_at;
-        atomic_fetch_add(&p->npending, 1);
-        post_recv(e, m, over);
-        o = next;
-    }
-}
-
 static void *p2p_main(void *arg) {
     engine_t *e = arg;
     struct p2p *p = e->p2p;
@@ -1123,7 +1397,6 @@ static void *p2p_main(void *arg) {
         char msg[HVDL_MSG_BYTES];
         if (failed) snprintf(msg, sizeof msg, "%s", e->fail_msg);
         pthread_mutex_unlock(&e->mu);
-        take_incoming(e, over);
         if (over && !stop) finish_closed_peers(e);
         if (failed || stop || !pf || !who) {
             gave_up = 1;
@@ -1149,12 +1422,22 @@ static void *p2p_main(void *arg) {
         }
         /* Ops waiting: look at the engine's failure flag ten times a second. Idle, sleep
          * until a message, a new op or the stop arrives: an idle engine costs nothing. */
-        int rc = poll(pf, (nfds_t)k, atomic_load(&p->npending) ? 100 : -1);
+        int pending = atomic_load(&p->npending);
+        if (!pending) {                             /* seq_cst: see hvdl__p2p_enqueue */
+            atomic_store(&p->sleeping, 1);
+            pending = atomic_load(&p->npending);
+        }
+        int rc = poll(pf, (nfds_t)k, pending ? 100 : -1);
+        atomic_store(&p->sleeping, 0);
         if (rc > 0 && (pf[0].revents & POLLIN)) hvdl_wakefd_drain(p->wake_fd);
         for (int j = 1; rc > 0 && j < k; j++) {
             int i = who[j];
             /* what was read may have queued control frames, or freed a slot of the ring */
-            if (pf[j].revents & (POLLIN | POLLHUP | POLLERR)) read_peer(e, i);
+            if (pf[j].revents & (POLLIN | POLLHUP | POLLERR)) {
+                pthread_mutex_lock(&p->peers[i].rmu);
+                read_peer(e, i);
+                pthread_mutex_unlock(&p->peers[i].rmu);
+            }
             if (!p->peers[i].closed) write_peer(e, i);
         }
         if (!gave_up) stall_check(e, hvdl_now());
@@ -1178,6 +1461,8 @@ int hvdl__p2p_start(engine_t *e) {
     p->wake_fd = hvdl_wakefd_open();
     for (int i = 0; i < e->size; i++) {
         pthread_mutex_init(&p->peers[i].smu, NULL);
+        pthread_mutex_init(&p->peers[i].rmu, NULL);
+        p->peers[i].mtx.fd = p->peers[i].mrx.fd = -1;
         p->peers[i].fd = e->peers[i].p2p_fd;
         e->peers[i].p2p_fd = -1;                    /* this file owns it now */
         p->peers[i].tx.fd = p->peers[i].rx.fd = -1; /* no rings yet */
@@ -1227,7 +1512,10 @@ void hvdl__p2p_free(engine_t *e) {
         fail_list(e, &q->awaiting, HVDL_ERR_SHUT_DOWN, "");
         hvdl__p2p_ring_close(&q->tx);
         hvdl__p2p_ring_close(&q->rx);
+        hvdl__p2p_ring_close(&q->mtx);
+        hvdl__p2p_ring_close(&q->mrx);
         pthread_mutex_destroy(&q->smu);
+        pthread_mutex_destroy(&q->rmu);
     }
     if (p->wake_fd >= 0) close(p->wake_fd);
     pthread_mutex_destroy(&p->mu);
@@ -1245,6 +1533,7 @@ void hvdl__p2p_close_in_child(engine_t *e) {
     for (int i = 0; p->peers && i < e->size; i++) {
         if (p->peers[i].fd >= 0) close(p->peers[i].fd);
         if (p->peers[i].tx.fd >= 0) close(p->peers[i].tx.fd);
+        if (p->peers[i].mtx.fd >= 0) close(p->peers[i].mtx.fd);
     }
     if (p->wake_fd >= 0) close(p->wake_fd);
 }
@@ -1276,6 +1565,35 @@ static void offer_ring(engine_t *e, int peer) {
     q->ring_state = 1;
 }
 
+/* With q->smu held, before the first send to peer: a peer on this node is offered a
+ * mailbox, sized to hold at least two of the largest eager records; until it accepts
+ * (and after a refusal) announcements go over the connection. */
+static void offer_mbox(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    q->mb_state = MB_OFF;
+    int64_t rec = (int64_t)record_bytes(P2P_MAX_NAME, e->cfg.p2p_eager_bytes);
+    int64_t cap = (2 * rec + 4095) & ~(int64_t)4095;
+    cap = cap < 4 * MBOX_MIN ? 4 * MBOX_MIN : cap;
+    if (!e->cfg.p2p_mailbox || cap > MBOX_MAX || strcmp(e->peers[peer].host, e->host)) return;
+    int err = hvdl__p2p_ring_create(&q->mtx, cap, 1);
+    if (err) {
+        hvdl__log(e, HVDL_LOG_WARNING,
+                  "point-to-point messages to rank %d go over its connection, not shared "
+                  "memory: cannot create a mailbox (%s)",
+                  peer, strerror(err));
+        return;
+    }
+    p2p_hdr_t h = {.magic = F_MBOX,
+                   .nbytes = cap,
+                   .shape = {1, (int64_t)getpid(), q->mtx.fd, (int64_t)q->mtx.token}};
+    if (queue_ctl(e, peer, &h, NULL)) {
+        hvdl__p2p_ring_close(&q->mtx);
+        return;
+    }
+    q->mtx_tail = 0;
+    q->mb_state = MB_OFFERED;
+}
+
 /* A send, on the caller's thread: queued behind the peer's earlier sends (in order, so
  * equal names stay first-in first-out), and written at once when it is the only one. A
  * message the socket takes whole completes here, with no wake-up; the rest is the p2p
@@ -1299,6 +1617,7 @@ static int send_now(engine_t *e, op_t *o) {
     atomic_fetch_add(&p->npending, 1);
     ppeer_t *q = &p->peers[m->peer];
     pthread_mutex_lock(&q->smu);
+    if (q->mb_state == MB_NONE) offer_mbox(e, m->peer);
     if (m->kind == K_RTS && q->ring_state == 0) offer_ring(e, m->peer);
     if (q->closed) {
         char why[200];
@@ -1316,6 +1635,104 @@ static int send_now(engine_t *e, op_t *o) {
     pthread_mutex_unlock(&q->smu);
     if (queued) hvdl_wakefd_signal(p->wake_fd);
     return HVDL_OK;
+}
+
+/* On a caller's thread, after it took the peer's receiving side: control frames it
+ * queued (a CTS, a ROOM) are written now, and what the socket does not take is left to
+ * the p2p thread, woken for it. */
+static void caller_flush(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pthread_mutex_lock(&q->smu);
+    int left = 0;
+    if (q->ctl.head || q->cur) {
+        if (!q->closed) write_locked(e, peer);
+        left = q->ctl.head || q->cur;
+    }
+    pthread_mutex_unlock(&q->smu);
+    if (left) hvdl_wakefd_signal(e->p2p->wake_fd);
+}
+
+/* A recv, posted on the caller's thread (no hand-off to the p2p thread): what the peer
+ * put in its mailbox is taken first, then the recv takes the oldest unexpected message
+ * of its name or waits among the posted. Checked under rmu: once the p2p thread has
+ * seen the stop or a failure it fails everything posted (taking rmu), so a recv posted
+ * before that is failed by it, and one after is failed here. */
+static int post_now(engine_t *e, op_t *o) {
+    struct p2p *p = e->p2p;
+    pmsg_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        finish_bare(e, o, HVDL_ERR_SYSTEM, "out of memory for a point-to-point message");
+        return HVDL_OK;
+    }
+    m->op = o;
+    m->peer = o->meta.root_rank;
+    m->started = o->enqueued_at;
+    m->kind = K_RECV;
+    atomic_fetch_add(&p->npending, 1);
+    ppeer_t *q = &p->peers[m->peer];
+    pthread_mutex_lock(&q->rmu);
+    pthread_mutex_lock(&p->mu);
+    int stopped = p->stop;
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_lock(&e->mu);
+    int failed = e->failed, status = e->fail_status;
+    int over = e->shutdown_requested && !failed;
+    char msg[HVDL_MSG_BYTES];
+    if (failed) snprintf(msg, sizeof msg, "%s", e->fail_msg);
+    pthread_mutex_unlock(&e->mu);
+    if (stopped) finish(e, m, HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
+    else if (failed) finish(e, m, status, msg);
+    else if (mb_drain(e, m->peer) == 0) post_recv(e, m, over);
+    else push(&q->recvs, m);                        /* the peer broke: the thread fails it */
+    pthread_mutex_unlock(&q->rmu);
+    caller_flush(e, o->meta.root_rank);
+    /* seq_cst, with the thread's sleeping flag: it watches this op (see p2p_main) */
+    if (atomic_load(&p->sleeping)) hvdl_wakefd_signal(p->wake_fd);
+    return HVDL_OK;
+}
+
+/* The waiting caller of a recv from a peer on this node polls the peer's mailbox itself
+ * (hvdl__engine_wait): a message then moves with no wake-up and no system call. While
+ * it polls, the mailbox's POLLING count says so, and the sender rings (F_BELL over the
+ * connection, which wakes the p2p thread) only when nobody polls. */
+int hvdl__p2p_poll_begin(engine_t *e, const op_t *o) {
+    struct p2p *p = e->p2p;
+    if (!p || o->meta.op != HVDL_OP_RECV) return 0;
+    ppeer_t *q = &p->peers[o->meta.root_rank];
+    if (!atomic_load(&q->mrx_live)) return 0;
+    atomic_fetch_add(hvdl__p2p_mbox_word(&q->mrx, MBOX_POLLING), 1);
+    return 1;
+}
+
+/* One look: takes what the mailbox holds, unless another thread is at it. */
+void hvdl__p2p_poll(engine_t *e, const op_t *o) {
+    int peer = o->meta.root_rank;
+    ppeer_t *q = &e->p2p->peers[peer];
+    if (!atomic_load(&q->mrx_live)) return;
+    /* a hint only (the peer could write the head word): the drain checks for itself */
+    if (atomic_load_explicit(hvdl__p2p_mbox_word(&q->mrx, MBOX_TAIL), memory_order_acquire) ==
+        atomic_load_explicit(hvdl__p2p_mbox_word(&q->mrx, MBOX_HEAD), memory_order_relaxed))
+        return;
+    if (pthread_mutex_trylock(&q->rmu)) return;
+    mb_drain(e, peer);
+    pthread_mutex_unlock(&q->rmu);
+    caller_flush(e, peer);
+}
+
+/* The caller stops polling (its op is done, or it goes to sleep). A record put while
+ * it polled rang no bell: after the count drops (seq_cst, against the sender's store of
+ * the tail and load of the count) one more look takes it, waiting for rmu if need be. */
+void hvdl__p2p_poll_end(engine_t *e, const op_t *o) {
+    int peer = o->meta.root_rank;
+    ppeer_t *q = &e->p2p->peers[peer];
+    atomic_fetch_sub(hvdl__p2p_mbox_word(&q->mrx, MBOX_POLLING), 1);
+    if (atomic_load(hvdl__p2p_mbox_word(&q->mrx, MBOX_TAIL)) ==
+        atomic_load(hvdl__p2p_mbox_word(&q->mrx, MBOX_HEAD)))
+        return;
+    pthread_mutex_lock(&q->rmu);
+    mb_drain(e, peer);
+    pthread_mutex_unlock(&q->rmu);
+    caller_flush(e, peer);
 }
 
 /* Local checks of a send or recv; called with e->mu held. */
@@ -1417,21 +1834,7 @@ int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
         free(o);
         return rc;
     }
-    struct p2p *p = e->p2p;
     *handle = o->handle;
     if (q->op == HVDL_OP_SEND) return send_now(e, o);
-    /* Checked with the queueing, under mu: the thread takes the incoming ops once more
-     * after it has seen stop, so an op queued before stop is completed by it, and one
-     * after is completed here. */
-    pthread_mutex_lock(&p->mu);
-    int stopped = p->stop;
-    if (!stopped) {
-        if (p->incoming_tail) p->incoming_tail->next = o;
-        else p->incoming_head = o;
-        p->incoming_tail = o;
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (stopped) finish_bare(e, o, HVDL_ERR_SHUT_DOWN, "horovodlike has been shut down");
-    else hvdl_wakefd_signal(p->wake_fd);
-    return HVDL_OK;
+    return post_now(e, o);
 }

@@ -10,5 +10,9 @@ void hvdl__p2p_free(engine_t *e);
 int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle);
 int hvdl__p2p_tend(engine_t *e); /* the loop: a peer p2p found broken; -1 failed */
 void hvdl__p2p_close_in_child(engine_t *e); /* a forked child's copies of the fds */
+/* A caller waiting on a recv polls the peer's mailbox: begin (1: polling), look, end. */
+int hvdl__p2p_poll_begin(engine_t *e, const op_t *o);
+void hvdl__p2p_poll(engine_t *e, const op_t *o);
+void hvdl__p2p_poll_end(engine_t *e, const op_t *o);
 
 #endif

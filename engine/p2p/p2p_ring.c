@@ -14,6 +14,12 @@
  * (another pid namespace, a hardened /proc), dst refuses and the payloads go over the
  * connection.
  *
+ * The same kind of segment, with one slot, is the pair's mailbox for small messages and
+ * announcements (p2p.c, "The mailbox"): a byte ring of records (header, name, payload)
+ * whose producer and consumer positions, the receiver's "polling" count and the
+ * sender's "want room" flag are atomic words in the token's page. The two processes
+ * share nothing else: every length the reader takes from it is checked by p2p.c.
+ *
  * Cost: one page + slot_bytes * nslots of memory per pair that sends large messages
  * (HOROVODLIKE_P2P_SHM_RING_BYTES, 4 MiB by default), made once; a piece costs one
  * memcpy on each side plus a small frame each way.
@@ -21,6 +27,7 @@
 #define _GNU_SOURCE
 #include "p2p_ring.h"
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -88,4 +95,25 @@ void hvdl__p2p_ring_close(p2p_ring_t *r) {
 
 uint8_t *hvdl__p2p_ring_slot(const p2p_ring_t *r, int64_t piece) {
     return r->base + RING_HEAD + (size_t)(piece % r->nslots) * (size_t)r->slot_bytes;
+}
+
+_Atomic uint64_t *hvdl__p2p_mbox_word(const p2p_ring_t *r, int which) {
+    return (_Atomic uint64_t *)(r->base + 64 * (which + 1)); /* the token is at 0 */
+}
+
+void hvdl__p2p_mbox_put(const p2p_ring_t *r, uint64_t pos, const void *src, size_t n) {
+    uint64_t cap = (uint64_t)r->slot_bytes, off = pos % cap;
+    size_t k = n < cap - off ? n : (size_t)(cap - off);
+    uint8_t *data = r->base + RING_HEAD;
+    memcpy(data + off, src, k);
+    if (n > k) memcpy(data, (const uint8_t *)src + k, n - k);
+}
+
+void hvdl__p2p_mbox_get(const p2p_ring_t *r, uint64_t pos, void *dst, size_t n) {
+    uint64_t cap = (uint64_t)r->slot_bytes, off = pos % cap;
+    size_t k = n < cap - off ? n : (size_t)(cap - off);
+    const uint8_t *data = r->base + RING_HEAD;
+    if (!dst) return;
+    memcpy(dst, data + off, k);
+    if (n > k) memcpy((uint8_t *)dst + k, data, n - k);
 }

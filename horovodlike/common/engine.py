@@ -174,14 +174,15 @@ class Prepared:
     Prepared enqueue sets three fields. One Prepared belongs to one thread (the cache
     that holds it is per thread): two threads setting its buffers at once would race.
     The engine copies the request at hvdl_enqueue, so reusing it is safe."""
-    __slots__ = ("req", "_keep", "_handle")
+    __slots__ = ("req", "_keep", "_handle", "_flags")
 
     def __init__(self, op, name, dtype=0, shape=(), reduce_op=SUM, root_rank=0,
-                 prescale=1.0, postscale=1.0, process_set=0):
+                 prescale=1.0, postscale=1.0, process_set=0, recv_into=False):
         _check_request(name, shape)
         self.req = ffi.new("hvdl_request *")
+        self._flags = lib.HVDL_RECV_INTO if recv_into else 0
         self._keep = _fill(self.req, op, name, dtype, shape, reduce_op, root_rank, prescale,
-                           postscale, process_set, None, 0)
+                           postscale, process_set, None, self._flags)
         self._handle = ffi.new("int64_t *")
 
     def enqueue(self, input_ptr, output_ptr, caller_waits) -> int:
@@ -189,7 +190,7 @@ class Prepared:
         req = self.req
         req.input = ffi.cast("void *", input_ptr)
         req.output = ffi.cast("void *", output_ptr)
-        req.flags = lib.HVDL_CALLER_WAITS if caller_waits else 0
+        req.flags = self._flags | (lib.HVDL_CALLER_WAITS if caller_waits else 0)
         _check(lib.hvdl_enqueue(req, self._handle))
         return self._handle[0]
 

@@ -331,19 +331,57 @@ def _np_message(res):
     return np.frombuffer(res.buffer(), dtype=dt).reshape(shape)
 
 
+def _p2p_key(kind, tensor, peer, name, process_set):
+    """(key, prepared request or None) of a named send's or recv_'s cached fast path
+    (request.p2p_key), as _allreduce_key: C-contiguity is checked on every call."""
+    if type(tensor) is not np.ndarray or not tensor.flags.c_contiguous:
+        return None, None
+    key = request.p2p_key(kind, name, peer, process_set, (tensor.dtype, tensor.shape))
+    return key, (request.cached(key) if key is not None else None)
+
+
+def _p2p_slow(kind, tensor, peer, name, process_set, key, finish):
+    """A send or recv_ with every check, remembered under key for the next call."""
+    seen = request.generation()
+    what = "send" if kind == "send" else "recv_"
+    x = _as_array(tensor, what)
+    code = dtype_code(x.dtype, what)
+    req = request.p2p("send" if kind == "send" else "recv", peer, name, process_set, what=what)
+    into = kind != "send"
+    if key is None:
+        if into:
+            return submit_recv_into(req, code, x.shape, engine.address(x), (x,), finish)
+        return submit_send(req, code, x.shape, engine.address(x), (x,))
+    prepared = request.prepare(req, code, x.shape, recv_into=into)
+    ptr = engine.data_pointer(x)
+    handle = submit_prepared(prepared, (x,), finish, 0 if into else ptr, ptr if into else 0)
+    request.remember(key, prepared, seen)
+    return handle
+
+
+def _none(_):
+    return None
+
+
 def send_async(tensor, dst, name=None, process_set=None):
     """Send `tensor` to global rank `dst`. Up to HOROVODLIKE_P2P_EAGER_BYTES the handle
     completes once the data has left this rank (possibly before `dst` posts its recv);
     a larger message moves once `dst` has posted its recv (rendezvous), and the handle
     completes then. Posting never blocks."""
-    x = _as_array(tensor, "send")
-    code = dtype_code(x.dtype, "send")
-    req = request.p2p("send", dst, name, process_set)
-    return submit_send(req, code, x.shape, engine.address(x), (x,))
+    key, prepared = _p2p_key("send", tensor, dst, name, process_set)
+    if prepared is not None:
+        return submit_prepared(prepared, (tensor,), _none, engine.data_pointer(tensor), 0)
+    return _p2p_slow("send", tensor, dst, name, process_set, key, _none)
 
 
 def send(tensor, dst, name=None, process_set=None):
-    synchronize(send_async(tensor, dst, name, process_set))
+    _, prepared = _p2p_key("send", tensor, dst, name, process_set)
+    if prepared is not None:
+        run_prepared(prepared, (tensor,), engine.data_pointer(tensor), 0)
+        return
+    with waiting:
+        h = send_async(tensor, dst, name, process_set)
+    synchronize(h)
 
 
 def recv_async(src, name=None, process_set=None):
@@ -358,11 +396,18 @@ def recv(src, name=None, process_set=None):
 
 def recv_async_(tensor, src, name=None, process_set=None):
     """Receive into `tensor` (C-contiguous); returns it at synchronize()."""
-    x = _as_array(tensor, "recv_")
-    code = dtype_code(x.dtype, "recv_")
-    req = request.p2p("recv", src, name, process_set, what="recv_")
-    return submit_recv_into(req, code, x.shape, engine.address(x), (x,), lambda _: x)
+    key, prepared = _p2p_key("recv_", tensor, src, name, process_set)
+    if prepared is not None:
+        return submit_prepared(prepared, (tensor,), lambda _: tensor, 0,
+                               engine.data_pointer(tensor))
+    return _p2p_slow("recv_", tensor, src, name, process_set, key, lambda _: tensor)
 
 
 def recv_(tensor, src, name=None, process_set=None):
-    return synchronize(recv_async_(tensor, src, name, process_set))
+    _, prepared = _p2p_key("recv_", tensor, src, name, process_set)
+    if prepared is not None:
+        run_prepared(prepared, (tensor,), 0, engine.data_pointer(tensor))
+        return tensor
+    with waiting:
+        h = recv_async_(tensor, src, name, process_set)
+    return synchronize(h)

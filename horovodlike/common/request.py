@@ -370,13 +370,20 @@ def allreduce_key(name, op, average, prescale_factor, postscale_factor, process_
         return None
     if type(prescale_factor) not in (float, int) or type(postscale_factor) not in (float, int):
         return None
-    if process_set is None:
-        ps = None
-    elif type(process_set) is ProcessSet:
-        ps = (id(process_set), process_set.process_set_id)
-    else:
+    ps = _set_key(process_set)
+    if ps is False:
         return None
     return (name, op, _scale_key(prescale_factor), _scale_key(postscale_factor), ps, facts)
+
+
+def _set_key(process_set):
+    """A process_set= argument in a cache key: None (the global set), (identity, id), or
+    False when it cannot be cached."""
+    if process_set is None:
+        return None
+    if type(process_set) is ProcessSet:
+        return (id(process_set), process_set.process_set_id)
+    return False
 
 
 def cached(key):
@@ -404,12 +411,25 @@ def remember(key, value, seen):
     c.entries[key] = value
 
 
-def prepare(req, code, shape):
+def p2p_key(kind, name, peer, process_set, facts):
+    """The cache key of a named send or recv_ (kind) to or from peer, or None when it
+    cannot be cached. What it holds, as allreduce_key: the name only as a str (unnamed
+    ops take a new number every call), the peer only as an int (True == 1), the set by
+    identity and id, and the array's facts (dtype with its byte order, shape); the
+    checks of request.p2p depend on nothing else."""
+    ps = _set_key(process_set)
+    if type(name) is not str or type(peer) is not int or ps is False:
+        return None
+    return (kind, name, peer, ps, facts)
+
+
+def prepare(req, code, shape, recv_into=False):
     """An engine.Prepared for a validated Request on a tensor of this dtype code and
     shape (raises the same errors engine.enqueue would)."""
     f = req.fields(code, shape)
     return engine.Prepared(f["op"], f["name"], code, f["shape"], f["reduce_op"],
-                           f["root_rank"], f["prescale"], f["postscale"], f["process_set"])
+                           f["root_rank"], f["prescale"], f["postscale"], f["process_set"],
+                           recv_into=recv_into)
 
 
 def allgather(name=None, process_set=None, ndim=None, what="allgather", namer=None,

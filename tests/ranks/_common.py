@@ -108,6 +108,22 @@ def check_raises(exc_type, fn, *needles, what=None):
     return None
 
 
+class Refused:
+    """Within `with Refused(module, "name"):` a call of module.name raises: a call that
+    returns did not go through it (a cached fast path answered)."""
+
+    def __init__(self, module, name):
+        self.module, self.name = module, name
+
+    def __enter__(self):
+        self.saved = getattr(self.module, self.name)
+        setattr(self.module, self.name,
+                lambda *a, **k: (_ for _ in ()).throw(AssertionError("slow path")))
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.saved)
+
+
 def arrive(what):
     """Tell the other ranks this rank has got to `what` (a file in HVDTEST_DIR)."""
     open(os.path.join(os.environ["HVDTEST_DIR"], what), "w").close()

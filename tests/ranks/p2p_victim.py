@@ -17,6 +17,9 @@ def main():
     huge = np.ones(16 << 20) if how.startswith("ring") else None
     if R == 1:
         hvd.send(np.arange(4.0), 0, name="first")
+        if how == "mailbox-recv":       # once rank 0 has answered, "second" is past the switch
+            hvd.recv(0, name="ack")
+            hvd.send(np.arange(4.0), 0, name="second")
         if how == "ring-recv":
             hvd.send_async(huge, 0, name="huge")
         elif how == "ring-send":
@@ -25,6 +28,9 @@ def main():
         time.sleep(300)                     # the test kills or stops this rank here
     else:
         hvd.recv(1, name="first")
+        if how == "mailbox-recv":       # its mailbox answer went out before the ack
+            hvd.send(np.arange(2.0), 1, name="ack")
+            hvd.recv(1, name="second")
         print("ready", flush=True)
         t = time.monotonic()
         try:
