@@ -5,7 +5,7 @@
     python bench/run.py --cases sizes --np 2 --rounds 3
     python bench/run.py --cases sizes,train --np 2 --plot   # + docs/bench_sizes.png
     python bench/run.py --replot bench/results/latest.json --plot out.png
-    python bench/run.py --cases train-nodes [--rounds 3] [--rates 100mbit,1gbit,10gbit]
+    python bench/run.py --cases train-nodes [--rounds 3] [--places 1gbit,10gbit]
                                         # training over 2 fake nodes x 2 ranks (root;
                                         # about 25 minutes; not in the default cases)
 
@@ -195,10 +195,14 @@ def collect_train(rounds, timeout):
 
 
 # Training across nodes: the implementations, as (label, launcher impl, --compression).
+# "ours-ring" (the flat ring instead of the hierarchical allreduce) only when asked for.
 TRAIN_NODES_IMPLS = [("ours", "ours-train", "none"), ("ours+fp16", "ours-train", "fp16"),
                      ("ours+PowerSGD", "ours-train", "powersgd"), ("DDP", "ddp", "none"),
                      ("DDP+PowerSGD", "ddp", "powersgd")]
+TRAIN_NODES_EXTRA = [("ours-ring", "ours-train", "none")]
+TRAIN_NODES_ENV = {"ours-ring": {"HOROVODLIKE_ALLREDUCE_ALGORITHM": "ring"}}
 TRAIN_NODES_RATES = ["100mbit", "1gbit", "10gbit"]
+TRAIN_NODES_PLACES = ["1node-2", "1node-4"] + TRAIN_NODES_RATES
 # The MLP of examples/pytorch_synthetic_benchmark.py: 7.0 MiB of gradients, 99.9% of them
 # in three matrices (as the layers that dominate a ResNet's or a transformer's gradients),
 # the only model there whose gradients are large enough for the link to matter. Batch 32
@@ -211,23 +215,25 @@ TRAIN_NODES_STEPS = {"100mbit": (4, 3)}
 TRAIN_NODES_DEFAULT_STEPS = (8, 5)
 
 
-def train_nodes_job(impl, compression, np_, rate, timeout, net=None):
+def train_nodes_job(label, impl, compression, np_, rate, timeout, net=None):
     """One training job: 2 fake nodes x 2 ranks over `net`, or np_ ranks on this node."""
     iters, per = TRAIN_NODES_STEPS.get(rate, TRAIN_NODES_DEFAULT_STEPS)
     args = TRAIN_NODES_ARGS + ["--compression", compression, "--iters", str(iters),
                                "--batches-per-iter", str(per)]
+    env = TRAIN_NODES_ENV.get(label, {})
     if net is None:
-        return run_job(impl, np_, args, timeout)
+        return run_job(impl, np_, args, timeout, extra_env=env)
     import netns
     return run_job(impl, 4, args + ["--link", netns.LINK], timeout,
                    launcher_args=net.launcher_args(per_node=2),
-                   extra_env={**net.env(), **net.torch_env()})
+                   extra_env={**net.env(), **net.torch_env(), **env})
 
 
-def collect_train_nodes(rounds, timeout, rates=None):
+def collect_train_nodes(rounds, timeout, places=None, labels=None):
     """Training over 2 fake nodes x 2 ranks at each link rate, and the same on one node
     (2 and 4 ranks, no shaped link) for scaling efficiency: every implementation of
-    TRAIN_NODES_IMPLS in its own job, the order reversed every round.
+    TRAIN_NODES_IMPLS (or those of `labels`) in its own job, the order reversed every
+    round. places: link rates, and "1node-2" / "1node-4" for one node.
     Returns {"rate/label": [{"round", "img_s": [samples], "link_bytes_per_step"}]}."""
     import netns
     why = netns.available()
@@ -239,18 +245,19 @@ def collect_train_nodes(rounds, timeout, rates=None):
         out.setdefault(key, []).append({"round": rnd + 1, "img_s": next(iter(res["results"].values())),
                                         "link_bytes_per_step": res.get("link_bytes_per_step")})
 
-    for place in ["1node-2", "1node-4"] + list(rates or TRAIN_NODES_RATES):
+    impls = [i for i in TRAIN_NODES_IMPLS + TRAIN_NODES_EXTRA
+             if i[0] in (labels or [lab for lab, _, _ in TRAIN_NODES_IMPLS])]
+    for place in places or TRAIN_NODES_PLACES:
         net = None
         ctx = netns.TwoNodes(rate=place) if "node" not in place else None
         try:
             if ctx is not None:
                 net = ctx.__enter__()
             for rnd in range(rounds):
-                order = TRAIN_NODES_IMPLS if rnd % 2 == 0 else TRAIN_NODES_IMPLS[::-1]
-                for label, impl, compression in order:
+                for label, impl, compression in (impls if rnd % 2 == 0 else impls[::-1]):
                     t = time.time()
                     np_ = int(place.split("-")[1]) if ctx is None else 4
-                    res = train_nodes_job(impl, compression, np_, place, timeout, net)
+                    res = train_nodes_job(label, impl, compression, np_, place, timeout, net)
                     record(f"{place}/{label}", res, rnd)
                     print(f"  train-nodes {place} round {rnd + 1}/{rounds} {label}: "
                           f"{statistics.median(res['results'][next(iter(res['results']))]):.0f} "
@@ -273,7 +280,8 @@ def train_nodes_report(out, rounds):
     places = [p for p in ["1node-2", "1node-4"] if any(k.startswith(p + "/") for k in out)]
     names = {"1node-2": "one node, 2 ranks", "1node-4": "one node, 4 ranks",
              "100mbit": "2x2, 100 Mbit/s", "1gbit": "2x2, 1 Gbit/s", "10gbit": "2x2, 10 Gbit/s"}
-    labels = [lab for lab, _, _ in TRAIN_NODES_IMPLS]
+    labels = [lab for lab, _, _ in TRAIN_NODES_IMPLS + TRAIN_NODES_EXTRA
+              if any(k.endswith("/" + lab) for k in out)]
     lines = [f"training across nodes (img/s over all ranks, median [min-max] of {rounds} "
              f"rounds' medians):", "",
              "| where | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
@@ -301,7 +309,10 @@ def train_nodes_report(out, rounds):
         lines.append(f"{names[rate]}: ours/DDP {ratio(rate + '/ours', rate + '/DDP')}, "
                      f"ours+fp16/ours {ratio(rate + '/ours+fp16', rate + '/ours')}, "
                      f"ours+PowerSGD/DDP+PowerSGD "
-                     f"{ratio(rate + '/ours+PowerSGD', rate + '/DDP+PowerSGD')}")
+                     f"{ratio(rate + '/ours+PowerSGD', rate + '/DDP+PowerSGD')}, "
+                     f"ours+PowerSGD/ours {ratio(rate + '/ours+PowerSGD', rate + '/ours')}, "
+                     f"hierarchical/flat ring (ours/ours-ring) "
+                     f"{ratio(rate + '/ours', rate + '/ours-ring')}")
     lines.append("")
     lines.append("scaling efficiency: 2x2 img/s / (2 x one node at 2 ranks) | "
                  "2x2 img/s / one node at 4 ranks")
@@ -472,8 +483,11 @@ def main(argv=None):
                     help="sizes for rank counts above the core count (peers that busy-poll "
                          "take minutes there)")
     ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--rates", help="train-nodes: comma-separated link rates (default "
-                                    + ",".join(TRAIN_NODES_RATES) + ")")
+    ap.add_argument("--places", help="train-nodes: comma-separated link rates and one-node "
+                                     "runs (default " + ",".join(TRAIN_NODES_PLACES) + ")")
+    ap.add_argument("--train-impls", help="train-nodes: comma-separated subset of " + ",".join(
+        lab for lab, _, _ in TRAIN_NODES_IMPLS + TRAIN_NODES_EXTRA) + " (default: all but "
+        "ours-ring, the flat ring in place of the hierarchical allreduce)")
     ap.add_argument("--peers", help="comma-separated subset of the available peers "
                                     "(mpi, gloo, deepspeed); default: all of them")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "latest.json"))
@@ -522,7 +536,8 @@ def main(argv=None):
     nodes_samples, nodes_lines = ({}, [])
     if "train-nodes" in wanted:
         nodes_samples, nodes_lines = collect_train_nodes(
-            long_rounds, timeout=900, rates=args.rates.split(",") if args.rates else None)
+            long_rounds, timeout=900, places=args.places.split(",") if args.places else None,
+            labels=args.train_impls.split(",") if args.train_impls else None)
     net_samples, net_lines = ({}, [])
     if "netns" in wanted:
         net_samples, net_lines = collect_netns(long_rounds, budget, timeout=900)
