@@ -243,7 +243,8 @@ def collect_train_nodes(rounds, timeout, places=None, labels=None):
 
     def record(key, res, rnd):
         out.setdefault(key, []).append({"round": rnd + 1, "img_s": next(iter(res["results"].values())),
-                                        "link_bytes_per_step": res.get("link_bytes_per_step")})
+                                        "link_bytes_per_step": res.get("link_bytes_per_step"),
+                                        "cpu_s_per_step": res.get("cpu_s_per_step")})
 
     impls = [i for i in TRAIN_NODES_IMPLS + TRAIN_NODES_EXTRA
              if i[0] in (labels or [lab for lab, _, _ in TRAIN_NODES_IMPLS])]
@@ -338,6 +339,18 @@ def train_nodes_report(out, rounds):
                     f"{statistics.median(p[i] for p in per) / (1 << 20):.2f}"
                     for i in range(len(per[0]))))
         lines.append(f"{names[rate]}: " + "; ".join(cells))
+    lines.append("")
+    lines.append("CPU time per timed step, summed over the ranks (median over rounds, ms; "
+                 "each rank's process, its engine or gloo threads included):")
+    for p in places + rates:
+        cells = []
+        for lab in labels:
+            per = [sum(r["cpu_s_per_step"]) for r in out.get(f"{p}/{lab}") or []
+                   if r.get("cpu_s_per_step")]
+            if per:
+                cells.append(f"{lab} {statistics.median(per) * 1e3:.0f}")
+        if cells:
+            lines.append(f"{names[p]}: " + "; ".join(cells))
     return lines
 
 

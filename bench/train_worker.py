@@ -13,12 +13,14 @@ thread per rank. PowerSGD on either side uses the same rank and the same warm-up
 run past it, so every timed step is compressed. Rank 0 prints one BENCH JSON line with
 img/s samples (total over ranks) and the number of steps run. With --link DEV (the
 fake nodes' link, bench/netns.py), it also reports the bytes each node sent on DEV during
-the timed steps (read by the node's local rank 0 from /sys), per step.
+the timed steps (read by the node's local rank 0 from /sys), per step. It also reports
+every rank's CPU time per timed step (its process: compute, engine or gloo threads).
 """
 import argparse
 import importlib.util
 import json
 import os
+import resource
 import time
 
 import torch
@@ -74,6 +76,12 @@ def build(args, model):
     return model, opt, dist.get_rank(), dist.get_world_size(), gather
 
 
+def cpu_seconds():
+    """User + system CPU seconds of this process so far, every thread included."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
 def link_sent(dev):
     """Bytes sent on this node's `dev` so far, read by the node's local rank 0 (None on
     the others and without --link)."""
@@ -116,18 +124,22 @@ def main():
         batch()
     samples = []
     sent = link_sent(args.link)
+    cpu = cpu_seconds()
     for _ in range(args.iters):
         t = time.perf_counter()
         for _ in range(args.batches_per_iter):
             batch()
         samples.append(args.batch_size * args.batches_per_iter * size / (time.perf_counter() - t))
     timed = args.iters * args.batches_per_iter
+    cpu = (cpu_seconds() - cpu) / timed
     if sent is not None:
         sent = (link_sent(args.link) - sent) / timed
-    per_node = [b for b in gather(sent) if b is not None]
+    gathered = gather((sent, cpu))
+    per_node = [b for b, _ in gathered if b is not None]
     if rank == 0:
         print("BENCH " + json.dumps({"impl": args.impl, "case": "train", "np": size,
                                      "steps": timed, "link_bytes_per_step": per_node,
+                                     "cpu_s_per_step": [c for _, c in gathered],
                                      "results": {args.model: samples}}), flush=True)
 
 
