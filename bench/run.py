@@ -195,7 +195,8 @@ def collect_train(rounds, timeout):
 
 
 # Training across nodes: the implementations, as (label, launcher impl, --compression).
-# "ours-ring" (the flat ring instead of the hierarchical allreduce) only when asked for.
+# The extra ones (ours-ring: the flat ring in place of the hierarchical allreduce) only when
+# asked for.
 TRAIN_NODES_IMPLS = [("ours", "ours-train", "none"), ("ours+fp16", "ours-train", "fp16"),
                      ("ours+PowerSGD", "ours-train", "powersgd"), ("DDP", "ddp", "none"),
                      ("DDP+PowerSGD", "ddp", "powersgd")]
@@ -500,7 +501,7 @@ def main(argv=None):
                                      "runs (default " + ",".join(TRAIN_NODES_PLACES) + ")")
     ap.add_argument("--train-impls", help="train-nodes: comma-separated subset of " + ",".join(
         lab for lab, _, _ in TRAIN_NODES_IMPLS + TRAIN_NODES_EXTRA) + " (default: all but "
-        "ours-ring, the flat ring in place of the hierarchical allreduce)")
+        "ours-ring)")
     ap.add_argument("--peers", help="comma-separated subset of the available peers "
                                     "(mpi, gloo, deepspeed); default: all of them")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "latest.json"))
