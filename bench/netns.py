@@ -18,6 +18,10 @@ import subprocess
 # the tests) never touch each other's devices.
 SUBNET_PREFIX = "10.231"
 MAX_INDEX = 250
+# Inside its namespace each node's end of the link is renamed to this one name (names are
+# per namespace), so that a peer which must be told its interface (gloo's
+# GLOO_SOCKET_IFNAME) gets the same answer on every node.
+LINK = "hvdl-link"
 
 
 def sh(*cmd, check=True):
@@ -74,10 +78,11 @@ class TwoNodes:
             sh("ip", "link", "set", outside, "master", self.bridge)
             sh("ip", "link", "set", outside, "up")
             run = ("ip", "netns", "exec", ns)
-            sh(*run, "ip", "addr", "add", f"{self.subnet}.{10 + i}/24", "dev", inside)
-            sh(*run, "ip", "link", "set", inside, "up")
+            sh(*run, "ip", "link", "set", inside, "name", LINK)
+            sh(*run, "ip", "addr", "add", f"{self.address(i)}/24", "dev", LINK)
+            sh(*run, "ip", "link", "set", LINK, "up")
             sh(*run, "ip", "link", "set", "lo", "up")
-            sh(*run, "tc", "qdisc", "add", "dev", inside, "root", "tbf", "rate", self.rate,
+            sh(*run, "tc", "qdisc", "add", "dev", LINK, "root", "tbf", "rate", self.rate,
                "burst", "256kb", "latency", "50ms")
 
     def __exit__(self, *exc):
@@ -88,8 +93,26 @@ class TwoNodes:
         sh("ip", "link", "del", self.bridge, check=False)
         self.index = None
 
+    def address(self, node):
+        """Node `node`'s (1 or 2) address on the link."""
+        return f"{self.subnet}.{10 + node}"
+
     def env(self):
         return {"HOROVODLIKE_STORE_HOST": f"{self.subnet}.1"}
+
+    def torch_env(self):
+        """What torch.distributed + gloo ranks need here: the rendezvous on node 1 (where
+        rank 0 runs) and the link as gloo's interface."""
+        return {"MASTER_ADDR": self.address(1), "GLOO_SOCKET_IFNAME": LINK}
+
+    def sent_bytes(self):
+        """Bytes each node has sent into the link so far (tc's counter of its egress
+        qdisc), a tuple per node: what crossed between nodes, whatever sent it."""
+        out = []
+        for ns in self.nodes:
+            text = sh("ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", LINK).stdout
+            out.append(int(text.split("Sent ", 1)[1].split(" bytes", 1)[0]))
+        return tuple(out)
 
     def launcher_args(self, per_node):
         hosts = ",".join(f"{ns}:{per_node}" for ns in self.nodes)

@@ -5,6 +5,9 @@
     python bench/run.py --cases sizes --np 2 --rounds 3
     python bench/run.py --cases sizes,train --np 2 --plot   # + docs/bench_sizes.png
     python bench/run.py --replot bench/results/latest.json --plot out.png
+    python bench/run.py --cases train-nodes [--rounds 3] [--places 1gbit,10gbit]
+                                        # training over 2 fake nodes x 2 ranks (root;
+                                        # about 25 minutes; not in the default cases)
 
 Each implementation runs in its own processes, never two in one process (a busy
 thread of one would slow the other), and the jobs alternate: ours, peer, ours, peer...
@@ -91,7 +94,8 @@ def run_job(impl, np_, worker_args, timeout, launcher_args=(), extra_env=None):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", **(extra_env or {}))
+               OMP_NUM_THREADS="1")
+    env.update(extra_env or {})
     try:
         res = subprocess.run(command(impl, np_, worker_args, launcher_args),
                              capture_output=True, text=True, timeout=timeout, env=env)
@@ -188,6 +192,167 @@ def collect_train(rounds, timeout):
         lines.append(f"training (SmallResNet, batch 32 per rank): {name}: 1 rank {med[(impl, 1)]:.0f} "
                      f"img/s, 2 ranks {med[(impl, 2)]:.0f} img/s, scaling efficiency {eff:.2f}")
     return {f"{k[0]}@{k[1]}": v for k, v in samples.items()}, lines
+
+
+# Training across nodes: the implementations, as (label, launcher impl, --compression).
+# The extra ones (ours-ring: the flat ring in place of the hierarchical allreduce) only when
+# asked for.
+TRAIN_NODES_IMPLS = [("ours", "ours-train", "none"), ("ours+fp16", "ours-train", "fp16"),
+                     ("ours+PowerSGD", "ours-train", "powersgd"), ("DDP", "ddp", "none"),
+                     ("DDP+PowerSGD", "ddp", "powersgd")]
+TRAIN_NODES_EXTRA = [("ours-ring", "ours-train", "none")]
+TRAIN_NODES_ENV = {"ours-ring": {"HOROVODLIKE_ALLREDUCE_ALGORITHM": "ring"}}
+TRAIN_NODES_RATES = ["100mbit", "1gbit", "10gbit"]
+TRAIN_NODES_PLACES = ["1node-2", "1node-4"] + TRAIN_NODES_RATES
+# The MLP of examples/pytorch_synthetic_benchmark.py: 7.0 MiB of gradients, 99.9% of them
+# in three matrices (as the layers that dominate a ResNet's or a transformer's gradients),
+# the only model there whose gradients are large enough for the link to matter. Batch 32
+# per rank, PowerSGD rank 4 after 2 uncompressed steps (ours and DDP's hook alike).
+TRAIN_NODES_ARGS = ["--model", "mlp", "--batch-size", "32", "--powersgd-rank", "4",
+                    "--start-iter", "2", "--warmup", "4"]
+# Timed steps (iterations x steps per iteration): at 100 Mbit/s an uncompressed step
+# takes about a second, so fewer there; the same for every implementation at a rate.
+TRAIN_NODES_STEPS = {"100mbit": (4, 3)}
+TRAIN_NODES_DEFAULT_STEPS = (8, 5)
+
+
+def train_nodes_job(label, impl, compression, np_, rate, timeout, net=None):
+    """One training job: 2 fake nodes x 2 ranks over `net`, or np_ ranks on this node."""
+    iters, per = TRAIN_NODES_STEPS.get(rate, TRAIN_NODES_DEFAULT_STEPS)
+    args = TRAIN_NODES_ARGS + ["--compression", compression, "--iters", str(iters),
+                               "--batches-per-iter", str(per)]
+    env = TRAIN_NODES_ENV.get(label, {})
+    if net is None:
+        return run_job(impl, np_, args, timeout, extra_env=env)
+    import netns
+    return run_job(impl, 4, args + ["--link", netns.LINK], timeout,
+                   launcher_args=net.launcher_args(per_node=2),
+                   extra_env={**net.env(), **net.torch_env(), **env})
+
+
+def collect_train_nodes(rounds, timeout, places=None, labels=None):
+    """Training over 2 fake nodes x 2 ranks at each link rate, and the same on one node
+    (2 and 4 ranks, no shaped link) for scaling efficiency: every implementation of
+    TRAIN_NODES_IMPLS (or those of `labels`) in its own job, the order reversed every
+    round. places: link rates, and "1node-2" / "1node-4" for one node.
+    Returns {"rate/label": [{"round", "img_s": [samples], "link_bytes_per_step"}]}."""
+    import netns
+    why = netns.available()
+    if why:
+        return {}, [f"train-nodes skipped: {why}"]
+    out = {}
+
+    def record(key, res, rnd):
+        out.setdefault(key, []).append({"round": rnd + 1, "img_s": next(iter(res["results"].values())),
+                                        "link_bytes_per_step": res.get("link_bytes_per_step"),
+                                        "cpu_s_per_step": res.get("cpu_s_per_step")})
+
+    impls = [i for i in TRAIN_NODES_IMPLS + TRAIN_NODES_EXTRA
+             if i[0] in (labels or [lab for lab, _, _ in TRAIN_NODES_IMPLS])]
+    for place in places or TRAIN_NODES_PLACES:
+        net = None
+        ctx = netns.TwoNodes(rate=place) if "node" not in place else None
+        try:
+            if ctx is not None:
+                net = ctx.__enter__()
+            for rnd in range(rounds):
+                for label, impl, compression in (impls if rnd % 2 == 0 else impls[::-1]):
+                    t = time.time()
+                    np_ = int(place.split("-")[1]) if ctx is None else 4
+                    res = train_nodes_job(label, impl, compression, np_, place, timeout, net)
+                    record(f"{place}/{label}", res, rnd)
+                    print(f"  train-nodes {place} round {rnd + 1}/{rounds} {label}: "
+                          f"{statistics.median(res['results'][next(iter(res['results']))]):.0f} "
+                          f"img/s, {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+        finally:
+            if ctx is not None:
+                ctx.__exit__()
+    return out, train_nodes_report(out, rounds)
+
+
+def _round_medians(rows):
+    return [statistics.median(r["img_s"]) for r in rows]
+
+
+def train_nodes_report(out, rounds):
+    """The table (img/s, median [min-max] of the rounds' medians), the ratios the targets
+    name and scaling efficiency, as markdown lines."""
+    med = {k: statistics.median(_round_medians(v)) for k, v in out.items()}
+    rates = [r for r in TRAIN_NODES_RATES if any(k.startswith(r + "/") for k in out)]
+    places = [p for p in ["1node-2", "1node-4"] if any(k.startswith(p + "/") for k in out)]
+    names = {"1node-2": "one node, 2 ranks", "1node-4": "one node, 4 ranks",
+             "100mbit": "2x2, 100 Mbit/s", "1gbit": "2x2, 1 Gbit/s", "10gbit": "2x2, 10 Gbit/s"}
+    labels = [lab for lab, _, _ in TRAIN_NODES_IMPLS + TRAIN_NODES_EXTRA
+              if any(k.endswith("/" + lab) for k in out)]
+    lines = [f"training across nodes (img/s over all ranks, median [min-max] of {rounds} "
+             f"rounds' medians):", "",
+             "| where | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for p in places + rates:
+        cells = []
+        for lab in labels:
+            rows = out.get(f"{p}/{lab}")
+            if not rows:
+                cells.append("-")
+                continue
+            m = _round_medians(rows)
+            cells.append(f"{statistics.median(m):.0f} [{min(m):.0f}-{max(m):.0f}]")
+        lines.append(f"| {names[p]} | " + " | ".join(cells) + " |")
+    lines.append("")
+
+    def ratio(a, b):
+        return f"{med[a] / med[b]:.2f}" if a in med and b in med else "-"
+
+    lines.append(f"target: ours / DDP at 1 Gbit/s = {ratio('1gbit/ours', '1gbit/DDP')} (>= 1.2)")
+    lines.append(f"target: ours+PowerSGD / ours at 100 Mbit/s = "
+                 f"{ratio('100mbit/ours+PowerSGD', '100mbit/ours')} (>= 3)")
+    lines.append(f"target: ours+PowerSGD / DDP+PowerSGD at 100 Mbit/s = "
+                 f"{ratio('100mbit/ours+PowerSGD', '100mbit/DDP+PowerSGD')} (>= 1.0)")
+    for rate in rates:
+        lines.append(f"{names[rate]}: ours/DDP {ratio(rate + '/ours', rate + '/DDP')}, "
+                     f"ours+fp16/ours {ratio(rate + '/ours+fp16', rate + '/ours')}, "
+                     f"ours+PowerSGD/DDP+PowerSGD "
+                     f"{ratio(rate + '/ours+PowerSGD', rate + '/DDP+PowerSGD')}, "
+                     f"ours+PowerSGD/ours {ratio(rate + '/ours+PowerSGD', rate + '/ours')}, "
+                     f"hierarchical/flat ring (ours/ours-ring) "
+                     f"{ratio(rate + '/ours', rate + '/ours-ring')}")
+    lines.append("")
+    lines.append("scaling efficiency: 2x2 img/s / (2 x one node at 2 ranks) | "
+                 "2x2 img/s / one node at 4 ranks")
+    for rate in rates:
+        cells = []
+        for lab in labels:
+            k = f"{rate}/{lab}"
+            e2 = (f"{med[k] / (2 * med['1node-2/' + lab]):.2f}"
+                  if k in med and f"1node-2/{lab}" in med else "-")
+            e4 = f"{med[k] / med['1node-4/' + lab]:.2f}" if k in med and f"1node-4/{lab}" in med else "-"
+            cells.append(f"{lab} {e2} | {e4}")
+        lines.append(f"{names[rate]}: " + "; ".join(cells))
+    lines.append("")
+    lines.append("bytes each node sent across the link per timed step (median over rounds, "
+                 "MiB, node 1 / node 2):")
+    for rate in rates:
+        cells = []
+        for lab in labels:
+            rows = out.get(f"{rate}/{lab}") or []
+            per = [r["link_bytes_per_step"] for r in rows if r.get("link_bytes_per_step")]
+            if per:
+                cells.append(f"{lab} " + " / ".join(
+                    f"{statistics.median(p[i] for p in per) / (1 << 20):.2f}"
+                    for i in range(len(per[0]))))
+        lines.append(f"{names[rate]}: " + "; ".join(cells))
+    lines.append("")
+    lines.append("CPU time per timed step, summed over the ranks (median over rounds, ms; "
+                 "each rank's process, its engine or gloo threads included):")
+    for p in places + rates:
+        cells = []
+        for lab in labels:
+            per = [sum(r["cpu_s_per_step"]) for r in out.get(f"{p}/{lab}") or []
+                   if r.get("cpu_s_per_step")]
+            if per:
+                cells.append(f"{lab} {statistics.median(per) * 1e3:.0f}")
+        if cells:
+            lines.append(f"{names[p]}: " + "; ".join(cells))
+    return lines
 
 
 def mark_slow(samples):
@@ -332,6 +497,11 @@ def main(argv=None):
                     help="sizes for rank counts above the core count (peers that busy-poll "
                          "take minutes there)")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--places", help="train-nodes: comma-separated link rates and one-node "
+                                     "runs (default " + ",".join(TRAIN_NODES_PLACES) + ")")
+    ap.add_argument("--train-impls", help="train-nodes: comma-separated subset of " + ",".join(
+        lab for lab, _, _ in TRAIN_NODES_IMPLS + TRAIN_NODES_EXTRA) + " (default: all but "
+        "ours-ring)")
     ap.add_argument("--peers", help="comma-separated subset of the available peers "
                                     "(mpi, gloo, deepspeed); default: all of them")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "latest.json"))
@@ -377,16 +547,22 @@ def main(argv=None):
     train_samples, train_lines = ({}, [])
     if "train" in wanted and "gloo" in impls:
         train_samples, train_lines = collect_train(long_rounds, timeout=900)
+    nodes_samples, nodes_lines = ({}, [])
+    if "train-nodes" in wanted:
+        nodes_samples, nodes_lines = collect_train_nodes(
+            long_rounds, timeout=900, places=args.places.split(",") if args.places else None,
+            labels=args.train_impls.split(",") if args.train_impls else None)
     net_samples, net_lines = ({}, [])
     if "netns" in wanted:
         net_samples, net_lines = collect_netns(long_rounds, budget, timeout=900)
-    print(table(rounds_of, impls))
-    print(f"rows: median of each implementation's rounds (each round's median sample), "
-          f"[min-max] over those rounds; a round whose calibration took more than "
-          f"{stats.SLOW_FACTOR}x the baseline is slow and left out (bench/stats.py); "
-          f"baselines: " + ", ".join(f"{n} ranks {b * 1e3:.1f} ms" for n, b in
-                                      sorted(bases.items()) if b is not None))
-    for line in slow_report(rounds_of) + train_lines + net_lines:
+    if rounds_of:
+        print(table(rounds_of, impls))
+        print(f"rows: median of each implementation's rounds (each round's median sample), "
+              f"[min-max] over those rounds; a round whose calibration took more than "
+              f"{stats.SLOW_FACTOR}x the baseline is slow and left out (bench/stats.py); "
+              f"baselines: " + ", ".join(f"{n} ranks {b * 1e3:.1f} ms" for n, b in
+                                          sorted(bases.items()) if b is not None))
+    for line in slow_report(rounds_of) + train_lines + net_lines + nodes_lines:
         print(line)
     if HUNG:
         notes.append(f"DeepSpeed hung and was killed in {len(HUNG)} job(s): {'; '.join(HUNG)}")
@@ -405,7 +581,8 @@ def main(argv=None):
                    "slow_factor": stats.SLOW_FACTOR,
                    "calibration_baseline": {str(n): b for n, b in bases.items()},
                    "train": train_samples, "netns": net_samples,
-                   "summary": train_lines + net_lines}, f, indent=1)
+                   "train_nodes": nodes_samples,
+                   "summary": train_lines + net_lines + nodes_lines}, f, indent=1)
     print(f"raw samples: {args.out}")
     if args.plot:
         plot(samples, args.plot)

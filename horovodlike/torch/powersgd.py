@@ -185,11 +185,15 @@ class PowerSGD:
             self.numel_after += r * (n + m)
             mat = p.grad.detach().reshape(n, m)
             if self.error_feedback:
+                # M = G + E in the error buffer itself (it becomes E = M - M̂ in place
+                # below): no n x m tensor is allocated per step, and a fresh 6 MiB one
+                # costs as much as the products on a CPU.
                 err = self.errors.get(name)
                 if err is not None and err.shape == mat.shape and err.dtype == mat.dtype:
-                    mat = mat + err
+                    mat = err.add_(mat)
                 else:
                     mat = mat.clone()
+            # else: M is the gradient itself, read for the last time before M̂ replaces it
             q = self.qs.get(name) if self.warm_start else None
             if q is None or q.shape != (m, r) or q.dtype != mat.dtype:
                 q = self._initial_q(name, m, r, mat.dtype)
@@ -216,19 +220,24 @@ class PowerSGD:
             qs, name="powersgd.Q", op=C.Average, prescale_factor=prescale,
             postscale_factor=postscale, process_set=process_set))
         for (name, p, mat, pm), q in zip(mats, qs):
-            approx = pm @ q.t()
-            if self.error_feedback:
-                self.errors[name] = mat - approx
-            self.qs[name] = q
             with torch.no_grad():
-                p.grad.copy_(approx.view_as(p.grad))
+                if p.grad.is_contiguous():       # M̂ = P Qᵀ written into the gradient
+                    approx = torch.mm(pm, q.t(), out=p.grad.view(mat.shape))
+                else:
+                    approx = pm @ q.t()
+                    p.grad.copy_(approx.view_as(p.grad))
+            if self.error_feedback:
+                self.errors[name] = mat.sub_(approx)
+            self.qs[name] = q
 
     # ------------------------------------------------------------- state
 
     def state_dict(self):
         """The state to checkpoint. The error buffers are this rank's own: they are
         restored only on the rank (of a job of the same size) that saved them."""
-        return {"iter": self.iter, "qs": dict(self.qs), "errors": dict(self.errors),
+        # copies of the error buffers: reduce() updates them in place
+        return {"iter": self.iter, "qs": dict(self.qs),
+                "errors": {k: v.clone() for k, v in self.errors.items()},
                 "rank": basics.rank(), "size": basics.size(),
                 "numel_before": self.numel_before, "numel_after": self.numel_after}
 

@@ -39,6 +39,14 @@ def main():
     opt2.load_state_dict(saved["opt"])
     t_equal(run(model2, opt2, range(3, 6)), first, "fresh optimizer from the checkpoint")
 
+    # A state_dict held in memory (no torch.save) stays what it was: reduce() updates
+    # the error buffers in place, so state_dict() hands out copies of them.
+    held = opt2.state_dict()["powersgd"]["errors"]
+    snapshot = {k: v.clone() for k, v in held.items()}
+    run(model2, opt2, range(6, 8))
+    for k, v in held.items():
+        t_equal(v, snapshot[k], f"held state_dict's error buffer {k} unchanged by later steps")
+
     # ------------------------------------------------ elastic TorchState save / restore
     model = mlp(4)
     psgd = thvd.PowerSGD(rank=2, start_iter=1)
