@@ -22,6 +22,12 @@ static int env_flag(const char *name) {
     return v && *v && strcmp(v, "0") && strcasecmp(v, "false");
 }
 
+/* A flag set to false on purpose ("0" or "false"), as against one left unset. */
+static int env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && (!strcmp(v, "0") || !strcasecmp(v, "false"));
+}
+
 static int parse_level(const char *v) {
     static const char *names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
     for (int i = 0; i < 6; i++)
@@ -61,10 +67,15 @@ void hvdl__config_read(config_t *c) {
     c->algorithm = env_flag("HOROVOD_HIERARCHICAL_ALLREDUCE") ? ALG_HIER : ALG_AUTO;
     for (int i = 0; alg && *alg && i <= ALG_HIER; i++)
         if (!strcasecmp(alg, ALGS[i])) c->algorithm = i;
+    /* Hierarchical is our default across nodes (Horovod's is flat), so a Horovod job that
+     * says HOROVOD_HIERARCHICAL_ALLREDUCE=0 (horovodrun --no-hierarchical-allreduce)
+     * gets what it asked for: auto, less the hierarchical path. Our own knob wins. */
+    c->flat_allreduce = env_off("HOROVOD_HIERARCHICAL_ALLREDUCE") && !(alg && *alg);
     const char *ag = getenv("HOROVODLIKE_ALLGATHER_ALGORITHM");
     c->allgather_algorithm = env_flag("HOROVOD_HIERARCHICAL_ALLGATHER") ? ALG_HIER : ALG_AUTO;
     for (int i = 0; ag && *ag && i < 5; i++)
         if (!strcasecmp(ag, ALGS[i])) c->allgather_algorithm = i;
+    c->flat_allgather = env_off("HOROVOD_HIERARCHICAL_ALLGATHER") && !(ag && *ag);
     c->shm_chunk_bytes = (int64_t)env_num("HOROVODLIKE_SHM_CHUNK_BYTES", 256 * 1024);
     c->shm_chunk_bytes = c->shm_chunk_bytes < 4096 ? 4096 : c->shm_chunk_bytes & ~(int64_t)63;
     const char *tl = getenv("HOROVOD_TIMELINE");
@@ -105,8 +116,9 @@ void hvdl__config_log(const struct engine *e, const config_t *c, int rank) {
 }
 
 void hvdl__config_agreed(const config_t *c, agreed_t *out) {
-    *out = (agreed_t){c->shm,           c->algorithm,   c->allgather_algorithm,
-                      c->shm_negotiate, c->small_bytes, c->shm_chunk_bytes};
+    *out = (agreed_t){c->shm,           c->algorithm,      c->allgather_algorithm,
+                      c->shm_negotiate, c->flat_allreduce, c->flat_allgather,
+                      c->small_bytes,   c->shm_chunk_bytes};
 }
 
 int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap) {
@@ -115,12 +127,27 @@ int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_
                            "HOROVODLIKE_ALLGATHER_ALGORITHM (or HOROVOD_HIERARCHICAL_ALLGATHER)",
                            "HOROVODLIKE_SMALL_BYTES",
                            "HOROVODLIKE_SHM_CHUNK_BYTES",
-                           "HOROVODLIKE_SHM_NEGOTIATE"};
-    int64_t va[] = {a->shm,         a->algorithm,       a->allgather_algorithm,
-                    a->small_bytes, a->shm_chunk_bytes, a->shm_negotiate};
-    int64_t vb[] = {b->shm,         b->algorithm,       b->allgather_algorithm,
-                    b->small_bytes, b->shm_chunk_bytes, b->shm_negotiate};
-    for (int i = 0; i < 6; i++) {
+                           "HOROVODLIKE_SHM_NEGOTIATE",
+                           "HOROVOD_HIERARCHICAL_ALLREDUCE=0",
+                           "HOROVOD_HIERARCHICAL_ALLGATHER=0"};
+    int64_t va[] = {a->shm,
+                    a->algorithm,
+                    a->allgather_algorithm,
+                    a->small_bytes,
+                    a->shm_chunk_bytes,
+                    a->shm_negotiate,
+                    a->flat_allreduce,
+                    a->flat_allgather};
+    int64_t vb[] = {b->shm,
+                    b->algorithm,
+                    b->allgather_algorithm,
+                    b->small_bytes,
+                    b->shm_chunk_bytes,
+                    b->shm_negotiate,
+                    b->flat_allreduce,
+                    b->flat_allgather};
+    _Static_assert(sizeof names / sizeof names[0] == sizeof va / sizeof va[0], "a setting unnamed");
+    for (int i = 0; i < (int)(sizeof va / sizeof va[0]); i++) {
         if (va[i] == vb[i]) continue;
         snprintf(msg, cap, "%s (%lld here, %lld there)", names[i], (long long)va[i],
                  (long long)vb[i]);

@@ -23,6 +23,9 @@ typedef struct config {
                                     several nodes, each node first (negotiate_nodes.c) */
     int spin_us;                 /* HOROVODLIKE_SPIN_US: poll before sleeping, per wait */
     int algorithm; /* HOROVODLIKE_ALLREDUCE_ALGORITHM (ALG_*); HOROVOD_HIERARCHICAL_ALLREDUCE=1 means hier */
+    int flat_allreduce; /* HOROVOD_HIERARCHICAL_ALLREDUCE=0 (said, not left unset) and no
+                            HOROVODLIKE_ALLREDUCE_ALGORITHM: never the hierarchical path */
+    int flat_allgather; /* the same for HOROVOD_HIERARCHICAL_ALLGATHER */
     int64_t small_bytes; /* HOROVODLIKE_SMALL_BYTES: recursive doubling up to here */
     int allgather_algorithm; /* HOROVODLIKE_ALLGATHER_ALGORITHM: auto, ring or hier;
                                     HOROVOD_HIERARCHICAL_ALLGATHER=1 means hier */
@@ -53,6 +56,7 @@ typedef struct config {
  * with different values on different ranks fails at once, naming the variable. */
 typedef struct agreed {
     int32_t shm, algorithm, allgather_algorithm, shm_negotiate;
+    int32_t flat_allreduce, flat_allgather;
     int64_t small_bytes, shm_chunk_bytes;
 } agreed_t;
 

@@ -60,6 +60,7 @@ static int pick_allreduce(engine_t *e, const group_t *g, int64_t bytes) {
     int forced = e->cfg.algorithm;
     int hier_ok = g->id == 0 && e->cross && e->shm;
     if (forced == ALG_HIER && hier_ok) return ALG_HIER;
+    hier_ok = hier_ok && !e->cfg.flat_allreduce;
     if (forced == ALG_RING || forced == ALG_RD) return forced;
     if (on_shm(e, g)) return ALG_SHM;
     if (hier_ok) return ALG_HIER;                     /* several nodes of several ranks */
@@ -79,7 +80,8 @@ static int choose_algorithm(engine_t *e, const group_t *g, const response_t *r) 
     }
     case HVDL_OP_ALLGATHER:
         if (shm) return ALG_SHM;
-        return g->id == 0 && e->cross && e->shm && e->cfg.allgather_algorithm != ALG_RING
+        return g->id == 0 && e->cross && e->shm && e->cfg.allgather_algorithm != ALG_RING &&
+                       !e->cfg.flat_allgather
                    ? ALG_HIER
                    : ALG_RING;
     case HVDL_OP_BROADCAST: return shm ? ALG_SHM : ALG_CHAIN;
@@ -88,7 +90,7 @@ static int choose_algorithm(engine_t *e, const group_t *g, const response_t *r) 
         /* the global set across nodes: hierarchical unless the allreduce knob forces a
          * flat TCP algorithm (a reduce-scatter is half an allreduce) */
         return g->id == 0 && e->cross && e->shm && e->cfg.algorithm != ALG_RING &&
-                       e->cfg.algorithm != ALG_RD
+                       e->cfg.algorithm != ALG_RD && !e->cfg.flat_allreduce
                    ? ALG_HIER
                    : ALG_RING;
     case HVDL_OP_ALLTOALL: return shm ? ALG_SHM : ALG_PAIRWISE;
