@@ -43,18 +43,25 @@ SMALL_RING = {"HOROVODLIKE_P2P_SHM_RING_BYTES": str(32 << 10), "HOROVODLIKE_P2P_
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("where", ["one-node", "one-node-small-ring", "one-node-tcp", "fake-nodes"])
+@pytest.mark.parametrize("where", ["one-node", "one-node-no-cma", "one-node-small-ring",
+                                   "one-node-tcp", "fake-nodes"])
 def test_p2p_numpy(where):
-    """Every dtype and size below and above the eager threshold, through the ring (one
-    node, the default ring and one smaller than the messages), over the connection (the
-    ring off, and fake nodes)."""
-    env = {"one-node-small-ring": SMALL_RING,
-           "one-node-tcp": {"HOROVODLIKE_P2P_SHM_RING_BYTES": "0"}}.get(where, {})
+    """Every dtype and size below and above the eager threshold: on one node read by the
+    receiver straight from the sender's memory (one-node), through the ring (that off:
+    the default ring and one smaller than the messages), over the connection (the ring
+    off, and fake nodes)."""
+    no_cma = {"HOROVODLIKE_P2P_CMA": "0"}
+    env = {"one-node-no-cma": no_cma, "one-node-small-ring": {**SMALL_RING, **no_cma},
+           "one-node-tcp": {"HOROVODLIKE_P2P_SHM_RING_BYTES": "0", **no_cma}}.get(where, {})
     before = set(os.listdir("/dev/shm"))
-    res = _run(MAIN, FAKE_NODES if where == "fake-nodes" else (), env=env)
+    res = _run(MAIN, FAKE_NODES if where == "fake-nodes" else (),
+               env={"HOROVOD_LOG_LEVEL": "debug", **env})
     res.assert_ok()
     # on one node the ring was made and mapped (else the engine warns and uses TCP)
     assert "not shared memory" not in res.stderr, res.stderr[-3000:]
+    # process_vm_readv took the large messages exactly where it is on
+    read = "are read straight from its memory" in res.stderr
+    assert read == (where == "one-node"), res.stderr[-3000:]
     left = [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("hvdl-p2p")]
     assert not left, left
 
@@ -91,16 +98,21 @@ VICTIM = rank_program("p2p_victim")
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
-@pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send", "mailbox-recv"])
+@pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send", "mailbox-recv",
+                                      "cma-recv", "cma-send"])
 def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, waits_in):
     """The op waits for a message never sent, for a send the peer never reads, or in the
     middle of a transfer through the pair's ring (the peer sending, or receiving); or,
     mailbox-recv, its caller polls the pair's live mailbox the whole time (a spin longer
-    than the test) when the peer is struck."""
+    than the test) when the peer is struck; or, cma-*, a large message announced with
+    its address: read from the struck sender (a stopped one's memory is still read, and
+    the next recv fails), or a send whose struck receiver never reads it."""
     timeout = 3
     before = set(os.listdir("/dev/shm"))
     env = {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),
            "HOROVODLIKE_P2P_SHM_RING_BYTES": str(256 << 10), "T_WAITS_IN": waits_in}
+    if waits_in.startswith("ring"):     # the ring carries large messages only without CMA
+        env["HOROVODLIKE_P2P_CMA"] = "0"
     if waits_in == "mailbox-recv":
         env["HOROVODLIKE_SPIN_US"] = str(60 * 10**6)
     store, procs = _spawn_job(VICTIM, 2, tmp_path, env)
@@ -113,6 +125,8 @@ def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, wa
         assert "failed after" in out, out
         took = float(out.split("failed after ")[1].split("s:")[0])
         assert "rank 1 (host" in out and "was lost" in out, out
+        if waits_in == "cma-recv" and how == "SIGSTOP":   # read from the stopped sender
+            assert "read huge" in out, out
         # a killed peer closes its connections at once; a stopped one is found by the
         # heartbeats within the peer timeout (plus one heartbeat interval)
         assert took < (5 if how == "SIGKILL" else 2 * timeout + 3), out
