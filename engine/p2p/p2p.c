@@ -61,6 +61,26 @@
  * still go as before, so one name's small and large messages keep their order. The
  * receiver trusts nothing in the mailbox: the filled length is bounded by its size,
  * each header is checked as a frame's, each record must lie within what was filled.
+ *
+ * One copy (CMA). Between two ranks on one node whose mailbox is live, a large send's
+ * record is an RTSA: the RTS and the address of the sender's buffer (kept alive until
+ * the send completes). The receiver, when a recv meets it, copies the payload straight
+ * from the sender's memory into the recv's buffer with process_vm_readv (the sender's
+ * pid is the one the mailbox was attached through, /proc/<pid>/fd), on whichever thread
+ * matched it (the waiting caller polling the mailbox, the caller posting the recv, or
+ * the p2p thread, under the peer's rmu), then answers FIN: a record in its own mailbox
+ * to the sender when that one is live (the sender's waiting caller polls it, as a
+ * recv's caller does, for longer: the copy's time), else a frame. No CTS, no ring, no
+ * frame per piece. A read the kernel refuses (ptrace rules: Yama's ptrace_scope,
+ * another uid, a seccomp filter) before any byte moved turns CMA off for that peer
+ * (a warning) and answers CTS: the ring path below. HOROVODLIKE_P2P_CMA=0 sends RTS,
+ * not RTSA. The address is the peer's word, and only that peer's own memory is read:
+ * the length is the RTSA's checked nbytes (header_problem), and a read that fails or
+ * stops short (EFAULT: an address it does not have; ESRCH: it exited) is that peer's
+ * fault, named as lost. A stopped sender's memory is still read (the recv completes);
+ * a receiver that dies leaves its sender waiting on the FIN, which the connection's
+ * close (or the heartbeats) fails, as any rendezvous send.
+ *
  * The receiving side of a peer (posted recvs, unexpected messages, the reader's state)
  * is under that peer's rmu, taken by the p2p thread, by a caller posting a recv (posted
  * on the caller's thread, without waking the p2p thread) and by a polling caller.
@@ -82,7 +102,15 @@
  *              halved (two copies).
  *   memory     a mailbox per sending pair: one page + max(256 KiB, two of the largest
  *              eager records), made on the first send.
- *   rendezvous the RTS through the mailbox, the rest as below.
+ *   rendezvous (CMA) one record each way (RTSA, FIN: no system call when each side's
+ *              caller is polling) and one copy, process_vm_readv's, on the receiver,
+ *              in the receiver's thread that matched it (no sender thread runs);
+ *              one-way time: the copy (about memcpy's bandwidth, plus pinning the
+ *              sender's pages) + the polls' latency. A caller that has stopped polling
+ *              (past HOROVODLIKE_SPIN_US, or the FIN's wait: SPIN_US + 1 us per 4 KiB,
+ *              capped at 4 ms) costs a bell and two wake-ups. Measured:
+ *              docs/benchmarks.md, "One copy".
+ *   rendezvous (no CMA) the RTS through the mailbox, the rest as below.
  * Between nodes (or HOROVODLIKE_P2P_MAILBOX=0), one message of n bytes:
  *   sender     one sendmsg by the caller (header, name and payload in one call), no
  *              copy and no wake-up; the p2p thread's wake-ups only when the socket
