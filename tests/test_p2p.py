@@ -13,7 +13,11 @@ with a timeout. What each causes:
   * the stall inspector naming a recv whose name the peer never sent, and a send the
     stopped peer does not read; HOROVOD_STALL_SHUTDOWN_TIME_SECONDS failing every rank
     on a stalled recv, and the sender on a stalled send;
-  * SIGKILL and SIGSTOP of the peer, named within HOROVODLIKE_PEER_TIMEOUT_SECONDS;
+  * SIGKILL and SIGSTOP of the peer, named within HOROVODLIKE_PEER_TIMEOUT_SECONDS
+    (also while it is the sender whose memory a large message is read from, and the
+    receiver that has not read it);
+  * a large message on one node read from the sender's memory (process_vm_readv) and,
+    HOROVODLIKE_P2P_CMA=0 or the read refused by the kernel, through the ring;
   * the timeline's SEND/RECV spans on both ranks' lanes.
 """
 import glob

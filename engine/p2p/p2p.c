@@ -661,8 +661,11 @@ static int cma_read(engine_t *e, int peer, uint8_t *dst, uint64_t addr, int64_t 
     while (got < n) {
         struct iovec l = {dst + got, (size_t)(n - got)};
         struct iovec rv = {(void *)(uintptr_t)(addr + (uint64_t)got), (size_t)(n - got)};
-        ssize_t k = q->mrx_pid > 0 ? process_vm_readv((pid_t)q->mrx_pid, &l, 1, &rv, 1, 0)
-                                   : (errno = EPERM, -1);
+        /* a peer whose connection closed has exited, or soon will: its pid may be
+         * another process's by now, and its buffer is no longer kept for this read */
+        ssize_t k = atomic_load(&q->closed) ? (errno = ESRCH, -1)
+                    : q->mrx_pid > 0        ? process_vm_readv((pid_t)q->mrx_pid, &l, 1, &rv, 1, 0)
+                                            : (errno = EPERM, -1);
         if (k > 0) {
             got += k;
             continue;
