@@ -501,6 +501,10 @@ MALFORMED_P2P = {
     "mailbox-switch-without-mailbox": P2P_HDR.pack(0x57534d48, 0, 0, 0, *[0] * 8, 0),
     "doorbell-without-mailbox": P2P_HDR.pack(0x4c454248, 0, 0, 0, *[0] * 8, 0),
     "room-in-no-mailbox": P2P_HDR.pack(0x4d4f5248, 0, 0, 0, *[0] * 8, 0),
+    # a large message's announcement with its address, which only the mailbox carries,
+    # and a done-reading for nothing announced
+    "address-announcement-over-the-connection": p2p_message(magic=0x41535248, payload=b""),
+    "done-reading-for-nothing": p2p_message(magic=0x4e494648, payload=b""),
 }
 
 
@@ -531,6 +535,43 @@ MALFORMED_MAILBOX = {                    # (tail, the bytes from the first recor
     "nul-in-name": (112, p2p_message(name=b"a\x00b")),
     "huge-payload": (96, p2p_message(shape=(1 << 30,), payload=b"")),
 }
+
+# A large message announced with its address in the sender (RTSA), which the receiver
+# reads straight from the sender's memory (process_vm_readv): an address that is not
+# mapped there, one that wraps around the address space. 1 MiB each.
+HOSTILE_ADDRESS = {"unmapped": 4096, "wrapping": (1 << 64) - 4096}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(HOSTILE_ADDRESS))
+def test_unreadable_large_message_address_fails_the_recv_naming_the_sender(job_factory, case):
+    """The peer (this test process, whose memory the receiver may read) announces a
+    1 MiB message whose address it does not have: the recv fails, and the job, naming
+    the peer and what it announced; nothing is read beyond the checked byte count."""
+    import mmap
+    job, fake = _fake_worker_job(job_factory, HOROVODLIKE_P2P_MAILBOX="1", T_P2P_RECV="act")
+    fd = os.memfd_create("hostile-mailbox")
+    try:
+        os.ftruncate(fd, 4096 + MBOX_BYTES)
+        m = mmap.mmap(fd, 4096 + MBOX_BYTES)
+        token = 0x1234567890ABCDEF
+        rec = p2p_message(magic=0x41535248, shape=(1 << 18,),
+                          payload=struct.pack("<Q", HOSTILE_ADDRESS[case]))
+        m[0:8] = struct.pack("<Q", token)
+        m[64:72] = struct.pack("<Q", (len(rec) + 7) & ~7)   # MBOX_TAIL
+        m[4096:4096 + len(rec)] = rec
+        fake.p2p[0].sendall(P2P_HDR.pack(0x58424d48, 0, 0, 0, 1, os.getpid(), fd, token,
+                                         0, 0, 0, 0, MBOX_BYTES)
+                            + P2P_HDR.pack(0x57534d48, 0, 0, 0, *[0] * 8, 0))
+        rc, out, err = job.wait(0, timeout=60)
+    finally:
+        fake.close()
+        os.close(fd)
+    assert rc == 0, f"rank 0 crashed or hung (rc={rc})\n{out}\n{err}"
+    assert "op-failed" in out, out + err
+    assert (f"rank 1 (host {HOST}) was lost: announced a point-to-point message 'act' of "
+            "1048576 bytes that rank 0 cannot read from its memory (Bad address after 0 "
+            "bytes)") in out, out
 
 
 @pytest.mark.timeout(300)

@@ -13,7 +13,11 @@ with a timeout. What each causes:
   * the stall inspector naming a recv whose name the peer never sent, and a send the
     stopped peer does not read; HOROVOD_STALL_SHUTDOWN_TIME_SECONDS failing every rank
     on a stalled recv, and the sender on a stalled send;
-  * SIGKILL and SIGSTOP of the peer, named within HOROVODLIKE_PEER_TIMEOUT_SECONDS;
+  * SIGKILL and SIGSTOP of the peer, named within HOROVODLIKE_PEER_TIMEOUT_SECONDS
+    (also while it is the sender whose memory a large message is read from, and the
+    receiver that has not read it);
+  * a large message on one node read from the sender's memory (process_vm_readv) and,
+    HOROVODLIKE_P2P_CMA=0 or the read refused by the kernel, through the ring;
   * the timeline's SEND/RECV spans on both ranks' lanes.
 """
 import glob
@@ -32,6 +36,19 @@ FAKE_NODES = ["-H", "a:1,b:1", "--ssh-command", "sh -c {command}"]
 MAIN = rank_program("p2p_main")
 
 
+def _ptrace_unrestricted():
+    """Whether one rank may read a sibling rank's memory (process_vm_readv) here: Yama's
+    ptrace_scope above 0 refuses it, and the engine then uses the ring."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return f.read().strip() == "0"
+    except FileNotFoundError:
+        return True
+
+
+CMA = _ptrace_unrestricted()
+
+
 def _run(script, launcher_args=(), env=None, timeout=200, np_=2):
     return run_ranks(script, np=np_, timeout=timeout, launcher_args=list(launcher_args),
                      env={"HOROVOD_STALL_CHECK_DISABLE": "1", **(env or {})})
@@ -43,18 +60,25 @@ SMALL_RING = {"HOROVODLIKE_P2P_SHM_RING_BYTES": str(32 << 10), "HOROVODLIKE_P2P_
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("where", ["one-node", "one-node-small-ring", "one-node-tcp", "fake-nodes"])
+@pytest.mark.parametrize("where", ["one-node", "one-node-no-cma", "one-node-small-ring",
+                                   "one-node-tcp", "fake-nodes"])
 def test_p2p_numpy(where):
-    """Every dtype and size below and above the eager threshold, through the ring (one
-    node, the default ring and one smaller than the messages), over the connection (the
-    ring off, and fake nodes)."""
-    env = {"one-node-small-ring": SMALL_RING,
-           "one-node-tcp": {"HOROVODLIKE_P2P_SHM_RING_BYTES": "0"}}.get(where, {})
+    """Every dtype and size below and above the eager threshold: on one node read by the
+    receiver straight from the sender's memory (one-node), through the ring (that off:
+    the default ring and one smaller than the messages), over the connection (the ring
+    off, and fake nodes)."""
+    no_cma = {"HOROVODLIKE_P2P_CMA": "0"}
+    env = {"one-node-no-cma": no_cma, "one-node-small-ring": {**SMALL_RING, **no_cma},
+           "one-node-tcp": {"HOROVODLIKE_P2P_SHM_RING_BYTES": "0", **no_cma}}.get(where, {})
     before = set(os.listdir("/dev/shm"))
-    res = _run(MAIN, FAKE_NODES if where == "fake-nodes" else (), env=env)
+    res = _run(MAIN, FAKE_NODES if where == "fake-nodes" else (),
+               env={"HOROVOD_LOG_LEVEL": "debug", **env})
     res.assert_ok()
     # on one node the ring was made and mapped (else the engine warns and uses TCP)
     assert "not shared memory" not in res.stderr, res.stderr[-3000:]
+    # process_vm_readv took the large messages exactly where it is on
+    read = "are read straight from its memory" in res.stderr
+    assert read == (where == "one-node" and CMA), res.stderr[-3000:]
     left = [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("hvdl-p2p")]
     assert not left, left
 
@@ -91,16 +115,21 @@ VICTIM = rank_program("p2p_victim")
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
-@pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send", "mailbox-recv"])
+@pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send", "mailbox-recv",
+                                      "cma-recv", "cma-send"])
 def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, waits_in):
     """The op waits for a message never sent, for a send the peer never reads, or in the
     middle of a transfer through the pair's ring (the peer sending, or receiving); or,
     mailbox-recv, its caller polls the pair's live mailbox the whole time (a spin longer
-    than the test) when the peer is struck."""
+    than the test) when the peer is struck; or, cma-*, a large message announced with
+    its address: read from the struck sender (a stopped one's memory is still read, and
+    the next recv fails), or a send whose struck receiver never reads it."""
     timeout = 3
     before = set(os.listdir("/dev/shm"))
     env = {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),
            "HOROVODLIKE_P2P_SHM_RING_BYTES": str(256 << 10), "T_WAITS_IN": waits_in}
+    if waits_in.startswith("ring"):     # the ring carries large messages only without CMA
+        env["HOROVODLIKE_P2P_CMA"] = "0"
     if waits_in == "mailbox-recv":
         env["HOROVODLIKE_SPIN_US"] = str(60 * 10**6)
     store, procs = _spawn_job(VICTIM, 2, tmp_path, env)
@@ -113,6 +142,8 @@ def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, wa
         assert "failed after" in out, out
         took = float(out.split("failed after ")[1].split("s:")[0])
         assert "rank 1 (host" in out and "was lost" in out, out
+        if waits_in == "cma-recv" and how == "SIGSTOP" and CMA:  # read from the stopped sender
+            assert "read huge" in out, out
         # a killed peer closes its connections at once; a stopped one is found by the
         # heartbeats within the peer timeout (plus one heartbeat interval)
         assert took < (5 if how == "SIGKILL" else 2 * timeout + 3), out
@@ -232,6 +263,23 @@ def test_unmatched_large_sends_are_not_held_by_the_receiver(where):
     sent unasked costs the receiver a few announcements, not 192 MiB."""
     res = _run(RENDEZVOUS, FAKE_NODES if where == "fake-nodes" else (), timeout=160)
     res.assert_ok()
+
+
+CMA_REFUSED = rank_program("p2p_cma_refused")
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_read_falls_back_to_the_ring():
+    """Where the kernel refuses the receiver's read of the sender's memory (here: the
+    receiver without CAP_SYS_PTRACE, the sender made not dumpable once its ring and
+    mailbox are attached), the large message goes through the ring instead, with one
+    warning naming the peer, and so does the next one."""
+    res = _run(CMA_REFUSED, timeout=100)
+    res.assert_ok()
+    warning = ("large point-to-point messages from rank 0 go through the shared-memory ring: "
+               "cannot read its memory (Operation not permitted)")
+    assert res.stderr.count(warning) == 1, res.stderr[-3000:]
+    assert "not shared memory" not in res.stderr, res.stderr[-3000:]
 
 
 MAILBOX = rank_program("p2p_mailbox")

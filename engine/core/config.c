@@ -54,6 +54,7 @@ void hvdl__config_read(config_t *c) {
     c->small_bytes = (int64_t)env_num("HOROVODLIKE_SMALL_BYTES", 64 * 1024);
     c->p2p_eager_bytes = (int64_t)env_num("HOROVODLIKE_P2P_EAGER_BYTES", 64 * 1024);
     c->p2p_mailbox = env_num("HOROVODLIKE_P2P_MAILBOX", c->shm) != 0;
+    c->p2p_cma = env_num("HOROVODLIKE_P2P_CMA", 1) != 0;
     c->p2p_ring_bytes = (int64_t)env_num("HOROVODLIKE_P2P_SHM_RING_BYTES", 4 << 20);
     /* the values of the algorithm knobs: the ALG_* up to ALG_HIER (config.h) */
     static const char *const ALGS[] = {[ALG_AUTO] = "auto",

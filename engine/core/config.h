@@ -35,6 +35,9 @@ typedef struct config {
     int p2p_mailbox; /* HOROVODLIKE_P2P_MAILBOX: small messages between ranks of
                                one node through a shared-memory mailbox (p2p.c); by
                                default as HOROVODLIKE_SHM */
+    int p2p_cma; /* HOROVODLIKE_P2P_CMA: a large message between ranks of one node is
+                    read by the receiver straight from the sender's memory
+                    (process_vm_readv, p2p.c) when the mailbox is live; 0: the ring */
     int64_t p2p_ring_bytes; /* HOROVODLIKE_P2P_SHM_RING_BYTES: one node's mailbox per pair
                                 (p2p_ring.c); 0: loopback TCP */
     char timeline[4096]; /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */

@@ -292,7 +292,7 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     int polls = hvdl__p2p_poll_begin(e, o);
     if (polls && e->shm_spin_us > 0) {
         yield = 0;
-        look_us = e->shm_spin_us;
+        look_us = e->shm_spin_us + hvdl__p2p_look_us(e, o);
     }
     double until = hvdl_now() + look_us * 1e-6;
     int drove = 0; /* a drive took the op from the incoming queue */

@@ -61,6 +61,26 @@
  * still go as before, so one name's small and large messages keep their order. The
  * receiver trusts nothing in the mailbox: the filled length is bounded by its size,
  * each header is checked as a frame's, each record must lie within what was filled.
+ *
+ * One copy (CMA). Between two ranks on one node whose mailbox is live, a large send's
+ * record is an RTSA: the RTS and the address of the sender's buffer (kept alive until
+ * the send completes). The receiver, when a recv meets it, copies the payload straight
+ * from the sender's memory into the recv's buffer with process_vm_readv (the sender's
+ * pid is the one the mailbox was attached through, /proc/<pid>/fd), on whichever thread
+ * matched it (the waiting caller polling the mailbox, the caller posting the recv, or
+ * the p2p thread, under the peer's rmu), then answers FIN: a record in its own mailbox
+ * to the sender when that one is live (the sender's waiting caller polls it, as a
+ * recv's caller does, for longer: the copy's time), else a frame. No CTS, no ring, no
+ * frame per piece. A read the kernel refuses (ptrace rules: Yama's ptrace_scope,
+ * another uid, a seccomp filter) before any byte moved turns CMA off for that peer
+ * (a warning) and answers CTS: the ring path below. HOROVODLIKE_P2P_CMA=0 sends RTS,
+ * not RTSA. The address is the peer's word, and only that peer's own memory is read:
+ * the length is the RTSA's checked nbytes (header_problem), and a read that fails or
+ * stops short (EFAULT: an address it does not have; ESRCH: it exited) is that peer's
+ * fault, named as lost. A stopped sender's memory is still read (the recv completes);
+ * a receiver that dies leaves its sender waiting on the FIN, which the connection's
+ * close (or the heartbeats) fails, as any rendezvous send.
+ *
  * The receiving side of a peer (posted recvs, unexpected messages, the reader's state)
  * is under that peer's rmu, taken by the p2p thread, by a caller posting a recv (posted
  * on the caller's thread, without waking the p2p thread) and by a polling caller.
@@ -82,7 +102,15 @@
  *              halved (two copies).
  *   memory     a mailbox per sending pair: one page + max(256 KiB, two of the largest
  *              eager records), made on the first send.
- *   rendezvous the RTS through the mailbox, the rest as below.
+ *   rendezvous (CMA) one record each way (RTSA, FIN: no system call when each side's
+ *              caller is polling) and one copy, process_vm_readv's, on the receiver,
+ *              in the receiver's thread that matched it (no sender thread runs);
+ *              one-way time: the copy (about memcpy's bandwidth, plus pinning the
+ *              sender's pages) + the polls' latency. A caller that has stopped polling
+ *              (past HOROVODLIKE_SPIN_US, or the FIN's wait: SPIN_US + 1 us per 4 KiB,
+ *              capped at 4 ms) costs a bell and two wake-ups. Measured:
+ *              docs/benchmarks.md, "One copy".
+ *   rendezvous (no CMA) the RTS through the mailbox, the rest as below.
  * Between nodes (or HOROVODLIKE_P2P_MAILBOX=0), one message of n bytes:
  *   sender     one sendmsg by the caller (header, name and payload in one call), no
  *              copy and no wake-up; the p2p thread's wake-ups only when the socket
@@ -153,6 +181,8 @@
 #define F_SWITCH 0x57534d48u  /* in send order: announcements come by the mailbox from here */
 #define F_BELL 0x4c454248u    /* the mailbox has a record and nobody polls it */
 #define F_ROOM 0x4d4f5248u    /* the mailbox has room again (the sender asked) */
+#define F_RTSA 0x41535248u    /* mailbox only: RTS with the payload's address in the sender */
+#define F_FIN 0x4e494648u     /* the receiver has read an RTSA's payload: the send is done */
 #define P2P_MAX_NAME 4096
 #define P2P_MAX_BYTES ((int64_t)1 << 40)  /* a longer message is malformed */
 #define STAGE_BYTES (64 * 1024)
@@ -204,6 +234,7 @@ typedef struct pmsg {
     int framed;              /* sends: fhdr is set up (the frame has begun) */
     int64_t moved;           /* SDATA: payload bytes put into the ring */
     int64_t piece;           /* SDATA: bytes in the current PIECE frame (0: the header) */
+    uint64_t addr;           /* K_UNEXPECTED_RTS from an RTSA: the payload in the sender */
     double started, warned;
     struct pmsg *next;
 } pmsg_t;
@@ -237,6 +268,8 @@ typedef struct ppeer {
     pthread_mutex_t rmu;
     p2p_ring_t mrx;          /* the mailbox the peer writes to this rank */
     uint64_t mrx_head;
+    int64_t mrx_pid;         /* the peer's process (checked by the mailbox's attach) */
+    int cma;                 /* reading the peer's memory: 0 untried, 1 works, -1 refused */
     /* mrx is mapped and the peer's F_SWITCH has come: callers may poll it (set under
      * rmu once mrx is mapped, cleared when the peer broke its protocol; read lock-free) */
     atomic_int mrx_live;
@@ -312,7 +345,7 @@ static void unlink_msg(plist_t *l, pmsg_t *m) {
  * case over a real connection). */
 static int named_frame(uint32_t magic) {
     return magic == P2P_MAGIC || magic == F_RTS || magic == F_CTS || magic == F_DATA ||
-           magic == F_SDATA;
+           magic == F_SDATA || magic == F_RTSA || magic == F_FIN;
 }
 static const char *header_problem(const void *hdr) {
     const p2p_hdr_t *h = hdr;
@@ -615,16 +648,85 @@ static pmsg_t *held_entry(engine_t *e, int peer, int kind, const p2p_hdr_t *h, c
     return m;
 }
 
+static int send_fin(engine_t *e, int peer, const p2p_hdr_t *h, const char *name);
+
+/* With q->rmu held: copy n bytes at addr in peer's memory (an RTSA) into dst, straight
+ * from the sender's buffer (process_vm_readv; the sender keeps it until the FIN). 0 done,
+ * 1 not permitted (ptrace rules, seccomp: the ring is used from now on), -1 the peer is
+ * reported (it died, or announced memory it does not have: a protocol error). */
+static int cma_read(engine_t *e, int peer, uint8_t *dst, uint64_t addr, int64_t n, const char *name,
+                    char *why, size_t cap) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    int64_t got = 0;
+    while (got < n) {
+        struct iovec l = {dst + got, (size_t)(n - got)};
+        struct iovec rv = {(void *)(uintptr_t)(addr + (uint64_t)got), (size_t)(n - got)};
+        /* a peer whose connection closed has exited, or soon will: its pid may be
+         * another process's by now, and its buffer is no longer kept for this read */
+        ssize_t k = atomic_load(&q->closed) ? (errno = ESRCH, -1)
+                    : q->mrx_pid > 0        ? process_vm_readv((pid_t)q->mrx_pid, &l, 1, &rv, 1, 0)
+                                            : (errno = EPERM, -1);
+        if (k > 0) {
+            got += k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR) continue;
+        int err = k < 0 ? errno : EFAULT;           /* 0 bytes: nothing more to read there */
+        if (got == 0 && q->cma == 0 && (err == EPERM || err == EACCES || err == ENOSYS)) {
+            q->cma = -1;
+            hvdl__log(e, HVDL_LOG_WARNING,
+                      "large point-to-point messages from rank %d go through the shared-memory "
+                      "ring: cannot read its memory (%s)",
+                      peer, strerror(err));
+            return 1;
+        }
+        if (err == ESRCH)
+            snprintf(why, cap, "exited while rank %d read its message '%.64s'", e->rank, name);
+        else
+            snprintf(why, cap,
+                     "announced a point-to-point message '%.64s' of %lld bytes that rank %d "
+                     "cannot read from its memory (%s after %lld bytes)",
+                     name, (long long)n, e->rank, strerror(err), (long long)got);
+        atomic_store(&q->mrx_live, 0);              /* nothing more is taken from it */
+        report_lost(e, peer, why);
+        return -1;
+    }
+    if (!q->cma)
+        hvdl__log(e, HVDL_LOG_DEBUG,
+                  "large point-to-point messages from rank %d are read straight from its "
+                  "memory",
+                  peer);
+    q->cma = 1;
+    return 0;
+}
+
 /* A recv r meets a message announced by h (RTS): prepare its buffer and clear the sender
- * to send (CTS). A recv that fails here (a wrong recv_ buffer) still clears it, so the
+ * to send (CTS). An RTSA's payload (addr) is read at once instead, and the sender told
+ * it is done (FIN). A recv that fails here (a wrong recv_ buffer) still clears it, so the
  * sender completes, and its payload is discarded. Then r awaits the payload. */
-static int clear_to_send(engine_t *e, pmsg_t *r, const p2p_hdr_t *h, const char *name) {
+static int clear_to_send(engine_t *e, pmsg_t *r, const p2p_hdr_t *h, const char *name,
+                         uint64_t addr) {
     int peer = r->peer;
     ppeer_t *q = &e->p2p->peers[peer];
     uint8_t *dst = NULL;
     pmsg_t *a = r;
-    if (accept_into(e, r, h, &dst) && !(a = held_entry(e, peer, K_AWAIT, h, name)))
-        return -1;                                  /* (r is finished and freed) */
+    int ok = accept_into(e, r, h, &dst) == 0;       /* (failed: r is finished and freed) */
+    if (addr && e->cfg.p2p_cma && q->cma >= 0) {
+        char why[256], msg[HVDL_MSG_BYTES];
+        int rc = ok && h->nbytes ? cma_read(e, peer, dst, addr, h->nbytes, name, why, sizeof why)
+                                 : 0;
+        if (rc < 0) {                               /* the peer is reported */
+            snprintf(msg, sizeof msg, "rank %d (host %s) was lost: %s", peer, e->peers[peer].host,
+                     why);
+            finish(e, r, HVDL_ERR_PEER_LOST, msg);
+            return -1;
+        }
+        if (rc == 0) {                              /* read (or discarded): the send is done */
+            if (ok) finish(e, r, HVDL_OK, NULL);
+            return send_fin(e, peer, h, name);
+        }
+    }                                               /* no address, or refused: the CTS path */
+    if (!ok && !(a = held_entry(e, peer, K_AWAIT, h, name))) return -1;
     a->kind = K_AWAIT;
     a->hdr = *h;
     a->data = dst;
@@ -661,7 +763,7 @@ static void deliver(engine_t *e, pmsg_t *r, pmsg_t *m) {
     uint8_t *dst;
     int into = o->meta.ndim >= 0;
     if (m->kind == K_UNEXPECTED_RTS) {
-        clear_to_send(e, r, &m->hdr, m->name);
+        clear_to_send(e, r, &m->hdr, m->name, m->addr);
     } else if (!into) {                             /* hand the buffer over, no copy */
         o->result.data = m->data;
         m->data = NULL;
@@ -738,8 +840,10 @@ static int mbox_offered(engine_t *e, int peer) {
               : f[1] <= 0 || f[2] < 0
                   ? EINVAL
                   : hvdl__p2p_ring_attach(&q->mrx, f[1], f[2], (uint64_t)f[3], q->rx_hdr.nbytes, 1);
-    if (!err) a.magic = F_MBOX_OK;
-    else
+    if (!err) {
+        a.magic = F_MBOX_OK;
+        q->mrx_pid = f[1];
+    } else
         hvdl__log(e, HVDL_LOG_WARNING,
                   "point-to-point messages from rank %d go over its connection, not shared "
                   "memory: cannot attach its mailbox (%s)",
@@ -750,15 +854,16 @@ static int mbox_offered(engine_t *e, int peer) {
 
 /* An announcement (RTS) h of a large message: clear it if its recv is posted, else keep
  * it (no payload) until one is. */
-static int announced(engine_t *e, int peer, const p2p_hdr_t *h, const char *name) {
+static int announced(engine_t *e, int peer, const p2p_hdr_t *h, const char *name, uint64_t addr) {
     ppeer_t *q = &e->p2p->peers[peer];
     pmsg_t *r = posted_for(q, name);
     if (r) {
         unlink_msg(&q->recvs, r);
-        return clear_to_send(e, r, h, name);
+        return clear_to_send(e, r, h, name, addr);
     }
     pmsg_t *m = held_entry(e, peer, K_UNEXPECTED_RTS, h, name);
     if (!m) return -1;
+    m->addr = addr;
     push(&q->unexpected, m);
     return 0;
 }
@@ -766,6 +871,11 @@ static int announced(engine_t *e, int peer, const p2p_hdr_t *h, const char *name
 /* A record's bytes in the mailbox: header, name, payload, then padding to 8 bytes. */
 static uint64_t record_bytes(int64_t name_len, int64_t payload) {
     return ((uint64_t)sizeof(p2p_hdr_t) + (uint64_t)name_len + (uint64_t)payload + 7) & ~7ull;
+}
+
+/* What follows a record's name: an eager message's payload, an RTSA's address. */
+static int64_t record_payload(const p2p_hdr_t *h) {
+    return h->magic == P2P_MAGIC ? h->nbytes : h->magic == F_RTSA ? (int64_t)sizeof(uint64_t) : 0;
 }
 
 /* An eager message h whose payload lies in the peer's mailbox at pos: into its posted
@@ -797,6 +907,35 @@ static int mb_eager(engine_t *e, int peer, const p2p_hdr_t *h, const char *name,
     return 0;
 }
 
+/* With q->smu held: the receiver answered the first send announced with this name:
+ * CTS (the payload goes now) or FIN (it read the payload itself: the send is done).
+ * NULL, or what is wrong. */
+static const char *rts_answered(engine_t *e, int peer, const p2p_hdr_t *h, const char *name) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pmsg_t *m = q->rts_wait.head;
+    for (; m && strcmp(m->op->name, name); m = m->next) {}
+    if (!m || m->hdr.nbytes != h->nbytes) return "a clear-to-send for nothing announced";
+    unlink_msg(&q->rts_wait, m);
+    if (h->magic == F_FIN) {
+        finish(e, m, HVDL_OK, NULL);
+        return NULL;
+    }
+    m->kind = q->ring_state == 2 ? K_SDATA : K_DATA;
+    m->framed = 0;
+    m->off = 0;
+    push(&q->sends, m);
+    return NULL;
+}
+
+/* A FIN record in the peer's mailbox (taken with q->rmu held). */
+static int fin_arrived(engine_t *e, int peer, const p2p_hdr_t *h, const char *name) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    pthread_mutex_lock(&q->smu);
+    const char *bad = rts_answered(e, peer, h, name);
+    pthread_mutex_unlock(&q->smu);
+    return bad ? violation(e, peer, bad) : 0;
+}
+
 /* With q->rmu held: take every record the peer has put in its mailbox, in order, as the
  * connection's reader takes frames. The peer is not trusted: the filled length, each
  * header and each record's length are checked before anything is read. 0, or -1 once
@@ -818,9 +957,10 @@ static int mb_drain(engine_t *e, int peer) {
         else {
             hvdl__p2p_mbox_get(&q->mrx, q->mrx_head, &h, sizeof h);
             bad = header_problem(&h);
-            if (!bad && h.magic != P2P_MAGIC && h.magic != F_RTS)
+            if (!bad && h.magic != P2P_MAGIC && h.magic != F_RTS && h.magic != F_RTSA &&
+                h.magic != F_FIN)
                 bad = "a frame the mailbox does not carry";
-            else if (!bad && record_bytes(h.name_len, h.magic == F_RTS ? 0 : h.nbytes) > avail)
+            else if (!bad && record_bytes(h.name_len, record_payload(&h)) > avail)
                 bad = "a mailbox record longer than what was put";
         }
         if (!bad) {
@@ -832,9 +972,12 @@ static int mb_drain(engine_t *e, int peer) {
             atomic_store(&q->mrx_live, 0);
             return violation(e, peer, bad);
         }
-        uint64_t len = record_bytes(h.name_len, h.magic == F_RTS ? 0 : h.nbytes);
-        int rc = h.magic == F_RTS
-                     ? announced(e, peer, &h, q->mb_name)
+        uint64_t len = record_bytes(h.name_len, record_payload(&h)), addr = 0;
+        if (h.magic == F_RTSA)
+            hvdl__p2p_mbox_get(&q->mrx, q->mrx_head + sizeof h + h.name_len, &addr, sizeof addr);
+        int rc = h.magic == F_FIN ? fin_arrived(e, peer, &h, q->mb_name)
+                 : h.magic != P2P_MAGIC
+                     ? announced(e, peer, &h, q->mb_name, addr)
                      : mb_eager(e, peer, &h, q->mb_name, q->mrx_head + sizeof h + h.name_len);
         if (rc) return -1;
         q->mrx_head += len;
@@ -856,17 +999,8 @@ static int sender_frame(engine_t *e, int peer) {
     const p2p_hdr_t *h = &q->rx_hdr;
     const char *bad = NULL;
     pthread_mutex_lock(&q->smu);
-    if (h->magic == F_CTS) {                        /* the first announced of that name goes */
-        pmsg_t *m = q->rts_wait.head;
-        for (; m && strcmp(m->op->name, q->rx_name); m = m->next) {}
-        if (!m || m->hdr.nbytes != h->nbytes) bad = "a clear-to-send for nothing announced";
-        else {
-            unlink_msg(&q->rts_wait, m);
-            m->kind = q->ring_state == 2 ? K_SDATA : K_DATA;
-            m->framed = 0;
-            m->off = 0;
-            push(&q->sends, m);
-        }
+    if (h->magic == F_CTS || h->magic == F_FIN) {
+        bad = rts_answered(e, peer, h, q->rx_name);
     } else if (h->magic == F_ACK) {
         if (q->tx_acked >= q->tx_pieces) bad = "an acknowledgement of nothing";
         else q->tx_acked++;
@@ -938,6 +1072,7 @@ static int begin_payload(engine_t *e, int peer) {
     }
     switch (magic) {
     case F_CTS:
+    case F_FIN:
     case F_ACK:
     case F_RING_OK:
     case F_RING_NO:
@@ -956,7 +1091,8 @@ static int begin_payload(engine_t *e, int peer) {
         if (!atomic_load(&q->mrx_live)) return violation(e, peer, "a doorbell of no mailbox");
         atomic_store(hvdl__p2p_mbox_word(&q->mrx, MBOX_BELLED), 0); /* seq_cst: see mb_put */
         return mb_drain(e, peer);
-    case F_RTS: return announced(e, peer, &q->rx_hdr, q->rx_name);
+    case F_RTS: return announced(e, peer, &q->rx_hdr, q->rx_name, 0);
+    case F_RTSA: return violation(e, peer, "a mailbox record over the connection");
     case F_DATA:
     case F_SDATA: {
         pmsg_t *a = take_awaiting(q, q->rx_name);
@@ -1158,14 +1294,12 @@ static int begin_frame(ppeer_t *q, pmsg_t *m) {
     return 0;                                       /* K_EAGER: the header as it is */
 }
 
-/* With q->smu held: put announcement m (EAGER with its payload, or RTS) in the mailbox.
- * 0 done (*bell: nobody polls it, so the receiver's thread must be told), 1 no room
- * (the receiver is asked to say when there is), -1 the receiver broke the mailbox. */
-static int mb_put(ppeer_t *q, pmsg_t *m, int *bell) {
-    int eager = m->kind == K_EAGER;
-    p2p_hdr_t h = m->hdr;
-    h.magic = eager ? P2P_MAGIC : F_RTS;
-    uint64_t len = record_bytes(h.name_len, eager ? h.nbytes : 0);
+/* With q->smu held: put record h (with its name, then plen bytes of payload) in the
+ * mailbox. 0 done (*bell: nobody polls it, so the receiver's thread must be told), 1 no
+ * room (the receiver is asked to say when there is), -1 the receiver broke the mailbox. */
+static int mb_put_rec(ppeer_t *q, const p2p_hdr_t *h, const char *name, const void *payload,
+                      uint64_t plen, int *bell) {
+    uint64_t len = record_bytes(h->name_len, (int64_t)plen);
     uint64_t cap = (uint64_t)q->mtx.slot_bytes;
     _Atomic uint64_t *headp = hvdl__p2p_mbox_word(&q->mtx, MBOX_HEAD);
     uint64_t used = q->mtx_tail - atomic_load_explicit(headp, memory_order_acquire);
@@ -1177,11 +1311,9 @@ static int mb_put(ppeer_t *q, pmsg_t *m, int *bell) {
         if (used > cap) return -1;
         if (len > cap - used) return 1;
     }
-    hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail, &h, sizeof h);
-    hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail + sizeof h, m->op->name, h.name_len);
-    if (eager && h.nbytes)
-        hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail + sizeof h + h.name_len, m->op->input,
-                           (size_t)h.nbytes);
+    hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail, h, sizeof *h);
+    hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail + sizeof *h, name, h->name_len);
+    if (plen) hvdl__p2p_mbox_put(&q->mtx, q->mtx_tail + sizeof *h + h->name_len, payload, plen);
     q->mtx_tail += len;
     /* seq_cst, the store then the loads: either a polling receiver sees the record (it
      * looks again after it stops polling), or this sees it not polling and rings; and a
@@ -1191,6 +1323,30 @@ static int mb_put(ppeer_t *q, pmsg_t *m, int *bell) {
     *bell = atomic_load(hvdl__p2p_mbox_word(&q->mtx, MBOX_POLLING)) == 0 &&
             atomic_exchange(hvdl__p2p_mbox_word(&q->mtx, MBOX_BELLED), 1) == 0;
     return 0;
+}
+
+/* The receiver has read an RTSA's payload: FIN to its sender, through this rank's
+ * mailbox to it when live (its waiting caller polls that: no wake-up), else (or full)
+ * over the connection. 0, or -1 when out of memory (the job fails). */
+static int send_fin(engine_t *e, int peer, const p2p_hdr_t *h, const char *name) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    p2p_hdr_t f = *h, b = {.magic = F_BELL};
+    f.magic = F_FIN;
+    pthread_mutex_lock(&q->smu);
+    int bell = 0, rc = q->mb_state == MB_LIVE ? mb_put_rec(q, &f, name, NULL, 0, &bell) : 1;
+    rc = rc ? queue_ctl(e, peer, &f, name) : bell ? queue_ctl(e, peer, &b, NULL) : 0;
+    pthread_mutex_unlock(&q->smu);
+    return rc;
+}
+
+/* With q->smu held: put announcement m (EAGER with its payload, or RTS; with cma, RTSA
+ * and its payload's address) in the mailbox, as mb_put_rec. */
+static int mb_put(ppeer_t *q, pmsg_t *m, int cma, int *bell) {
+    p2p_hdr_t h = m->hdr;
+    h.magic = m->kind == K_EAGER ? P2P_MAGIC : cma ? F_RTSA : F_RTS;
+    uint64_t addr = (uint64_t)(uintptr_t)m->op->input; /* the receiver reads it from here */
+    const void *payload = h.magic == P2P_MAGIC ? m->op->input : &addr;
+    return mb_put_rec(q, &h, m->op->name, payload, (uint64_t)record_payload(&h), bell);
 }
 
 /* The frame m was writing has gone out: 1 when m is done with (off its list). */
@@ -1234,7 +1390,7 @@ static void write_locked(engine_t *e, int peer) {
             m = q->ctl.head ? q->ctl.head : q->sends.head;
             if (!m) return;
             if (!m->framed && q->mb_state == MB_LIVE && (m->kind == K_EAGER || m->kind == K_RTS)) {
-                int bell = 0, rc = mb_put(q, m, &bell);
+                int bell = 0, rc = mb_put(q, m, e->cfg.p2p_cma, &bell);
                 if (rc < 0) {
                     report_lost(e, peer,
                                 "broke its point-to-point mailbox (its head moved "
@@ -1691,13 +1847,28 @@ static int post_now(engine_t *e, op_t *o) {
     return HVDL_OK;
 }
 
+/* A send whose receiver may read it from this process's memory (an RTSA): its FIN comes
+ * through the receiver's mailbox to this rank, which its waiting caller polls. */
+static int cma_send(engine_t *e, const op_t *o) {
+    return o->meta.op == HVDL_OP_SEND && e->cfg.p2p_cma && o->nbytes > e->cfg.p2p_eager_bytes;
+}
+
+/* How much longer than a small message's the waiting caller of o looks: a send read by
+ * its receiver waits at least for that copy (about 4 GB/s, capped at 4 ms), and a sleep
+ * and wake-up would cost it as much again as the copy of a 1 MiB message. */
+int hvdl__p2p_look_us(engine_t *e, const op_t *o) {
+    if (!e->p2p || !cma_send(e, o)) return 0;
+    int64_t us = o->nbytes >> 12;
+    return us > 4000 ? 4000 : (int)us;
+}
+
 /* The waiting caller of a recv from a peer on this node polls the peer's mailbox itself
  * (hvdl__engine_wait): a message then moves with no wake-up and no system call. While
  * it polls, the mailbox's POLLING count says so, and the sender rings (F_BELL over the
  * connection, which wakes the p2p thread) only when nobody polls. */
 int hvdl__p2p_poll_begin(engine_t *e, const op_t *o) {
     struct p2p *p = e->p2p;
-    if (!p || o->meta.op != HVDL_OP_RECV) return 0;
+    if (!p || !(o->meta.op == HVDL_OP_RECV || cma_send(e, o))) return 0;
     ppeer_t *q = &p->peers[o->meta.root_rank];
     if (!atomic_load(&q->mrx_live)) return 0;
     atomic_fetch_add(hvdl__p2p_mbox_word(&q->mrx, MBOX_POLLING), 1);

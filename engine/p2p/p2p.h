@@ -12,6 +12,7 @@ int hvdl__p2p_tend(engine_t *e); /* the loop: a peer p2p found broken; -1 failed
 void hvdl__p2p_close_in_child(engine_t *e); /* a forked child's copies of the fds */
 /* A caller waiting on a recv polls the peer's mailbox: begin (1: polling), look, end. */
 int hvdl__p2p_poll_begin(engine_t *e, const op_t *o);
+int hvdl__p2p_look_us(engine_t *e, const op_t *o); /* more time to look for o, in us */
 void hvdl__p2p_poll(engine_t *e, const op_t *o);
 void hvdl__p2p_poll_end(engine_t *e, const op_t *o);
 

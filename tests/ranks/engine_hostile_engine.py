@@ -53,6 +53,11 @@ def main():
         print("done", flush=True)
         sys.exit(0)
     try:
+        if os.environ.get("T_P2P_RECV"):                # a recv from rank 1 (the test)
+            h = engine.enqueue(engine.RECV, os.environ["T_P2P_RECV"], root_rank=1)
+            while not engine.wait(h, 1.0):
+                pass
+            engine.release(h)
         for i in range(iters):
             h = engine.enqueue(engine.ALLREDUCE, f"x{i % 2}", engine.DTYPES["float32"], x.shape,
                                x.ctypes.data, x.ctypes.data)
