@@ -15,13 +15,13 @@ The difference is what the Python binding costs per message (compare bench/laten
 --layers for allreduce).
 """
 import argparse
-import time
 
 import numpy as np
 
 import horovodlike as hvd
 from horovodlike._engine import ffi, lib
 from horovodlike.common import engine, request
+from p2p import pingpong          # bench/p2p.py's: one-way seconds of a ping-pong
 
 
 def main():
@@ -55,24 +55,13 @@ def main():
                 lambda: hvd.recv_(y, peer, name="layers.api")),
     }
 
-    def pingpong(send, recv, n):
-        t = time.perf_counter()
-        for _ in range(n):
-            if me == 0:
-                send()
-                recv()
-            else:
-                recv()
-                send()
-        return (time.perf_counter() - t) / n / 2 * 1e6
-
     for pair in layers.values():
-        pingpong(*pair, 500)
+        pingpong(*pair, me, 500)
     runs = {name: [] for name in layers}
     for _ in range(7):
         for name, pair in layers.items():
             hvd.barrier()
-            runs[name].append(pingpong(*pair, args.rounds))
+            runs[name].append(pingpong(*pair, me, args.rounds) * 1e6)
     assert (y == x).all(), "the message did not arrive"
     if me == 0:
         for name, v in runs.items():
