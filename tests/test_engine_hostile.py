@@ -536,6 +536,29 @@ MALFORMED_MAILBOX = {                    # (tail, the bytes from the first recor
     "huge-payload": (96, p2p_message(shape=(1 << 30,), payload=b"")),
 }
 
+def _offer_hostile_mailbox(job_factory, tail, data, **env):
+    """Start a job whose rank 1 is this test process, offer rank 0 a real mailbox (a
+    memfd of this process, as p2p_ring.c makes one) holding `data` with the filled
+    length `tail`, switch to it, and wait for rank 0: (rc, stdout, stderr)."""
+    import mmap
+    job, fake = _fake_worker_job(job_factory, HOROVODLIKE_P2P_MAILBOX="1", **env)
+    fd = os.memfd_create("hostile-mailbox")
+    try:
+        os.ftruncate(fd, 4096 + MBOX_BYTES)
+        m = mmap.mmap(fd, 4096 + MBOX_BYTES)
+        token = 0x1234567890ABCDEF
+        m[0:8] = struct.pack("<Q", token)
+        m[64:72] = struct.pack("<Q", tail)          # MBOX_TAIL
+        m[4096:4096 + len(data)] = data
+        fake.p2p[0].sendall(P2P_HDR.pack(0x58424d48, 0, 0, 0, 1, os.getpid(), fd, token,
+                                         0, 0, 0, 0, MBOX_BYTES)
+                            + P2P_HDR.pack(0x57534d48, 0, 0, 0, *[0] * 8, 0))
+        return job.wait(0, timeout=60)
+    finally:
+        fake.close()
+        os.close(fd)
+
+
 # A large message announced with its address in the sender (RTSA), which the receiver
 # reads straight from the sender's memory (process_vm_readv): an address that is not
 # mapped there, one that wraps around the address space. 1 MiB each.
@@ -548,25 +571,10 @@ def test_unreadable_large_message_address_fails_the_recv_naming_the_sender(job_f
     """The peer (this test process, whose memory the receiver may read) announces a
     1 MiB message whose address it does not have: the recv fails, and the job, naming
     the peer and what it announced; nothing is read beyond the checked byte count."""
-    import mmap
-    job, fake = _fake_worker_job(job_factory, HOROVODLIKE_P2P_MAILBOX="1", T_P2P_RECV="act")
-    fd = os.memfd_create("hostile-mailbox")
-    try:
-        os.ftruncate(fd, 4096 + MBOX_BYTES)
-        m = mmap.mmap(fd, 4096 + MBOX_BYTES)
-        token = 0x1234567890ABCDEF
-        rec = p2p_message(magic=0x41535248, shape=(1 << 18,),
-                          payload=struct.pack("<Q", HOSTILE_ADDRESS[case]))
-        m[0:8] = struct.pack("<Q", token)
-        m[64:72] = struct.pack("<Q", (len(rec) + 7) & ~7)   # MBOX_TAIL
-        m[4096:4096 + len(rec)] = rec
-        fake.p2p[0].sendall(P2P_HDR.pack(0x58424d48, 0, 0, 0, 1, os.getpid(), fd, token,
-                                         0, 0, 0, 0, MBOX_BYTES)
-                            + P2P_HDR.pack(0x57534d48, 0, 0, 0, *[0] * 8, 0))
-        rc, out, err = job.wait(0, timeout=60)
-    finally:
-        fake.close()
-        os.close(fd)
+    rec = p2p_message(magic=0x41535248, shape=(1 << 18,),
+                      payload=struct.pack("<Q", HOSTILE_ADDRESS[case]))
+    rc, out, err = _offer_hostile_mailbox(job_factory, (len(rec) + 7) & ~7, rec,
+                                          T_P2P_RECV="act")
     assert rc == 0, f"rank 0 crashed or hung (rc={rc})\n{out}\n{err}"
     assert "op-failed" in out, out + err
     assert (f"rank 1 (host {HOST}) was lost: announced a point-to-point message 'act' of "
@@ -580,24 +588,7 @@ def test_malformed_mailbox_fails_the_job_naming_the_sender(job_factory, case):
     """A peer that offers a real mailbox (a memfd of this process, as p2p_ring.c makes
     one) and fills it wrongly is named as lost by the rank that reads it, once the peer
     switches to it: every length in shared memory is checked like a frame's."""
-    import mmap
-    job, fake = _fake_worker_job(job_factory, HOROVODLIKE_P2P_MAILBOX="1")
-    fd = os.memfd_create("hostile-mailbox")
-    try:
-        os.ftruncate(fd, 4096 + MBOX_BYTES)
-        m = mmap.mmap(fd, 4096 + MBOX_BYTES)
-        token = 0x1234567890ABCDEF
-        tail, data = MALFORMED_MAILBOX[case]
-        m[0:8] = struct.pack("<Q", token)
-        m[64:72] = struct.pack("<Q", tail)          # MBOX_TAIL
-        m[4096:4096 + len(data)] = data
-        fake.p2p[0].sendall(P2P_HDR.pack(0x58424d48, 0, 0, 0, 1, os.getpid(), fd, token,
-                                         0, 0, 0, 0, MBOX_BYTES)
-                            + P2P_HDR.pack(0x57534d48, 0, 0, 0, *[0] * 8, 0))
-        rc, out, err = job.wait(0, timeout=60)
-    finally:
-        fake.close()
-        os.close(fd)
+    rc, out, err = _offer_hostile_mailbox(job_factory, *MALFORMED_MAILBOX[case])
     assert rc == 0, f"rank 0 crashed or hung (rc={rc})\n{out}\n{err}"
     assert "op-failed" in out, out + err
     assert f"rank 1 (host {HOST}) was lost: sent a malformed point-to-point" in out, out

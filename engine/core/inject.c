@@ -59,7 +59,7 @@
  *   p2p/p2p.c: p2p_main: the point-to-point thread's poll table, at its start: without it every point-to-point op fails with out of memory for the point-to-point thread
  *   core/ops.c: alloc_slot copy_splits hvdl__engine_enqueue: a caller's thread, refused at once with HVDL_ERR_SYSTEM out of memory; nothing was sent
  *   core/process_sets.c: hvdl__engine_set_add: a caller's thread, refused at once with HVDL_ERR_SYSTEM out of memory
- *   p2p/p2p.c: hvdl__p2p_enqueue send_now post_now: a point-to-point op, refused or completed with its own out of memory
+ *   p2p/p2p.c: hvdl__p2p_enqueue op_msg: a point-to-point op, refused or completed with its own out of memory
  *   p2p/p2p.c: accept_into begin_payload mb_eager: a received point-to-point message: the recv fails, or the job, naming the bytes
  *   p2p/p2p.c: queue_ctl held_entry: a rendezvous control frame (clear-to-send, acknowledgement, ring answer) or the record of a cleared recv, a few dozen bytes: the job fails naming out of memory (the peer would wait for the frame)
  *   p2p/p2p.c: sender_frame: the mailbox's switch record, a few dozen bytes: without it the pair goes on over its connection, as when the peer refuses the mailbox

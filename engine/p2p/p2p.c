@@ -1750,20 +1750,28 @@ static void offer_mbox(engine_t *e, int peer) {
     q->mb_state = MB_OFFERED;
 }
 
+/* The record of a caller's send or recv op (its peer is the op's root rank), or NULL
+ * with the op finished with out of memory. */
+static pmsg_t *op_msg(engine_t *e, op_t *o) {
+    pmsg_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        finish_bare(e, o, HVDL_ERR_SYSTEM, "out of memory for a point-to-point message");
+        return NULL;
+    }
+    m->op = o;
+    m->peer = o->meta.root_rank;
+    m->started = o->enqueued_at;
+    return m;
+}
+
 /* A send, on the caller's thread: queued behind the peer's earlier sends (in order, so
  * equal names stay first-in first-out), and written at once when it is the only one. A
  * message the socket takes whole completes here, with no wake-up; the rest is the p2p
  * thread's (woken to watch the socket). */
 static int send_now(engine_t *e, op_t *o) {
     struct p2p *p = e->p2p;
-    pmsg_t *m = calloc(1, sizeof *m);
-    if (!m) {
-        finish_bare(e, o, HVDL_ERR_SYSTEM, "out of memory for a point-to-point message");
-        return HVDL_OK;
-    }
-    m->op = o;
-    m->peer = o->meta.root_rank;
-    m->started = o->enqueued_at;
+    pmsg_t *m = op_msg(e, o);
+    if (!m) return HVDL_OK;
     m->hdr = (p2p_hdr_t){P2P_MAGIC, (uint32_t)strlen(o->name), o->meta.dtype, o->meta.ndim, {0},
                          o->nbytes};
     memcpy(m->hdr.shape, o->meta.shape, sizeof(int64_t) * (size_t)o->meta.ndim);
@@ -1815,14 +1823,8 @@ static void caller_flush(engine_t *e, int peer) {
  * before that is failed by it, and one after is failed here. */
 static int post_now(engine_t *e, op_t *o) {
     struct p2p *p = e->p2p;
-    pmsg_t *m = calloc(1, sizeof *m);
-    if (!m) {
-        finish_bare(e, o, HVDL_ERR_SYSTEM, "out of memory for a point-to-point message");
-        return HVDL_OK;
-    }
-    m->op = o;
-    m->peer = o->meta.root_rank;
-    m->started = o->enqueued_at;
+    pmsg_t *m = op_msg(e, o);
+    if (!m) return HVDL_OK;
     m->kind = K_RECV;
     atomic_fetch_add(&p->npending, 1);
     ppeer_t *q = &p->peers[m->peer];
