@@ -29,7 +29,7 @@ import time
 import pytest
 
 from harness import rank_program, run_ranks
-from test_failures import _cleanup, _read_until, _spawn_job
+from test_failures import HOST, _cleanup, _read_until, _spawn_job
 
 FAKE_NODES = ["-H", "a:1,b:1", "--ssh-command", "sh -c {command}"]
 
@@ -152,6 +152,40 @@ def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, wa
     left = [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("hvdl-p2p")]
     assert not left, left
 
+
+
+CLOSED_PEER = rank_program("p2p_closed_peer")
+
+
+@pytest.mark.timeout(120)
+def test_an_op_meeting_a_closed_connection_fails_the_job_naming_the_peer(tmp_path):
+    """Rank 2 is killed while nothing waits on it, and rank 0 (stopped first) relays no
+    verdict; rank 1 then posts a recv and a send to rank 2. Each must fail with the
+    engine's verdict naming rank 2, logged, and not only on its own: a rank whose op
+    alone failed would go on with its engine live, and its shutdown would turn the
+    others' view of the loss into a plain shutdown."""
+    before = set(os.listdir("/dev/shm"))
+    store, procs = _spawn_job(CLOSED_PEER, 3, tmp_path, {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": "30"})
+    try:
+        deadline = time.monotonic() + 60
+        for p in procs:
+            _read_until(p, "ready", deadline)
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        os.kill(procs[2].pid, signal.SIGKILL)
+        out = "".join(_read_until(procs[1], "done", deadline))
+        verdict = "rank 2 (host " + HOST + ") was lost: its point-to-point connection closed. " \
+                  "horovodlike cannot go on without it"
+        assert f"ERROR: {verdict}" in out, out
+        for name in ("recv", "send"):
+            assert f"{name} failed after" in out, out
+            line = out.split(f"{name} failed after ")[1].split("\n")[0]
+            assert verdict in line, out
+            # the worker waits up to 1 s for rank 0's verdict, then gives its own
+            assert float(line.split("s:")[0]) < 5, out
+    finally:
+        _cleanup(store, procs)
+    left = [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("hvdl-p2p")]
+    assert not left, left
 
 
 P2P_STALL_SHUTDOWN = rank_program("p2p_stall_shutdown")

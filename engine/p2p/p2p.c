@@ -526,6 +526,18 @@ static void report_lost(engine_t *e, int peer, const char *why) {
     hvdl__wake(e);
 }
 
+/* An op meets a connection that closed while nothing waited on it (read_peer reports a
+ * close only then, as a peer may be leaving after a shutdown this rank has not heard
+ * of yet). The op waits, and the loss goes to the loop thread like any other: it waits
+ * for rank 0's verdict and fails the job (the p2p thread then fails the op with it), or
+ * learns of the shutdown (and the op ends naming the peer that left). Failing the op
+ * alone here would let its caller go on, even shut down, with the job not failed: the
+ * goodbye would then turn the others' view of the loss into a plain shutdown. */
+static void report_closed(engine_t *e, int peer) {
+    report_lost(e, peer, "its point-to-point connection closed");
+    hvdl_wakefd_signal(e->p2p->wake_fd);            /* it watches the op from now on */
+}
+
 int hvdl__p2p_tend(engine_t *e) {
     struct p2p *p = e->p2p;
     if (!p) return 0;
@@ -797,8 +809,12 @@ static void post_recv(engine_t *e, pmsg_t *r, int over) {
             deliver(e, r, m);
             return;
         }
-    if (q->closed) finish_closed(e, r, over);
-    else push(&q->recvs, r);
+    if (q->closed && over) {
+        finish_closed(e, r, over);
+        return;
+    }
+    push(&q->recvs, r);
+    if (q->closed) report_closed(e, r->peer);
 }
 
 /* ---- reading ---- */
@@ -1783,16 +1799,12 @@ static int send_now(engine_t *e, op_t *o) {
     pthread_mutex_lock(&q->smu);
     if (q->mb_state == MB_NONE) offer_mbox(e, m->peer);
     if (m->kind == K_RTS && q->ring_state == 0) offer_ring(e, m->peer);
-    if (q->closed) {
-        char why[200];
-        snprintf(why, sizeof why,
-                 "rank %d (host %s) was lost: its point-to-point connection closed", m->peer,
-                 e->peers[m->peer].host);
+    push(&q->sends, m);
+    if (q->closed) {                                /* the p2p thread fails it (report_closed) */
         pthread_mutex_unlock(&q->smu);
-        finish(e, m, HVDL_ERR_PEER_LOST, why);
+        report_closed(e, m->peer);
         return HVDL_OK;
     }
-    push(&q->sends, m);
     if (q->sends.head == m) write_locked(e, m->peer);
     /* the thread watches what is left: the socket, and (announced) the op's wait */
     int queued = q->sends.head || q->ctl.head || q->cur || q->rts_wait.head;

@@ -41,6 +41,10 @@ PROG = cli.PROG
 DEFAULT_SSH_COMMAND = (
     "ssh -o BatchMode=yes -o StrictHostKeyChecking=no {host} {command}")
 GRACE_SECONDS = 5.0
+# How long the others may take to name a rank killed by a signal before they are stopped
+# (Job._await_verdicts): the engine's worker waits up to 1 s for rank 0's verdict
+# (engine/core/fail.c), plus a second for a loaded host.
+VERDICT_SECONDS = 2.0
 _LOCAL_NAMES = ("localhost", "127.0.0.1")
 _READ_LIMIT = 64 * 1024
 
@@ -259,6 +263,8 @@ class Output:
 # from the survivors' words rather than from who exited first.
 # A rank that never reached init is "late" (common/bootstrap.py).
 _LOST = re.compile(rb"rank (\d+) (?:\(host [^)]*\) was lost|(is late))")
+# The engine's line when it has failed (engine/core/log.c; fail.c logs every cause).
+_VERDICT = re.compile(rb"^\[horovodlike rank \d+\] ERROR: ")
 
 
 def group_activity(pgid):
@@ -343,6 +349,8 @@ class Job:
         self.lost = None                   # (culprit, reporting rank, "was lost"/"was late"), the first one named
         self.last_output = {}              # rank -> when it last printed a line
         self.finishing = _Finishing(self, shutdown_grace)
+        self.settled = set()               # ranks that logged their engine's failure, or exited
+        self.settled_cv = threading.Condition()
 
     def spawn(self, slot, argv, env):
         """Start one rank behind its rank_shim. Its stdin carries the job key and then
@@ -371,6 +379,8 @@ class Job:
 
     def _observe(self, rank, line):
         self.last_output[rank] = time.monotonic()
+        if _VERDICT.match(line):
+            self._settle(rank)
         m = _LOST.search(line) if self.lost is None else None
         if m and int(m.group(1)) in self.procs:
             self.lost = (int(m.group(1)), rank, "was late" if m.group(2) else "was lost")
@@ -388,7 +398,29 @@ class Job:
         return message, exit_code
 
     def _reap(self, rank, proc):
-        self.events.put(("exit", rank, proc.wait()))
+        code = proc.wait()
+        self._settle(rank)
+        self.events.put(("exit", rank, code))
+
+    def _settle(self, rank):
+        with self.settled_cv:
+            self.settled.add(rank)
+            self.settled_cv.notify_all()
+
+    def _await_verdicts(self, pending):
+        """A rank killed by a signal told nobody; the others' engines find its
+        connections closed and each logs the verdict naming it, within about a second
+        (a worker waits up to 1 s for rank 0's). Stopped at once, a rank on a busy host
+        may not have said it yet, and the job would end without its naming of the
+        culprit. So wait until every running rank has logged its engine's failure or
+        exited, at most VERDICT_SECONDS."""
+        until = time.monotonic() + VERDICT_SECONDS
+        with self.settled_cv:
+            while not pending <= self.settled:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self.settled_cv.wait(left)
 
     def on_signal(self, signum, _frame):
         self.events.put(("signal", signum))
@@ -464,6 +496,8 @@ class Job:
                     continue
                 message, exit_code = self._blame(rank, code)
                 self.out.say(message)
+                if code < 0:
+                    self._await_verdicts(pending)
                 self.signal_all(signal.SIGTERM)
             else:
                 sig = event[1]
