@@ -130,6 +130,22 @@ def test_launcher_ends_the_job_and_names_the_killed_rank():
     assert res.elapsed < 30, res.describe()
 
 
+SLOW_VERDICT = rank_program("failures_kill_slow_verdict")
+
+
+@pytest.mark.timeout(120)
+def test_launcher_lets_the_others_name_a_killed_rank_before_stopping_them():
+    """Rank 1 stops rank 0 and kills itself; rank 2, waiting on rank 1, names it only
+    after its engine's one-second wait for rank 0's verdict. The launcher must not stop
+    rank 2 before then (it stops the others at most VERDICT_SECONDS after the death)."""
+    res = run_ranks(SLOW_VERDICT, np=3, launcher="horovodlikerun", timeout=90)
+    assert res.returncode == 128 + signal.SIGKILL, res.describe()
+    assert f"rank 1 (host {HOST}) was killed by signal 9 (SIGKILL)" in res.stderr, res.describe()
+    assert f"[horovodlike rank 2] ERROR: rank 1 (host {HOST}) was lost" in res.stderr, \
+        res.describe()
+    assert res.elapsed < 30, res.describe()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(MPIRUN_SKIP_REASON is not None, reason=str(MPIRUN_SKIP_REASON))
 def test_mpirun_job_with_a_killed_rank_ends_promptly():

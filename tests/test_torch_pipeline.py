@@ -111,8 +111,9 @@ def test_pipeline_fault_fails_every_rank_naming_the_lost_stage(victim, sig):
             continue
         failed = [ln for ln in lines.get(r, []) if ln.startswith("FAILED")]
         if not failed:
-            # the launcher stops the others as soon as it sees a rank die; a rank it
-            # stopped first has still logged the engine's verdict
+            # the launcher stops the others once each has logged its engine's verdict
+            # on the killed rank (launch.py, _await_verdicts): a rank stopped before
+            # it printed FAILED has still logged it
             logged = [ln for ln in errors.get(r, []) if "ERROR: rank" in ln]
             assert logged and f"rank {victim} (host" in logged[0], \
                 f"rank {r} did not fail naming rank {victim}\n{res.describe()}"

@@ -3,7 +3,9 @@
 The launcher owns the job: it runs the rendezvous store, spawns every rank
 in its own process group, relays their output with ``[rank]<stream>:``
 prefixes, forwards SIGINT/SIGTERM, and tears the whole job down as soon as
-one rank fails so that a crash never leaves peers hanging in a collective. Once a rank
+one rank fails so that a crash never leaves peers hanging in a collective (a rank killed
+by a signal: once the others have logged their engines' verdict naming it, at most
+VERDICT_SECONDS later). Once a rank
 has finished, a rank that stays stopped or silent for ``--shutdown-grace`` seconds is
 killed and named: with its peers' engines gone, nobody else would notice it.
 
