@@ -30,6 +30,11 @@ def pingpong(send, recv, me, iters):
     return (time.perf_counter() - t) / iters / 2
 
 
+def iterations(size):
+    """Round trips per round for a message of `size` bytes (about 10 MB each way)."""
+    return max(5, min(2000, int(2e8 // max(size, 4096) // 20)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4096,65536,1048576,16777216")
@@ -59,7 +64,7 @@ def main():
         n = size // 8
         a = np.ones(n, np.float64)
         b = np.empty(n, np.float64)
-        iters = max(5, min(2000, int(2e8 // max(size, 4096) // 20)))
+        iters = iterations(size)
         fns = {}
         fns["horovodlike"] = (lambda: hvd.send(a, peer, name="pp"),
                               lambda: hvd.recv_(b, peer, name="pp"))
