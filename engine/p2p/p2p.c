@@ -251,6 +251,7 @@ typedef struct ppeer {
      * armed: the events the thread's epoll set watches for this connection, under smu
      * (in_ep 0: not in the set: closed, or the thread gave up). */
     int own;
+    int caller_read;         /* a caller's read has completed its op (logged once), rmu */
     atomic_int readers;
     uint32_t armed;
     int in_ep;
@@ -1626,8 +1627,8 @@ static void *p2p_main(void *arg) {
             /* Input a waiting caller is reading (it came before the caller took the
              * reads over) is the caller's; a hang-up or error is read by either. What
              * was read may have queued control frames, or freed a slot of the ring. */
-            if (!q->closed && ((got & (EPOLLHUP | EPOLLERR)) ||
-                               ((got & EPOLLIN) && !atomic_load(&q->readers)))) {
+            if (!q->closed &&
+                ((got & (EPOLLHUP | EPOLLERR)) || ((got & EPOLLIN) && !atomic_load(&q->readers)))) {
                 pthread_mutex_lock(&q->rmu);
                 read_peer(e, (int)i);
                 pthread_mutex_unlock(&q->rmu);
@@ -1972,6 +1973,11 @@ void hvdl__p2p_poll(engine_t *e, const op_t *o) {
         int was = atomic_load(&q->closed);
         if (!was) read_peer(e, peer);
         int closed = !was && atomic_load(&q->closed);
+        if (!q->caller_read && atomic_load(&o->done) && o->status == HVDL_OK) {
+            q->caller_read = 1;
+            hvdl__log(e, HVDL_LOG_DEBUG,
+                      "point-to-point messages with rank %d are read by the waiting caller", peer);
+        }
         pthread_mutex_unlock(&q->rmu);
         caller_flush(e, peer);
         /* the thread ends what waits on a closed connection (after a shutdown) */
