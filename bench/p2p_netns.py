@@ -12,7 +12,9 @@ round (horovodlikerun, mpirun, or two processes for gloo, each started inside it
 namespace), the order reversed every round, so slow drift of a shared machine falls on
 all three alike. Each job times every size once (bench/p2p.py's round: `iterations`
 round trips after a warm-up); the table is the median over rounds of those one-way
-times, with horovodlike's ratios to OpenMPI's and gloo's.
+times, with horovodlike's ratios to OpenMPI's and gloo's. `--base TREE` adds a fourth
+backend, "base": horovodlike as built in another source tree (its package first on
+PYTHONPATH), alternated with the rest, for a before/after of the same minutes.
 """
 import argparse
 import json
@@ -85,12 +87,15 @@ exec ip netns exec "$ns" sh -c "$*"
 """
 
 
-def job(backend, net, sizes, timeout, tmp):
-    """One 2-rank job of `backend` across the two fake nodes: {size: one-way seconds}."""
+def job(backend, net, sizes, timeout, tmp, base=None):
+    """One 2-rank job of `backend` across the two fake nodes: {size: one-way seconds}.
+    "base" is horovodlike imported from the tree `base`."""
+    tree = base if backend == "base" else ROOT
+    backend = "horovodlike" if backend == "base" else backend
     me = [sys.executable, os.path.abspath(__file__), "--worker", backend,
           "--sizes", ",".join(map(str, sizes))]
     env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+               PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])))
     # whatever restricts OpenMPI to loopback elsewhere would keep it off the link here
     for k in [k for k in env if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_"))]:
         del env[k]
@@ -113,7 +118,10 @@ def job(backend, net, sizes, timeout, tmp):
                    # node-aware collectives take them for one node and its barrier
                    # hangs; the ping-pong itself is Send/Recv over the TCP transport
                    OMPI_MCA_coll="^han,sm,xhc,acoll")
-        cmds = [["mpirun", "-np", "2", "--host", f"{net.address(1)}:1,{net.address(2)}:1",
+        # each fake node looks like the whole machine to OpenMPI, which would bind both
+        # ranks to its first core: they would then take turns on one core
+        cmds = [["mpirun", "-np", "2", "--bind-to", "none",
+                 "--host", f"{net.address(1)}:1,{net.address(2)}:1",
                  "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", *me]]
     else:
         port = 29500 + os.getpid() % 1000
@@ -148,6 +156,8 @@ def main():
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json", help="write the per-round one-way times here")
+    ap.add_argument("--base", help="another source tree whose horovodlike runs as backend "
+                    "'base', alternated with the others")
     ap.add_argument("--worker", choices=BACKENDS, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
@@ -159,7 +169,7 @@ def main():
     why = netns.available()
     if why:
         sys.exit(f"p2p_netns: {why}")
-    backends = args.backends.split(",")
+    backends = args.backends.split(",") + (["base"] if args.base else [])
     samples = {}                                   # rate -> backend -> size -> [seconds]
     load = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,7 +178,7 @@ def main():
                 for rnd in range(args.rounds):
                     for b in (backends if rnd % 2 == 0 else backends[::-1]):
                         t = time.time()
-                        res = job(b, net, sizes, args.timeout, tmp)
+                        res = job(b, net, sizes, args.timeout, tmp, args.base)
                         load.append(os.getloadavg()[0])
                         for size, sec in res.items():
                             samples.setdefault(rate, {}).setdefault(b, {}).setdefault(size, []).append(sec)
@@ -178,7 +188,7 @@ def main():
                               file=sys.stderr, flush=True)
     print(f"p2p ping-pong between two fake nodes, one-way us (GB/s), median of {args.rounds} "
           f"rounds; load average {min(load):.1f}-{max(load):.1f}")
-    others = [b for b in ("mpi", "gloo") if b in backends and b != "horovodlike"]
+    others = [b for b in ("mpi", "gloo", "base") if b in backends]
     print("| link | bytes | " + " | ".join(backends) + " | "
           + " | ".join(f"horovodlike / {o} time" for o in others if "horovodlike" in backends) + " |")
     print("|---" * (2 + len(backends) + (len(others) if "horovodlike" in backends else 0)) + "|")

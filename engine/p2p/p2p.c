@@ -1912,15 +1912,18 @@ static int cma_send(engine_t *e, const op_t *o) {
 /* How much longer than a small message's the waiting caller of o looks: a send read by
  * its receiver waits at least for that copy (about 4 GB/s, capped at 4 ms), and a sleep
  * and wake-up would cost it as much again as the copy of a 1 MiB message. A caller that
- * reads its peer's connection itself looks as long for a message of that size (TCP over
- * loopback or a fast link moves a few GB/s). */
+ * reads its peer's connection itself (owns_reads) looks for about the time TCP takes to
+ * move the message through the kernel (1 us per 2 KiB, about 2 GB/s), but at most 1 ms:
+ * past that one wake-up is a small part of the wait, and a spinning caller holds a core
+ * that the kernel's own work for the connection may need (measured: docs/benchmarks.md,
+ * "The waiting caller reads the connection"). */
 int hvdl__p2p_look_us(engine_t *e, const op_t *o) {
     if (!e->p2p) return 0;
     int own = (o->meta.op == HVDL_OP_SEND || o->meta.op == HVDL_OP_RECV) &&
               e->p2p->peers[o->meta.root_rank].own;
     if (!own && !cma_send(e, o)) return 0;
-    int64_t us = o->nbytes >> 12;
-    return us > 4000 ? 4000 : (int)us;
+    int64_t us = own ? o->nbytes >> 11 : o->nbytes >> 12, cap = own ? 1000 : 4000;
+    return us > cap ? (int)cap : (int)us;
 }
 
 /* The waiting caller reads (between nodes, or wherever the pair has no mailbox). The
