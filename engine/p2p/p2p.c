@@ -17,13 +17,15 @@
  * taken the last byte. The caller
  * writes it itself when it is the only message queued for that peer (send_now); what
  * the socket does not take at once, and later sends, the p2p thread writes in order. The
- * receiving thread always reads every connection. A message whose recv is posted lands
+ * receiving thread reads every connection that no waiting caller reads (below, "The
+ * waiting caller reads"). A message whose recv is posted lands
  * directly in that recv's buffer (recv_) or in a buffer allocated for it once its
  * header says how big it is (recv, handed to the caller without a copy). A message
  * whose recv is not posted yet is buffered whole ("unexpected"), and a later recv takes
  * it: recv() takes the buffer itself, recv_() copies it once. Since every message is
- * always read, no posting order between two ranks can deadlock: an eager send never
- * waits for the matching recv, only for the kernel.
+ * always read (by the thread whenever no caller waits), no posting order between two
+ * ranks can deadlock: an eager send never waits for the matching recv, only for the
+ * kernel.
  *
  * Above the threshold, rendezvous: the send announces itself (RTS: header and name) and
  * waits aside (rts_wait), not blocking later sends; the receiver keeps the announcement
@@ -81,6 +83,21 @@
  * a receiver that dies leaves its sender waiting on the FIN, which the connection's
  * close (or the heartbeats) fails, as any rendezvous send.
  *
+ * The waiting caller reads. Between ranks whose pair has no mailbox (other nodes, or
+ * HOROVODLIKE_P2P_MAILBOX=0), the caller waiting on a send or recv with that peer reads
+ * the pair's connection itself while it looks (hvdl__p2p_poll, from hvdl__engine_wait),
+ * the way a recv's caller polls the mailbox on one node: a message goes from the socket
+ * to the recv's buffer on the caller's thread, and a CTS it reads is answered by its
+ * own write of the payload (caller_flush). Meanwhile the p2p thread does not watch that
+ * connection for input: its epoll set (arm_locked) drops EPOLLIN while the connection
+ * has readers and takes it back when the last one stops, which epoll_ctl does without
+ * waking the thread, and which wakes it at once if input came meanwhile. So a message
+ * wakes no thread where a caller waits for it, and is read by the thread where none
+ * does (an op polled with hvd.poll, or one whose caller went to sleep). One reader at
+ * a time (rmu: a second caller's look skips its turn); the same parser checks every
+ * frame whoever reads it; a connection that closes or a malformed frame is reported by
+ * whichever thread read it (report_lost).
+ *
  * The receiving side of a peer (posted recvs, unexpected messages, the reader's state)
  * is under that peer's rmu, taken by the p2p thread, by a caller posting a recv (posted
  * on the caller's thread, without waking the p2p thread) and by a polling caller.
@@ -114,15 +131,21 @@
  * Between nodes (or HOROVODLIKE_P2P_MAILBOX=0), one message of n bytes:
  *   sender     one sendmsg by the caller (header, name and payload in one call), no
  *              copy and no wake-up; the p2p thread's wake-ups only when the socket
- *              buffer is full or earlier sends to that peer are still queued;
- *   receiver   one wake-up; a posted recv_: header through a 64 KiB staging buffer,
- *              payload straight into the buffer (a small payload one extra memcpy from
- *              the staging buffer); recv(): one allocation; unmatched: one buffer of n
- *              bytes held until the recv, plus one memcpy for recv_;
- *   latency    the receiver's two wake-ups (p2p thread, then the waiting caller) +
- *              the loopback/NIC time (measured: docs/benchmarks.md, "Point-to-point
- *              messages"); bandwidth is TCP's (the kernel overlaps the pieces: the
- *              sender fills the socket buffer while the receiver drains it).
+ *              buffer is full or earlier sends to that peer are still queued (and no
+ *              caller waits to write them);
+ *   receiver   a caller waiting: no wake-up, its recv() calls while it looks and two
+ *              epoll_ctl (its wait's start and end); nobody waiting: the p2p thread's
+ *              wake-up, and the caller's when it waits later; a posted recv_: header
+ *              through a 64 KiB staging buffer, payload straight into the buffer (a
+ *              small payload one extra memcpy from the staging buffer); recv(): one
+ *              allocation; unmatched: one buffer of n bytes held until the recv, plus
+ *              one memcpy for recv_;
+ *   latency    the loopback/NIC time + the receiver's recv() (a wake-up or two where
+ *              its caller does not look: past HOROVODLIKE_SPIN_US, plus 1 us per
+ *              2 KiB up to 1 ms) (measured: docs/benchmarks.md, "Point-to-point
+ *              messages", "The waiting caller reads the connection"); bandwidth is
+ *              TCP's (the kernel overlaps the pieces: the sender fills the socket
+ *              buffer while the receiver drains it).
  *   memory     unmatched eager messages are held in full (each at most the threshold);
  *              an unmatched large one costs the receiver its announcement only.
  *   rendezvous one round trip (RTS, CTS) before the payload; on one node the payload
