@@ -8,7 +8,8 @@ Each round of one backend is a ping-pong of `iters` round trips of one message e
 way; one-way time = round-trip / 2, bandwidth = bytes / one-way time. Reported: the
 median over rounds (and the spread), per size and backend, and horovodlike's ratios to
 MPI's. Under mpirun the three share the launch: horovodlike bootstraps from MPI's
-environment, gloo rendezvouses at rank 0's address sent over MPI.
+environment, gloo rendezvouses at rank 0's address sent over MPI. Between two fake
+nodes (network namespaces), bench/p2p_netns.py runs the same ping-pong.
 """
 import argparse
 import os
