@@ -1,4 +1,5 @@
-"""Two fake nodes joined by a shaped link, for the hierarchical-vs-flat benchmark.
+"""Two fake nodes joined by a shaped link (or, rate=None, the bare veth), for the
+hierarchical-vs-flat and point-to-point benchmarks.
 
     with TwoNodes(rate="1gbit") as net:      # needs root and iproute2 (ip, tc)
         net.launcher_args()                  # horovodlikerun -H ... --ssh-command ...
@@ -82,13 +83,17 @@ class TwoNodes:
             sh(*run, "ip", "addr", "add", f"{self.address(i)}/24", "dev", LINK)
             sh(*run, "ip", "link", "set", LINK, "up")
             sh(*run, "ip", "link", "set", "lo", "up")
-            sh(*run, "tc", "qdisc", "add", "dev", LINK, "root", "tbf", "rate", self.rate,
-               "burst", "256kb", "latency", "50ms")
+            if self.rate:              # None: the veth as it is (no shaping)
+                sh(*run, "tc", "qdisc", "add", "dev", LINK, "root", "tbf", "rate", self.rate,
+                   "burst", "256kb", "latency", "50ms")
 
     def __exit__(self, *exc):
         if self.index is None:
             return
-        for ns in self.nodes:          # deleting a namespace deletes its veth pair too
+        for i, ns in enumerate(self.nodes, start=1):
+            # deleting a namespace deletes its veth pair too, but only once nothing holds
+            # the namespace any more: the pair goes now, so its names are free again
+            sh("ip", "link", "del", f"hvdl{self.index}v{i}", check=False)
             sh("ip", "netns", "del", ns, check=False)
         sh("ip", "link", "del", self.bridge, check=False)
         self.index = None

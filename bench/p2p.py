@@ -8,7 +8,8 @@ Each round of one backend is a ping-pong of `iters` round trips of one message e
 way; one-way time = round-trip / 2, bandwidth = bytes / one-way time. Reported: the
 median over rounds (and the spread), per size and backend, and horovodlike's ratios to
 MPI's. Under mpirun the three share the launch: horovodlike bootstraps from MPI's
-environment, gloo rendezvouses at rank 0's address sent over MPI.
+environment, gloo rendezvouses at rank 0's address sent over MPI. Between two fake
+nodes (network namespaces), bench/p2p_netns.py runs the same ping-pong.
 """
 import argparse
 import os
@@ -28,6 +29,11 @@ def pingpong(send, recv, me, iters):
             recv()
             send()
     return (time.perf_counter() - t) / iters / 2
+
+
+def iterations(size):
+    """Round trips per round for a message of `size` bytes (about 10 MB each way)."""
+    return max(5, min(2000, int(2e8 // max(size, 4096) // 20)))
 
 
 def main():
@@ -59,7 +65,7 @@ def main():
         n = size // 8
         a = np.ones(n, np.float64)
         b = np.empty(n, np.float64)
-        iters = max(5, min(2000, int(2e8 // max(size, 4096) // 20)))
+        iters = iterations(size)
         fns = {}
         fns["horovodlike"] = (lambda: hvd.send(a, peer, name="pp"),
                               lambda: hvd.recv_(b, peer, name="pp"))

@@ -524,6 +524,46 @@ def test_malformed_p2p_message_fails_the_job_naming_the_sender(job_factory, case
     assert f"rank 1 (host {HOST}) was lost: sent a malformed point-to-point" in out, out
 
 
+# Read by the waiting caller (between nodes it reads the pair's connection itself while
+# it waits, and the p2p thread then does not): a few of the malformed frames above, and
+# frames cut short by the peer closing its connection mid-frame.
+CALLER_READ_CASES = {
+    **{k: MALFORMED_P2P[k] for k in ("bad-magic", "name-too-long", "nul-in-name",
+                                     "bytes-not-the-shape", "clear-to-send-for-nothing",
+                                     "payload-not-cleared", "ack-for-nothing")},
+    "header-cut-short": p2p_message()[:40],
+    "name-cut-short": p2p_message(name=b"act" * 20)[:P2P_HDR.size + 7],
+    "payload-cut-short": p2p_message(shape=(1 << 16,))[:P2P_HDR.size + 3 + 1000],
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(CALLER_READ_CASES))
+def test_malformed_or_cut_p2p_frame_read_by_the_waiting_caller(job_factory, case):
+    """Rank 0 waits on a recv from rank 1 (this test), its caller reading the connection
+    the whole time (a look longer than the test): a malformed frame names rank 1 as
+    lost, as when the p2p thread reads it; a frame cut short by rank 1 closing its
+    point-to-point connection is never delivered, and names rank 1 as lost too."""
+    job, fake = _fake_worker_job(job_factory, T_P2P_RECV="act",
+                                 HOROVODLIKE_SPIN_US=str(60 * 10**6))
+    try:
+        line = job.procs[0].stdout.readline()
+        while line and "waiting-recv" not in line:
+            line = job.procs[0].stdout.readline()
+        assert line, "rank 0 never waited on its recv"
+        fake.p2p[0].sendall(CALLER_READ_CASES[case])
+        if "cut-short" in case:
+            fake.p2p[0].shutdown(socket.SHUT_WR)
+        rc, out, err = job.wait(0, timeout=60)
+    finally:
+        fake.close()
+    assert rc == 0, f"rank 0 crashed or hung (rc={rc})\n{out}\n{err}"
+    assert "op-failed" in out, out + err
+    why = ("its point-to-point connection closed" if "cut-short" in case
+           else "sent a malformed point-to-point")
+    assert f"rank 1 (host {HOST}) was lost: {why}" in out, out
+
+
 MBOX_BYTES = 64 << 10                    # MBOX_MIN in p2p.c
 MALFORMED_MAILBOX = {                    # (tail, the bytes from the first record on)
     # 512 valid 128-byte records fill it exactly: only the bound on the filled length

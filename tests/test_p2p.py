@@ -116,22 +116,27 @@ VICTIM = rank_program("p2p_victim")
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 @pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send", "mailbox-recv",
-                                      "cma-recv", "cma-send"])
+                                      "cma-recv", "cma-send", "socket-recv", "socket-send"])
 def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, waits_in):
     """The op waits for a message never sent, for a send the peer never reads, or in the
     middle of a transfer through the pair's ring (the peer sending, or receiving); or,
     mailbox-recv, its caller polls the pair's live mailbox the whole time (a spin longer
     than the test) when the peer is struck; or, cma-*, a large message announced with
     its address: read from the struck sender (a stopped one's memory is still read, and
-    the next recv fails), or a send whose struck receiver never reads it."""
+    the next recv fails), or a send whose struck receiver never reads it; or, socket-*,
+    the pair without a mailbox (HOROVODLIKE_SHM=0, as between nodes), its caller
+    reading the connection itself the whole time (a recv, or a rendezvous send waiting
+    for its clear-to-send) when the peer is struck."""
     timeout = 3
     before = set(os.listdir("/dev/shm"))
     env = {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),
            "HOROVODLIKE_P2P_SHM_RING_BYTES": str(256 << 10), "T_WAITS_IN": waits_in}
     if waits_in.startswith("ring"):     # the ring carries large messages only without CMA
         env["HOROVODLIKE_P2P_CMA"] = "0"
-    if waits_in == "mailbox-recv":
+    if waits_in in ("mailbox-recv", "socket-recv", "socket-send"):
         env["HOROVODLIKE_SPIN_US"] = str(60 * 10**6)
+    if waits_in.startswith("socket"):
+        env["HOROVODLIKE_SHM"] = "0"
     store, procs = _spawn_job(VICTIM, 2, tmp_path, env)
     try:
         deadline = time.monotonic() + 60
@@ -329,3 +334,27 @@ def test_the_mailbox_keeps_order_and_wraps(where):
     same program over the connection alone (HOROVODLIKE_SHM=0) is the reference."""
     res = _run(MAILBOX, env={"HOROVODLIKE_SHM": "0"} if where == "tcp" else None, timeout=160)
     res.assert_ok()
+
+
+CALLER_READS = rank_program("p2p_caller_reads")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("where", ["fake-nodes", "one-node-tcp"])
+def test_order_holds_across_the_caller_and_the_thread_reading_the_connection(where):
+    """Between nodes (and on one node without the mailbox) the waiting caller reads the
+    pair's connection and the p2p thread reads it only while nobody waits: both ranks
+    send one name's eager and rendezvous messages to each other at once while receiving
+    them waited at once, polled without a wait, after a pause, and two at a time; every
+    message must arrive whole and in order."""
+    # a look long enough that a loaded machine still lets the waiting callers read
+    env = {"HOROVODLIKE_P2P_EAGER_BYTES": "1024", "HOROVOD_LOG_LEVEL": "debug",
+           "HOROVODLIKE_SPIN_US": "20000"}
+    if where == "one-node-tcp":
+        env["HOROVODLIKE_SHM"] = "0"
+    res = _run(CALLER_READS, FAKE_NODES if where == "fake-nodes" else (), env=env, timeout=160)
+    res.assert_ok()
+    for peer in (0, 1):    # each rank's waiting callers did read (not only the thread)
+        line = f"point-to-point messages with rank {peer} are read by the waiting caller"
+        assert res.stderr.count(line) == 1, res.stderr[-3000:]
+

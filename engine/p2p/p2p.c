@@ -17,13 +17,15 @@
  * taken the last byte. The caller
  * writes it itself when it is the only message queued for that peer (send_now); what
  * the socket does not take at once, and later sends, the p2p thread writes in order. The
- * receiving thread always reads every connection. A message whose recv is posted lands
+ * receiving thread reads every connection that no waiting caller reads (below, "The
+ * waiting caller reads"). A message whose recv is posted lands
  * directly in that recv's buffer (recv_) or in a buffer allocated for it once its
  * header says how big it is (recv, handed to the caller without a copy). A message
  * whose recv is not posted yet is buffered whole ("unexpected"), and a later recv takes
  * it: recv() takes the buffer itself, recv_() copies it once. Since every message is
- * always read, no posting order between two ranks can deadlock: an eager send never
- * waits for the matching recv, only for the kernel.
+ * always read (by the thread whenever no caller waits), no posting order between two
+ * ranks can deadlock: an eager send never waits for the matching recv, only for the
+ * kernel.
  *
  * Above the threshold, rendezvous: the send announces itself (RTS: header and name) and
  * waits aside (rts_wait), not blocking later sends; the receiver keeps the announcement
@@ -81,6 +83,21 @@
  * a receiver that dies leaves its sender waiting on the FIN, which the connection's
  * close (or the heartbeats) fails, as any rendezvous send.
  *
+ * The waiting caller reads. Between ranks whose pair has no mailbox (other nodes, or
+ * HOROVODLIKE_P2P_MAILBOX=0), the caller waiting on a send or recv with that peer reads
+ * the pair's connection itself while it looks (hvdl__p2p_poll, from hvdl__engine_wait),
+ * the way a recv's caller polls the mailbox on one node: a message goes from the socket
+ * to the recv's buffer on the caller's thread, and a CTS it reads is answered by its
+ * own write of the payload (caller_flush). Meanwhile the p2p thread does not watch that
+ * connection for input: its epoll set (arm_locked) drops EPOLLIN while the connection
+ * has readers and takes it back when the last one stops, which epoll_ctl does without
+ * waking the thread, and which wakes it at once if input came meanwhile. So a message
+ * wakes no thread where a caller waits for it, and is read by the thread where none
+ * does (an op polled with hvd.poll, or one whose caller went to sleep). One reader at
+ * a time (rmu: a second caller's look skips its turn); the same parser checks every
+ * frame whoever reads it; a connection that closes or a malformed frame is reported by
+ * whichever thread read it (report_lost).
+ *
  * The receiving side of a peer (posted recvs, unexpected messages, the reader's state)
  * is under that peer's rmu, taken by the p2p thread, by a caller posting a recv (posted
  * on the caller's thread, without waking the p2p thread) and by a polling caller.
@@ -114,15 +131,21 @@
  * Between nodes (or HOROVODLIKE_P2P_MAILBOX=0), one message of n bytes:
  *   sender     one sendmsg by the caller (header, name and payload in one call), no
  *              copy and no wake-up; the p2p thread's wake-ups only when the socket
- *              buffer is full or earlier sends to that peer are still queued;
- *   receiver   one wake-up; a posted recv_: header through a 64 KiB staging buffer,
- *              payload straight into the buffer (a small payload one extra memcpy from
- *              the staging buffer); recv(): one allocation; unmatched: one buffer of n
- *              bytes held until the recv, plus one memcpy for recv_;
- *   latency    the receiver's two wake-ups (p2p thread, then the waiting caller) +
- *              the loopback/NIC time (measured: docs/benchmarks.md, "Point-to-point
- *              messages"); bandwidth is TCP's (the kernel overlaps the pieces: the
- *              sender fills the socket buffer while the receiver drains it).
+ *              buffer is full or earlier sends to that peer are still queued (and no
+ *              caller waits to write them);
+ *   receiver   a caller waiting: no wake-up, its recv() calls while it looks and two
+ *              epoll_ctl (its wait's start and end); nobody waiting: the p2p thread's
+ *              wake-up, and the caller's when it waits later; a posted recv_: header
+ *              through a 64 KiB staging buffer, payload straight into the buffer (a
+ *              small payload one extra memcpy from the staging buffer); recv(): one
+ *              allocation; unmatched: one buffer of n bytes held until the recv, plus
+ *              one memcpy for recv_;
+ *   latency    the loopback/NIC time + the receiver's recv() (a wake-up or two where
+ *              its caller does not look: past HOROVODLIKE_SPIN_US, plus 1 us per
+ *              2 KiB up to 1 ms) (measured: docs/benchmarks.md, "Point-to-point
+ *              messages", "The waiting caller reads the connection"); bandwidth is
+ *              TCP's (the kernel overlaps the pieces: the sender fills the socket
+ *              buffer while the receiver drains it).
  *   memory     unmatched eager messages are held in full (each at most the threshold);
  *              an unmatched large one costs the receiver its announcement only.
  *   rendezvous one round trip (RTS, CTS) before the payload; on one node the payload
@@ -156,6 +179,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -243,6 +267,17 @@ typedef struct plist { pmsg_t *head, *tail; } plist_t;
 
 typedef struct ppeer {
     int fd;
+    /* Between nodes (no mailbox for the pair) the caller waiting on an op with this peer
+     * reads the connection itself while it looks ("The waiting caller reads"): own is
+     * set at start; readers counts those callers (changed under smu, read lock-free),
+     * and while it is not 0 the p2p thread does not watch the connection for input.
+     * armed: the events the thread's epoll set watches for this connection, under smu
+     * (in_ep 0: not in the set: closed, or the thread gave up). */
+    int own;
+    int caller_read;         /* a caller's read has completed its op (logged once), rmu */
+    atomic_int readers;
+    uint32_t armed;
+    int in_ep;
     /* Set by the p2p thread (its reads) and by a caller whose send breaks (under smu),
      * read by both: atomic (seq_cst: set once, and a load costs a plain load). */
     atomic_int closed;
@@ -299,6 +334,7 @@ struct p2p {
     pthread_t thread;
     int started;
     int wake_fd;
+    int ep;                  /* the thread's epoll set: wake_fd and every connection */
     pthread_mutex_t mu;      /* guards stop */
     int stop;
     ppeer_t *peers;
@@ -1549,12 +1585,31 @@ static void stall_check(engine_t *e, double now) {
 
 /* ---- the thread ---- */
 
+#define WAKE_EV UINT32_MAX                  /* the epoll set's tag for wake_fd */
+
+/* With q->smu held: make the thread's epoll set watch q's connection for what it needs
+ * now: input unless a waiting caller reads it (readers), output while something is
+ * queued to write. A closed connection leaves the set. epoll_ctl changes what a thread
+ * asleep in epoll_wait watches without waking it, and wakes it when the new events are
+ * already there, so input left unread when the last reader stops is read at once. */
+static void arm_locked(struct p2p *p, ppeer_t *q, int peer) {
+    if (!q->in_ep) return;
+    if (atomic_load(&q->closed)) {
+        epoll_ctl(p->ep, EPOLL_CTL_DEL, q->fd, NULL);
+        q->in_ep = 0;
+        return;
+    }
+    uint32_t ev = (atomic_load(&q->readers) ? 0 : EPOLLIN) |
+                  (q->cur || q->ctl.head || (q->sends.head && !q->blocked) ? EPOLLOUT : 0);
+    struct epoll_event x = {.events = ev, .data.u32 = (uint32_t)peer};
+    if (ev != q->armed && epoll_ctl(p->ep, EPOLL_CTL_MOD, q->fd, &x) == 0) q->armed = ev;
+}
+
 static void *p2p_main(void *arg) {
     engine_t *e = arg;
     struct p2p *p = e->p2p;
     int n = e->size;
-    struct pollfd *pf = calloc((size_t)n + 1, sizeof *pf);
-    int *who = calloc((size_t)n + 1, sizeof *who);
+    struct epoll_event *evs = calloc((size_t)n + 1, sizeof *evs);
     int gave_up = 0;
     for (;;) {
         pthread_mutex_lock(&p->mu);
@@ -1570,7 +1625,7 @@ static void *p2p_main(void *arg) {
         if (failed) snprintf(msg, sizeof msg, "%s", e->fail_msg);
         pthread_mutex_unlock(&e->mu);
         if (over && !stop) finish_closed_peers(e);
-        if (failed || stop || !pf || !who) {
+        if (failed || stop || !evs) {
             gave_up = 1;
             if (failed) fail_all(e, status, msg);
             else if (stop)
@@ -1580,17 +1635,16 @@ static void *p2p_main(void *arg) {
             else fail_all(e, HVDL_ERR_SYSTEM, "out of memory for the point-to-point thread");
             if (stop) break;
         }
-        int k = 0;
-        pf[k] = (struct pollfd){p->wake_fd, POLLIN, 0};
-        who[k++] = -1;
-        for (int i = 0; !gave_up && i < n; i++) {
+        /* What each connection is watched for; after giving up, nothing but wake_fd. */
+        for (int i = 0; i < n; i++) {
             ppeer_t *q = &p->peers[i];
-            if (q->fd < 0 || q->closed) continue;
             pthread_mutex_lock(&q->smu);
-            int sending = q->cur || q->ctl.head || (q->sends.head && !q->blocked);
+            if (gave_up && q->in_ep) {
+                epoll_ctl(p->ep, EPOLL_CTL_DEL, q->fd, NULL);
+                q->in_ep = 0;
+            }
+            arm_locked(p, q, i);
             pthread_mutex_unlock(&q->smu);
-            pf[k] = (struct pollfd){q->fd, (short)(POLLIN | (sending ? POLLOUT : 0)), 0};
-            who[k++] = i;
         }
         /* Ops waiting: look at the engine's failure flag ten times a second. Idle, sleep
          * until a message, a new op or the stop arrives: an idle engine costs nothing. */
@@ -1599,23 +1653,30 @@ static void *p2p_main(void *arg) {
             atomic_store(&p->sleeping, 1);
             pending = atomic_load(&p->npending);
         }
-        int rc = poll(pf, (nfds_t)k, pending ? 100 : -1);
+        int rc = evs ? epoll_wait(p->ep, evs, n + 1, pending ? 100 : -1) : 0;
         atomic_store(&p->sleeping, 0);
-        if (rc > 0 && (pf[0].revents & POLLIN)) hvdl_wakefd_drain(p->wake_fd);
-        for (int j = 1; rc > 0 && j < k; j++) {
-            int i = who[j];
-            /* what was read may have queued control frames, or freed a slot of the ring */
-            if (pf[j].revents & (POLLIN | POLLHUP | POLLERR)) {
-                pthread_mutex_lock(&p->peers[i].rmu);
-                read_peer(e, i);
-                pthread_mutex_unlock(&p->peers[i].rmu);
+        for (int j = 0; j < rc; j++) {
+            uint32_t i = evs[j].data.u32, got = evs[j].events;
+            if (i == WAKE_EV) {
+                hvdl_wakefd_drain(p->wake_fd);
+                continue;
             }
-            if (!p->peers[i].closed) write_peer(e, i);
+            if (i >= (uint32_t)n || gave_up) continue;
+            ppeer_t *q = &p->peers[i];
+            /* Input a waiting caller is reading (it came before the caller took the
+             * reads over) is the caller's; a hang-up or error is read by either. What
+             * was read may have queued control frames, or freed a slot of the ring. */
+            if (!q->closed &&
+                ((got & (EPOLLHUP | EPOLLERR)) || ((got & EPOLLIN) && !atomic_load(&q->readers)))) {
+                pthread_mutex_lock(&q->rmu);
+                read_peer(e, (int)i);
+                pthread_mutex_unlock(&q->rmu);
+            }
+            if (!q->closed) write_peer(e, (int)i);
         }
         if (!gave_up) stall_check(e, hvdl_now());
     }
-    free(pf);
-    free(who);
+    free(evs);
     return NULL;
 }
 
@@ -1631,16 +1692,28 @@ int hvdl__p2p_start(engine_t *e) {
     pthread_mutex_init(&p->mu, NULL);
     atomic_store(&p->lost_peer, -1);
     p->wake_fd = hvdl_wakefd_open();
+    p->ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event w = {.events = EPOLLIN, .data.u32 = WAKE_EV};
+    int bad = p->wake_fd < 0 || p->ep < 0 || epoll_ctl(p->ep, EPOLL_CTL_ADD, p->wake_fd, &w);
     for (int i = 0; i < e->size; i++) {
-        pthread_mutex_init(&p->peers[i].smu, NULL);
-        pthread_mutex_init(&p->peers[i].rmu, NULL);
-        p->peers[i].mtx.fd = p->peers[i].mrx.fd = -1;
-        p->peers[i].fd = e->peers[i].p2p_fd;
+        ppeer_t *q = &p->peers[i];
+        pthread_mutex_init(&q->smu, NULL);
+        pthread_mutex_init(&q->rmu, NULL);
+        q->mtx.fd = q->mrx.fd = -1;
+        q->fd = e->peers[i].p2p_fd;
         e->peers[i].p2p_fd = -1;                    /* this file owns it now */
-        p->peers[i].tx.fd = p->peers[i].rx.fd = -1; /* no rings yet */
+        q->tx.fd = q->rx.fd = -1;                   /* no rings yet */
+        /* a pair with a mailbox (one node) is polled there; elsewhere the connection */
+        q->own = !(e->cfg.p2p_mailbox && !strcmp(e->peers[i].host, e->host));
+        struct epoll_event x = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+        if (q->fd >= 0 && !bad) {
+            bad = epoll_ctl(p->ep, EPOLL_CTL_ADD, q->fd, &x);
+            q->in_ep = !bad;
+            q->armed = EPOLLIN;
+        }
     }
     e->p2p = p;
-    if (p->wake_fd < 0 || pthread_create(&p->thread, NULL, p2p_main, e)) return -1;
+    if (bad || pthread_create(&p->thread, NULL, p2p_main, e)) return -1;
     p->started = 1;
     return 0;
 }
@@ -1690,6 +1763,7 @@ void hvdl__p2p_free(engine_t *e) {
         pthread_mutex_destroy(&q->rmu);
     }
     if (p->wake_fd >= 0) close(p->wake_fd);
+    if (p->ep >= 0) close(p->ep);
     pthread_mutex_destroy(&p->mu);
     free(p->peers);
     free(p);
@@ -1708,6 +1782,7 @@ void hvdl__p2p_close_in_child(engine_t *e) {
         if (p->peers[i].mtx.fd >= 0) close(p->peers[i].mtx.fd);
     }
     if (p->wake_fd >= 0) close(p->wake_fd);
+    if (p->ep >= 0) close(p->ep);
 }
 
 /* With q->smu held, before the first rendezvous send to peer: a peer on this node is
@@ -1806,26 +1881,28 @@ static int send_now(engine_t *e, op_t *o) {
         return HVDL_OK;
     }
     if (q->sends.head == m) write_locked(e, m->peer);
-    /* the thread watches what is left: the socket, and (announced) the op's wait */
-    int queued = q->sends.head || q->ctl.head || q->cur || q->rts_wait.head;
+    /* the thread watches what is left: the socket (for room), and an announced send's
+     * wait (for a failure or a stall: only a thread asleep without a timeout must be
+     * woken for that; seq_cst with its sleeping flag, see p2p_main) */
+    int queued = q->sends.head || q->ctl.head || q->cur ||
+                 (q->rts_wait.head && atomic_load(&p->sleeping));
     pthread_mutex_unlock(&q->smu);
     if (queued) hvdl_wakefd_signal(p->wake_fd);
     return HVDL_OK;
 }
 
 /* On a caller's thread, after it took the peer's receiving side: control frames it
- * queued (a CTS, a ROOM) are written now, and what the socket does not take is left to
- * the p2p thread, woken for it. */
+ * queued (a CTS, a ROOM), and sends the frames it read cleared (a CTS answered: DATA),
+ * are written now, and what the socket does not take is left to the p2p thread, whose
+ * epoll set then watches the connection for room (arm_locked). */
 static void caller_flush(engine_t *e, int peer) {
     ppeer_t *q = &e->p2p->peers[peer];
     pthread_mutex_lock(&q->smu);
-    int left = 0;
-    if (q->ctl.head || q->cur) {
+    if (q->ctl.head || q->cur || (q->sends.head && !q->blocked)) {
         if (!q->closed) write_locked(e, peer);
-        left = q->ctl.head || q->cur;
+        arm_locked(e->p2p, q, peer);
     }
     pthread_mutex_unlock(&q->smu);
-    if (left) hvdl_wakefd_signal(e->p2p->wake_fd);
 }
 
 /* A recv, posted on the caller's thread (no hand-off to the p2p thread): what the peer
@@ -1869,30 +1946,82 @@ static int cma_send(engine_t *e, const op_t *o) {
 
 /* How much longer than a small message's the waiting caller of o looks: a send read by
  * its receiver waits at least for that copy (about 4 GB/s, capped at 4 ms), and a sleep
- * and wake-up would cost it as much again as the copy of a 1 MiB message. */
+ * and wake-up would cost it as much again as the copy of a 1 MiB message. A caller that
+ * reads its peer's connection itself (owns_reads) looks for about the time TCP takes to
+ * move the message through the kernel (1 us per 2 KiB, about 2 GB/s), but at most 1 ms:
+ * past that one wake-up is a small part of the wait, and a spinning caller holds a core
+ * that the kernel's own work for the connection may need (measured: docs/benchmarks.md,
+ * "The waiting caller reads the connection"). */
 int hvdl__p2p_look_us(engine_t *e, const op_t *o) {
-    if (!e->p2p || !cma_send(e, o)) return 0;
-    int64_t us = o->nbytes >> 12;
-    return us > 4000 ? 4000 : (int)us;
+    if (!e->p2p) return 0;
+    int own = (o->meta.op == HVDL_OP_SEND || o->meta.op == HVDL_OP_RECV) &&
+              e->p2p->peers[o->meta.root_rank].own;
+    if (!own && !cma_send(e, o)) return 0;
+    int64_t us = own ? o->nbytes >> 11 : o->nbytes >> 12, cap = own ? 1000 : 4000;
+    return us > cap ? (int)cap : (int)us;
+}
+
+/* The waiting caller reads (between nodes, or wherever the pair has no mailbox). The
+ * waiting caller of a send or recv with a peer whose connection it owns reads that
+ * connection itself while it looks (hvdl__engine_wait): a message then goes from the
+ * socket into the recv's buffer on the caller's thread, with no thread woken and no
+ * hand-off; a CTS it reads is answered by its own write of the payload. While it
+ * looks, the p2p thread does not watch the connection for input (readers; arm_locked
+ * takes the connection out of the thread's epoll set for input without waking it), so
+ * a message does not wake both. When the last reader stops (its op done, or going to
+ * sleep on it) the thread watches again, and what came meanwhile wakes it at once: it
+ * reads whatever no caller waits for, so no posting order deadlocks. Reading is under
+ * rmu, as the thread's: one reader at a time (a second caller's look skips a turn),
+ * and frames are parsed and checked by the same code (parse, header_problem). */
+static int owns_reads(engine_t *e, const op_t *o) {
+    return (o->meta.op == HVDL_OP_SEND || o->meta.op == HVDL_OP_RECV) &&
+           e->p2p->peers[o->meta.root_rank].own;
 }
 
 /* The waiting caller of a recv from a peer on this node polls the peer's mailbox itself
  * (hvdl__engine_wait): a message then moves with no wake-up and no system call. While
  * it polls, the mailbox's POLLING count says so, and the sender rings (F_BELL over the
- * connection, which wakes the p2p thread) only when nobody polls. */
+ * connection, which wakes the p2p thread) only when nobody polls. Between nodes, the
+ * caller reads the connection (owns_reads). */
 int hvdl__p2p_poll_begin(engine_t *e, const op_t *o) {
     struct p2p *p = e->p2p;
-    if (!p || !(o->meta.op == HVDL_OP_RECV || cma_send(e, o))) return 0;
+    if (!p || atomic_load(&o->done)) return 0;
+    if (owns_reads(e, o)) {
+        ppeer_t *q = &p->peers[o->meta.root_rank];
+        pthread_mutex_lock(&q->smu);
+        atomic_fetch_add(&q->readers, 1);
+        arm_locked(p, q, o->meta.root_rank);
+        pthread_mutex_unlock(&q->smu);
+        return 1;
+    }
+    if (!(o->meta.op == HVDL_OP_RECV || cma_send(e, o))) return 0;
     ppeer_t *q = &p->peers[o->meta.root_rank];
     if (!atomic_load(&q->mrx_live)) return 0;
     atomic_fetch_add(hvdl__p2p_mbox_word(&q->mrx, MBOX_POLLING), 1);
     return 1;
 }
 
-/* One look: takes what the mailbox holds, unless another thread is at it. */
+/* One look: takes what the mailbox (or the connection) holds, unless another thread is
+ * at it. */
 void hvdl__p2p_poll(engine_t *e, const op_t *o) {
     int peer = o->meta.root_rank;
     ppeer_t *q = &e->p2p->peers[peer];
+    if (owns_reads(e, o)) {
+        if (pthread_mutex_trylock(&q->rmu)) return;
+        int was = atomic_load(&q->closed);
+        if (!was) read_peer(e, peer);
+        int closed = !was && atomic_load(&q->closed);
+        if (!q->caller_read && atomic_load(&o->done) && o->status == HVDL_OK) {
+            q->caller_read = 1;
+            hvdl__log(e, HVDL_LOG_DEBUG,
+                      "point-to-point messages with rank %d are read by the waiting caller", peer);
+        }
+        pthread_mutex_unlock(&q->rmu);
+        caller_flush(e, peer);
+        /* the thread ends what waits on a closed connection (after a shutdown) */
+        if (closed) hvdl_wakefd_signal(e->p2p->wake_fd);
+        return;
+    }
     if (!atomic_load(&q->mrx_live)) return;
     /* a hint only (the peer could write the head word): the drain checks for itself */
     if (atomic_load_explicit(hvdl__p2p_mbox_word(&q->mrx, MBOX_TAIL), memory_order_acquire) ==
@@ -1906,10 +2035,18 @@ void hvdl__p2p_poll(engine_t *e, const op_t *o) {
 
 /* The caller stops polling (its op is done, or it goes to sleep). A record put while
  * it polled rang no bell: after the count drops (seq_cst, against the sender's store of
- * the tail and load of the count) one more look takes it, waiting for rmu if need be. */
+ * the tail and load of the count) one more look takes it, waiting for rmu if need be.
+ * A connection's last reader gives its input back to the thread (arm_locked). */
 void hvdl__p2p_poll_end(engine_t *e, const op_t *o) {
     int peer = o->meta.root_rank;
     ppeer_t *q = &e->p2p->peers[peer];
+    if (owns_reads(e, o)) {
+        pthread_mutex_lock(&q->smu);
+        atomic_fetch_sub(&q->readers, 1);
+        arm_locked(e->p2p, q, peer);
+        pthread_mutex_unlock(&q->smu);
+        return;
+    }
     atomic_fetch_sub(hvdl__p2p_mbox_word(&q->mrx, MBOX_POLLING), 1);
     if (atomic_load(hvdl__p2p_mbox_word(&q->mrx, MBOX_TAIL)) ==
         atomic_load(hvdl__p2p_mbox_word(&q->mrx, MBOX_HEAD)))

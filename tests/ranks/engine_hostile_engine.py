@@ -55,6 +55,7 @@ def main():
     try:
         if os.environ.get("T_P2P_RECV"):                # a recv from rank 1 (the test)
             h = engine.enqueue(engine.RECV, os.environ["T_P2P_RECV"], root_rank=1)
+            print("waiting-recv", flush=True)
             while not engine.wait(h, 1.0):
                 pass
             engine.release(h)
