@@ -9,7 +9,9 @@ each run after a barrier; one-way time = round trip / 2):
   cffi  a send and a recv_ request filled in once (engine.Prepared: its enqueue sets
         the two buffers and the flags), then hvdl_wait and hvdl_release straight from
         cffi: the engine's own time (the mailbox, matching, the polling wait) and
-        cffi's calls.
+        cffi's calls;
+  run   the same requests through hvdl_run straight from cffi: the engine's time and
+        one cffi call a message on each side (the floor of the API's one-call path).
 
 The difference is what the Python binding costs per message (compare bench/latency.py
 --layers for allreduce).
@@ -49,8 +51,16 @@ def main():
         if rc != lib.HVDL_OK:
             raise RuntimeError(f"status {rc}: {ffi.string(msg).decode()}")
 
+    handle = ffi.new("int64_t *")
+
+    def one_call(prepared, inp, out):
+        rc = lib.hvdl_run(prepared.req, inp, out, 60.0, handle, msg, ffi.NULL)
+        if rc != lib.HVDL_OK:
+            raise RuntimeError(f"status {rc}: {ffi.string(msg).decode()}")
+
     layers = {
         "cffi": (lambda: run(sp, px, ffi.NULL), lambda: run(rp, ffi.NULL, py)),
+        "run": (lambda: one_call(sp, px, ffi.NULL), lambda: one_call(rp, ffi.NULL, py)),
         "api": (lambda: hvd.send(x, peer, name="layers.api"),
                 lambda: hvd.recv_(y, peer, name="layers.api")),
     }

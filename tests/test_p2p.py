@@ -116,14 +116,16 @@ VICTIM = rank_program("p2p_victim")
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 @pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send", "mailbox-recv",
-                                      "cma-recv", "cma-send"])
+                                      "cma-recv", "cma-send", "one-call-recv",
+                                      "one-call-recv-torch"])
 def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, waits_in):
     """The op waits for a message never sent, for a send the peer never reads, or in the
     middle of a transfer through the pair's ring (the peer sending, or receiving); or,
     mailbox-recv, its caller polls the pair's live mailbox the whole time (a spin longer
     than the test) when the peer is struck; or, cma-*, a large message announced with
     its address: read from the struck sender (a stopped one's memory is still read, and
-    the next recv fails), or a send whose struck receiver never reads it."""
+    the next recv fails), or a send whose struck receiver never reads it; or, one-call-*,
+    a repeated blocking recv_ (numpy's, torch's), which is one engine call (hvdl_run)."""
     timeout = 3
     before = set(os.listdir("/dev/shm"))
     env = {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),
