@@ -207,8 +207,8 @@ class Prepared:
         if it is still in flight after half a second (so that Ctrl-C is honoured between
         waits), its engine handle, which the caller waits for and releases."""
         h = self._handle
-        rc = lib.hvdl_run(self.req, input_ptr, output_ptr, 0.5, h, self._msg, ffi.NULL)
-        if rc == lib.HVDL_OK:
+        rc = lib.hvdl_run(self.req, input_ptr, output_ptr, 0.5, h, self._msg, NULL)
+        if not rc:                                      # HVDL_OK
             return 0
         if h[0]:
             return h[0]
