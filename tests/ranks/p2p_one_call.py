@@ -1,15 +1,19 @@
 """Rank program of tests/test_prepared_requests.py: a repeated blocking named send, recv_
 and recv, of numpy arrays and of torch CPU tensors, costs one engine call (hvdl_run) and
 answers exactly as the calls that enqueue, wait and release apart: the same values, the
-same errors (another dtype, another size, a peer that is no rank, a removed set).
+same errors (another dtype, another size, a peer that is no rank, a removed set); and
+Ctrl-C in a one-call recv_ still waiting leaves it posted with its buffer kept alive.
 Rank 0 sends, rank 1 receives."""
 import collections
 import contextlib
+import os
+import signal
+import threading
 
 from _common import *  # noqa: F401,F403 (numpy as np, horovodlike as hvd, the check helpers)
 import torch
 import horovodlike.torch as th
-from horovodlike.common import engine
+from horovodlike.common import engine, ops
 
 hvd.init(process_sets="dynamic")
 R = hvd.rank()
@@ -118,7 +122,56 @@ def errors_as_apart(binding):
     check_raises(ValueError, fn, "is not registered", what=f"{binding}: a removed process set")
 
 
+def interrupted_recv_stays_posted():
+    """Ctrl-C (SIGINT) once the one-call recv_ has waited its first half second: the
+    KeyboardInterrupt comes out, the op stays posted with its buffer kept alive
+    (ops._pending), and the message sent afterwards lands in that buffer."""
+    x = np.arange(64, dtype=np.float64)
+    if R == 0:
+        hvd.send(x, PEER, name="late")                          # rank 1's call is cached
+        hvd.recv(PEER, name="go")
+        hvd.send(x + 1, PEER, name="late")
+        return
+    buf = np.zeros_like(x)
+    hvd.recv_(buf, PEER, name="late")
+    timed_out = threading.Event()
+    real = engine.lib
+
+    class Lib:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def hvdl_run(req, inp, out, timeout, handle, msg, res):
+            rc = real.hvdl_run(req, inp, out, timeout, handle, msg, res)
+            if handle[0]:                   # still in flight: now it is safe to interrupt
+                timed_out.set()
+            return rc
+
+    killer = threading.Thread(target=lambda: timed_out.wait(60) and os.kill(os.getpid(),
+                                                                             signal.SIGINT))
+    before = dict(ops._pending)
+    engine.lib = Lib()
+    killer.start()
+    try:
+        hvd.recv_(buf, PEER, name="late")
+        fail("recv_ interrupted", "it returned")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.lib = real
+        killer.join()
+    parked = [v for k, v in ops._pending.items() if k not in before]
+    check(len(parked) == 1 and parked[0][1] is buf, "the interrupted recv_ is parked with "
+          "its buffer", f"{parked}")
+    hvd.send(np.zeros(1), PEER, name="go")
+    if parked:
+        check(engine.wait(parked[0][0], 60), "the parked recv_ completes")
+        check_equal(buf, x + 1, "the message sent after Ctrl-C, in the parked buffer")
+
+
 for b in BINDINGS:
     one_engine_call_each(b)
     errors_as_apart(b)
+interrupted_recv_stays_posted()
 finish()
