@@ -370,13 +370,14 @@ int hvdl__engine_release(engine_t *e, int64_t h, char *msg, hvdl_result *result)
 
 /* ---- the three in one call ---- */
 
-/* Enqueue, wait and release, for a caller that blocks on the op at once (hvdl_run). Cost
- * model: the same engine work as the three calls (two handle-table lookups under mu, the
- * wait's spin-then-block), saving the caller two crossings of its language boundary; from
- * Python each crossing costs more than the engine's own part of a small p2p message
- * (docs/benchmarks.md, "One call a message"). The request is copied (a few hundred bytes
- * on the stack) to set the buffers and HVDL_CALLER_WAITS: the caller's stays untouched,
- * so one filled-in request serves every call. */
+/* Enqueue, wait and release, for a caller that blocks on the op at once (hvdl_run).
+ * Cost model: the same engine work as the three calls (their handle-table lookups under
+ * mu, the wait's spin-then-block), saving the caller two crossings of its language
+ * boundary; from Python each crossing costs about as much as the engine's own part of a
+ * small p2p message, and a recv's caller reaches its polling wait right after posting
+ * (docs/benchmarks.md, "One call a message"). The request is copied (a few hundred
+ * bytes on the stack) to set the buffers and HVDL_CALLER_WAITS: the caller's stays
+ * untouched, so one filled-in request serves every call. */
 int hvdl__engine_run(engine_t *e, const hvdl_request *q, const void *input, void *output,
                      double timeout_s, int64_t *handle, char *msg, hvdl_result *result) {
     if (!q || !handle) return hvdl__err(HVDL_ERR_INVALID, "NULL request or handle pointer");

@@ -13,11 +13,12 @@
  * such as allgather) the output buffer, which the caller frees with hvdl_free().
  * hvdl_run() does the three in one call, for a caller that blocks on the op.
  *
- * Threading: hvdl_enqueue, hvdl_poll, hvdl_wait, hvdl_release, hvdl_run and the process-set calls
- * may be called from any thread, concurrently; the engine's own background thread does
- * the I/O, except that on one node a caller waiting in hvdl_wait() does the engine's
- * work itself while that thread sleeps (HVDL_CALLER_WAITS). hvdl_prepare, hvdl_start and hvdl_shutdown are serialized with each
- * other, but no other call may be in flight across hvdl_shutdown and the next
+ * Threading: hvdl_enqueue, hvdl_poll, hvdl_wait, hvdl_release, hvdl_run and the
+ * process-set calls may be called from any thread, concurrently; the engine's own
+ * background thread does the I/O, except that on one node a caller waiting in
+ * hvdl_wait() (or hvdl_run()) does the engine's work itself while that thread sleeps
+ * (HVDL_CALLER_WAITS). hvdl_prepare, hvdl_start and hvdl_shutdown are serialized with
+ * each other, but no other call may be in flight across hvdl_shutdown and the next
  * hvdl_prepare (which frees the old engine). hvdl_last_error() is per thread. Waits spin
  * briefly, then block, and are meant to be called without the caller's interpreter lock
  * held.
