@@ -9,7 +9,11 @@ each run after a barrier; one-way time = round trip / 2):
   cffi  a send and a recv_ request filled in once (engine.Prepared: its enqueue sets
         the two buffers and the flags), then hvdl_wait and hvdl_release straight from
         cffi: the engine's own time (the mailbox, matching, the polling wait) and
-        cffi's calls.
+        cffi's calls;
+  run   the same requests through hvdl_run straight from cffi: the engine's time and
+        one cffi call a message on each side (the floor of the API's one-call path;
+        left out by a build without hvdl_run);
+  torch horovodlike.torch's send / recv_ of a CPU tensor with a name.
 
 The difference is what the Python binding costs per message (compare bench/latency.py
 --layers for allreduce).
@@ -18,7 +22,10 @@ import argparse
 
 import numpy as np
 
+import torch
+
 import horovodlike as hvd
+import horovodlike.torch as th
 from horovodlike._engine import ffi, lib
 from horovodlike.common import engine, request
 from p2p import pingpong          # bench/p2p.py's: one-way seconds of a ping-pong
@@ -49,11 +56,24 @@ def main():
         if rc != lib.HVDL_OK:
             raise RuntimeError(f"status {rc}: {ffi.string(msg).decode()}")
 
+    handle = ffi.new("int64_t *")
+
+    def one_call(prepared, inp, out):
+        rc = lib.hvdl_run(prepared.req, inp, out, 60.0, handle, msg, ffi.NULL)
+        if rc != lib.HVDL_OK:
+            raise RuntimeError(f"status {rc}: {ffi.string(msg).decode()}")
+
+    tx, ty = torch.from_numpy(x), torch.empty(len(x), dtype=torch.float64)
     layers = {
         "cffi": (lambda: run(sp, px, ffi.NULL), lambda: run(rp, ffi.NULL, py)),
+        "run": (lambda: one_call(sp, px, ffi.NULL), lambda: one_call(rp, ffi.NULL, py)),
         "api": (lambda: hvd.send(x, peer, name="layers.api"),
                 lambda: hvd.recv_(y, peer, name="layers.api")),
+        "torch": (lambda: th.send(tx, peer, name="layers.torch"),
+                  lambda: th.recv_(ty, peer, name="layers.torch")),
     }
+    if not hasattr(lib, "hvdl_run"):
+        del layers["run"]
 
     for pair in layers.values():
         pingpong(*pair, me, 500)
@@ -62,7 +82,7 @@ def main():
         for name, pair in layers.items():
             hvd.barrier()
             runs[name].append(pingpong(*pair, me, args.rounds) * 1e6)
-    assert (y == x).all(), "the message did not arrive"
+    assert (y == x).all() and (ty.numpy() == x).all(), "the message did not arrive"
     if me == 0:
         for name, v in runs.items():
             print(f"{name:5s} one-way {np.median(v):6.2f} us  (runs: "

@@ -116,7 +116,8 @@ VICTIM = rank_program("p2p_victim")
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 @pytest.mark.parametrize("waits_in", ["recv", "send", "ring-recv", "ring-send", "mailbox-recv",
-                                      "cma-recv", "cma-send", "socket-recv", "socket-send"])
+                                      "cma-recv", "cma-send", "socket-recv", "socket-send",
+                                      "one-call-recv", "one-call-recv-torch"])
 def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, waits_in):
     """The op waits for a message never sent, for a send the peer never reads, or in the
     middle of a transfer through the pair's ring (the peer sending, or receiving); or,
@@ -126,7 +127,8 @@ def test_a_dead_or_stopped_peer_fails_the_waiting_op_naming_it(tmp_path, how, wa
     the next recv fails), or a send whose struck receiver never reads it; or, socket-*,
     the pair without a mailbox (HOROVODLIKE_SHM=0, as between nodes), its caller
     reading the connection itself the whole time (a recv, or a rendezvous send waiting
-    for its clear-to-send) when the peer is struck."""
+    for its clear-to-send) when the peer is struck; or, one-call-*, a repeated blocking
+    recv_ (numpy's, torch's), which is one engine call (hvdl_run)."""
     timeout = 3
     before = set(os.listdir("/dev/shm"))
     env = {"HOROVODLIKE_PEER_TIMEOUT_SECONDS": str(timeout),

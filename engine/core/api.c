@@ -387,6 +387,10 @@ int hvdl_wait(int64_t h, double timeout_s) { return hvdl__engine_wait(g_engine, 
 int hvdl_release(int64_t h, char *msg, hvdl_result *result) {
     return hvdl__engine_release(g_engine, h, msg, result);
 }
+int hvdl_run(const hvdl_request *q, const void *input, void *output, double timeout_s,
+             int64_t *handle, char *msg, hvdl_result *result) {
+    return hvdl__engine_run(g_engine, q, input, output, timeout_s, handle, msg, result);
+}
 int hvdl_process_set_add(int id, const int *ranks, int n) {
     return hvdl__engine_set_add(g_engine, id, ranks, n);
 }

@@ -197,6 +197,8 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle);
 int hvdl__engine_poll(engine_t *e, int64_t handle);
 int hvdl__engine_wait(engine_t *e, int64_t handle, double timeout_s);
 int hvdl__engine_release(engine_t *e, int64_t handle, char *msg, hvdl_result *result);
+int hvdl__engine_run(engine_t *e, const hvdl_request *q, const void *input, void *output,
+                     double timeout_s, int64_t *handle, char *msg, hvdl_result *result);
 /* process_sets.c */
 int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n);
 int hvdl__engine_set_remove(engine_t *e, int id);

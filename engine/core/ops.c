@@ -367,3 +367,34 @@ int hvdl__engine_release(engine_t *e, int64_t h, char *msg, hvdl_result *result)
     free(o);
     return status;
 }
+
+/* ---- the three in one call ---- */
+
+/* Enqueue, wait and release, for a caller that blocks on the op at once (hvdl_run).
+ * Cost model: the same engine work as the three calls (their handle-table lookups under
+ * mu, the wait's spin-then-block), saving the caller two crossings of its language
+ * boundary; from Python each crossing costs about as much as the engine's own part of a
+ * small p2p message, and a recv's caller reaches its polling wait right after posting
+ * (docs/benchmarks.md, "One call a message"). The request is copied (a few hundred
+ * bytes on the stack) to set the buffers and HVDL_CALLER_WAITS: the caller's stays
+ * untouched, so one filled-in request serves every call. */
+int hvdl__engine_run(engine_t *e, const hvdl_request *q, const void *input, void *output,
+                     double timeout_s, int64_t *handle, char *msg, hvdl_result *result) {
+    if (!q || !handle) return hvdl__err(HVDL_ERR_INVALID, "NULL request or handle pointer");
+    *handle = 0;
+    hvdl_request r = *q;
+    r.input = input;
+    r.output = output;
+    r.flags |= HVDL_CALLER_WAITS;
+    int64_t h = 0;
+    int rc = hvdl__engine_enqueue(e, &r, &h);
+    if (rc == HVDL_OK) rc = hvdl__engine_wait(e, h, timeout_s);
+    else h = 0; /* nothing was queued */
+    if (rc == HVDL_OK) return hvdl__engine_release(e, h, msg, result);
+    /* Refused, or (HVDL_ERR_TIMEOUT) still in flight: its handle goes back to the caller,
+     * who waits for it and releases it as any other. The message is hvdl_last_error()'s. */
+    *handle = h;
+    if (msg) snprintf(msg, HVDL_MSG_BYTES, "%s", hvdl_last_error());
+    if (result) memset(result, 0, sizeof *result);
+    return rc;
+}

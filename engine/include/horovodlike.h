@@ -11,12 +11,14 @@
  * handle done; hvdl_wait()/hvdl_poll() observe it; hvdl_release() returns the status,
  * the error message and (for ops whose output size is only known after negotiation,
  * such as allgather) the output buffer, which the caller frees with hvdl_free().
+ * hvdl_run() does the three in one call, for a caller that blocks on the op.
  *
- * Threading: hvdl_enqueue, hvdl_poll, hvdl_wait, hvdl_release and the process-set calls
- * may be called from any thread, concurrently; the engine's own background thread does
- * the I/O, except that on one node a caller waiting in hvdl_wait() does the engine's
- * work itself while that thread sleeps (HVDL_CALLER_WAITS). hvdl_prepare, hvdl_start and hvdl_shutdown are serialized with each
- * other, but no other call may be in flight across hvdl_shutdown and the next
+ * Threading: hvdl_enqueue, hvdl_poll, hvdl_wait, hvdl_release, hvdl_run and the
+ * process-set calls may be called from any thread, concurrently; the engine's own
+ * background thread does the I/O, except that on one node a caller waiting in
+ * hvdl_wait() (or hvdl_run()) does the engine's work itself while that thread sleeps
+ * (HVDL_CALLER_WAITS). hvdl_prepare, hvdl_start and hvdl_shutdown are serialized with
+ * each other, but no other call may be in flight across hvdl_shutdown and the next
  * hvdl_prepare (which frees the old engine). hvdl_last_error() is per thread. Waits spin
  * briefly, then block, and are meant to be called without the caller's interpreter lock
  * held.
@@ -176,6 +178,17 @@ int hvdl_wait(int64_t handle, double timeout_s);
 /* Free a finished handle: returns the op's status, copies its message (if any) into
  * msg (HVDL_MSG_BYTES), and fills *result. Releasing an unfinished handle is refused. */
 int hvdl_release(int64_t handle, char *msg, hvdl_result *result);
+/* hvdl_enqueue, hvdl_wait and hvdl_release in one call, for a caller that blocks on the
+ * op (HVDL_CALLER_WAITS is set for it): req is read with input and output in place of
+ * its own buffers, and is not modified, so a request filled in once serves every call.
+ * Returns the op's status with msg and *result filled as hvdl_release fills them
+ * (result may be NULL: what the engine allocated is freed), and *handle = 0. If the op
+ * is not done after timeout_s, returns HVDL_ERR_TIMEOUT with its handle in *handle: the
+ * op goes on, and the caller waits for it and releases it as any other. A request refused
+ * at once returns its status, *handle = 0 and the reason in msg (*result zeroed, in
+ * both cases). */
+int hvdl_run(const hvdl_request *req, const void *input, void *output, double timeout_s,
+             int64_t *handle, char *msg, hvdl_result *result);
 
 /* Process sets: ids are chosen by the caller, identically on every rank (the Python
  * layer agrees on them with a collective first). Set 0 is all ranks and always exists.

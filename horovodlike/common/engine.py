@@ -4,6 +4,7 @@ Every call goes through `_check`, which turns an engine status into one exceptio
 family. cffi releases the GIL for the duration of each C call, so waiting here never
 blocks other Python threads.
 """
+import functools
 import threading
 
 from horovodlike._engine import ffi, lib
@@ -101,6 +102,9 @@ def address(array) -> int:
 # A contiguous array's data as a cffi pointer, for Prepared.enqueue (address() without
 # the round trip through an integer).
 data_pointer = ffi.from_buffer
+# An integer address (torch's data_ptr()) as a cffi pointer, and the null one.
+pointer = functools.partial(ffi.cast, "void *")
+NULL = ffi.NULL
 
 
 class _Scratch(threading.local):
@@ -167,14 +171,15 @@ def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SU
 
 class Prepared:
     """A request filled in once, for a call that repeats (the cached fast path of
-    request.py): each enqueue sets only the two buffers and the caller-waits flag.
+    request.py): each enqueue sets only the two buffers and the caller-waits flag, and
+    run() hands them to hvdl_run, which copies the request, so it sets nothing.
 
     The cost model: enqueue() fills some twenty cffi fields, encodes the name and
     allocates a C copy of it on every op, about 3 us of a 4 KiB op's 10-15 us; a
     Prepared enqueue sets three fields. One Prepared belongs to one thread (the cache
     that holds it is per thread): two threads setting its buffers at once would race.
     The engine copies the request at hvdl_enqueue, so reusing it is safe."""
-    __slots__ = ("req", "_keep", "_handle", "_flags")
+    __slots__ = ("req", "_keep", "_handle", "_flags", "_msg", "_res")
 
     def __init__(self, op, name, dtype=0, shape=(), reduce_op=SUM, root_rank=0,
                  prescale=1.0, postscale=1.0, process_set=0, recv_into=False):
@@ -184,6 +189,7 @@ class Prepared:
         self._keep = _fill(self.req, op, name, dtype, shape, reduce_op, root_rank, prescale,
                            postscale, process_set, None, self._flags)
         self._handle = ffi.new("int64_t *")
+        self._msg, self._res = _scratch.msg, _scratch.res     # this thread's
 
     def enqueue(self, input_ptr, output_ptr, caller_waits) -> int:
         """Queue it on buffers given as cffi pointers or integer addresses."""
@@ -192,6 +198,34 @@ class Prepared:
         req.output = ffi.cast("void *", output_ptr)
         req.flags = self._flags | (lib.HVDL_CALLER_WAITS if caller_waits else 0)
         _check(lib.hvdl_enqueue(req, self._handle))
+        return self._handle[0]
+
+    def run(self, input_ptr, output_ptr) -> int:
+        """Enqueue, wait and release in one engine call (hvdl_run), on buffers given as
+        cffi pointers (ffi.from_buffer's, or NULL), for an op whose output is the
+        caller's buffer. Returns 0 once it is done, raising its error if it failed; or,
+        if it is still in flight after half a second (so that Ctrl-C is honoured between
+        waits), its engine handle, which the caller waits for and releases."""
+        h = self._handle
+        rc = lib.hvdl_run(self.req, input_ptr, output_ptr, 0.5, h, self._msg, NULL)
+        if not rc:                                      # HVDL_OK
+            return 0
+        if h[0]:
+            return h[0]
+        raise _release_error(rc, self._msg)
+
+    def run_result(self):
+        """run() for an op whose output the engine allocates (a recv): returns its
+        Result once done, or an engine handle as run() does."""
+        h, res = self._handle, self._res
+        rc = lib.hvdl_run(self.req, NULL, NULL, 0.5, h, self._msg, res)
+        if h[0]:
+            return h[0]
+        return _result(rc, self._msg, res)
+
+    def in_flight(self) -> int:
+        """The handle the last run() left in flight (0: none); read when an exception
+        interrupted the code between that call and its caller's looking at its value."""
         return self._handle[0]
 
 
@@ -252,7 +286,11 @@ def release_done(handle: int) -> None:
 def release(handle: int) -> Result:
     """Free a finished handle and return its Result; raises the op's error if it failed."""
     msg, res = _scratch.msg, _scratch.res
-    status = lib.hvdl_release(handle, msg, res)
+    return _result(lib.hvdl_release(handle, msg, res), msg, res)
+
+
+def _result(status, msg, res) -> Result:
+    """The Result hvdl_release (or hvdl_run) left in res; raises the op's error."""
     data = ffi.gc(res.data, lib.hvdl_free) if res.data != ffi.NULL else None
     if status != lib.HVDL_OK:
         raise _release_error(status, msg)

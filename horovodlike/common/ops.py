@@ -93,15 +93,64 @@ def run_prepared(prepared, keep, input_ptr, output_ptr):
     synchronize() leaves it, so that its buffers stay alive while the engine may still
     use them."""
     basics._t()
-    engine_handle = prepared.enqueue(input_ptr, output_ptr, True)
+    _wait_release(prepared.enqueue(input_ptr, output_ptr, True), keep)
+
+
+def _wait_release(engine_handle, keep):
+    _wait_parked(engine_handle, keep)
+    engine.release_done(engine_handle)
+
+
+def _wait_parked(engine_handle, keep):
+    """Wait for the op; an interrupted or failed wait parks it (_park)."""
     try:
         # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
         while not engine.wait(engine_handle, 0.5):
             pass
     except BaseException:
-        _pending[next(_handles)] = (engine_handle, keep, lambda _: None)
+        _park(engine_handle, keep)
         raise
-    engine.release_done(engine_handle)
+
+
+def _park(engine_handle, keep):
+    """An op left in flight by an exception: its buffers stay alive in `_pending` (no
+    one collects it; the engine finishes it, and shutdown forgets it)."""
+    if engine_handle:
+        _pending[next(_handles)] = (engine_handle, keep, _none)
+
+
+pointer, NULL = engine.pointer, engine.NULL      # run_now's buffers, for the bindings
+
+
+def run_now(prepared, keep, input_ptr, output_ptr):
+    """run_prepared() in one engine call (engine.Prepared.run, hvdl_run: enqueue, wait,
+    release), on buffers given as cffi pointers: the blocking p2p calls' path, where the
+    engine's part of a small message costs less than the Python calls around it. An op
+    still in flight after the first half second goes on as run_prepared's; one left in
+    flight by an exception (Ctrl-C as the call returns) is parked."""
+    basics._t()
+    try:
+        engine_handle = prepared.run(input_ptr, output_ptr)
+    except BaseException:
+        _park(prepared.in_flight(), keep)
+        raise
+    if engine_handle:
+        _wait_release(engine_handle, keep)
+
+
+def run_now_result(prepared, finish):
+    """run_now() for an op whose output the engine allocates (recv): returns
+    finish(Result)."""
+    basics._t()
+    try:
+        result = prepared.run_result()
+    except BaseException:
+        _park(prepared.in_flight(), None)
+        raise
+    if type(result) is int:       # still in flight: wait for it as any handle
+        _wait_parked(result, None)
+        result = engine.release(result)
+    return finish(result)
 
 
 def _entry(handle):
@@ -377,7 +426,7 @@ def send_async(tensor, dst, name=None, process_set=None):
 def send(tensor, dst, name=None, process_set=None):
     _, prepared = _p2p_key("send", tensor, dst, name, process_set)
     if prepared is not None:
-        run_prepared(prepared, (tensor,), engine.data_pointer(tensor), 0)
+        run_now(prepared, tensor, engine.data_pointer(tensor), NULL)
         return
     with waiting:
         h = send_async(tensor, dst, name, process_set)
@@ -390,7 +439,30 @@ def recv_async(src, name=None, process_set=None):
     return submit_recv(request.p2p("recv", src, name, process_set), _np_message)
 
 
+def recv_key(src, name, process_set):
+    """(key, prepared request or None) of a named recv's cached fast path: as
+    request.p2p_key, with no tensor facts (the message brings its dtype and shape)."""
+    key = request.p2p_key("recv", name, src, process_set, None)
+    return key, (request.cached(key) if key is not None else None)
+
+
+def recv_prepared(key, src, name, process_set, finish):
+    """A blocking named recv into a new buffer, wrapped by finish(Result): the cached
+    one-call path (run_now_result), or, the first time, every check, and the prepared
+    request remembered under key."""
+    seen = request.generation()
+    prepared = request.prepare(request.p2p("recv", src, name, process_set), 0, ())
+    out = run_now_result(prepared, finish)
+    request.remember(key, prepared, seen)
+    return out
+
+
 def recv(src, name=None, process_set=None):
+    key, prepared = recv_key(src, name, process_set)
+    if prepared is not None:
+        return run_now_result(prepared, _np_message)
+    if key is not None:
+        return recv_prepared(key, src, name, process_set, _np_message)
     return synchronize(recv_async(src, name, process_set))
 
 
@@ -406,7 +478,7 @@ def recv_async_(tensor, src, name=None, process_set=None):
 def recv_(tensor, src, name=None, process_set=None):
     _, prepared = _p2p_key("recv_", tensor, src, name, process_set)
     if prepared is not None:
-        run_prepared(prepared, (tensor,), 0, engine.data_pointer(tensor))
+        run_now(prepared, tensor, NULL, engine.data_pointer(tensor))
         return tensor
     with waiting:
         h = recv_async_(tensor, src, name, process_set)

@@ -417,7 +417,7 @@ def p2p_key(kind, name, peer, process_set, facts):
     ops take a new number every call), the peer only as an int (True == 1), the set by
     identity and id, and the array's facts (dtype with its byte order, shape); the
     checks of request.p2p depend on nothing else."""
-    ps = _set_key(process_set)
+    ps = None if process_set is None else _set_key(process_set)
     if type(name) is not str or type(peer) is not int or ps is False:
         return None
     return (kind, name, peer, ps, facts)

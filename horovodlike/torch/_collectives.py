@@ -423,8 +423,39 @@ def send_async(tensor, dst, name=None, process_set=global_process_set):
     return _ops.submit_send(req, code, buf.shape, _tensors.address(buf), (tensor, buf))
 
 
+def _p2p_key(kind, tensor, peer, name, process_set):
+    """(key, prepared request or None) of a named blocking send's, recv_'s cached one-call
+    path (request.p2p_key). The key holds what check_tensor reads (dtype, shape, device);
+    checked on every call, as allreduce's: a plain strided, contiguous tensor with no
+    negative bit (anything else takes the slow path's copy)."""
+    if (type(tensor) is torch.Tensor and tensor.layout is torch.strided
+            and tensor.is_contiguous() and not tensor.is_neg()):
+        key = request.p2p_key(kind, name, peer, process_set,
+                              (tensor.dtype, tensor.shape, tensor.device))
+        return key, (request.cached(key) if key is not None else None)
+    return None, None
+
+
+def _p2p_first(kind, key, tensor, peer, name, process_set):
+    """The first call under a key: every check, the one-call path, then remembered."""
+    seen = request.generation()
+    what = "send" if kind == "send" else "recv_"
+    code = _tensors.check_tensor(tensor, what)
+    req = request.p2p("send" if kind == "send" else "recv", peer, name, process_set, what=what)
+    prepared = request.prepare(req, code, tensor.shape, recv_into=kind != "send")
+    ptr = _ops.pointer(tensor.data_ptr())
+    _ops.run_now(prepared, tensor, *((ptr, _ops.NULL) if kind == "send" else (_ops.NULL, ptr)))
+    request.remember(key, prepared, seen)
+
+
 def send(tensor, dst, name=None, process_set=global_process_set):
-    synchronize(send_async(tensor, dst, name, process_set))
+    key, prepared = _p2p_key("send", tensor, dst, name, process_set)
+    if prepared is not None:
+        _ops.run_now(prepared, tensor, _ops.pointer(tensor.data_ptr()), _ops.NULL)
+    elif key is not None:
+        _p2p_first("send", key, tensor, dst, name, process_set)
+    else:
+        synchronize(send_async(tensor, dst, name, process_set))
 
 
 def _message(res):
@@ -442,6 +473,11 @@ def recv_async(src, name=None, process_set=global_process_set):
 
 
 def recv(src, name=None, process_set=global_process_set):
+    key, prepared = _ops.recv_key(src, name, process_set)
+    if prepared is not None:
+        return _ops.run_now_result(prepared, _message)
+    if key is not None:
+        return _ops.recv_prepared(key, src, name, process_set, _message)
     return synchronize(recv_async(src, name, process_set))
 
 
@@ -456,4 +492,11 @@ def recv_async_(tensor, src, name=None, process_set=global_process_set):
 
 
 def recv_(tensor, src, name=None, process_set=global_process_set):
-    return synchronize(recv_async_(tensor, src, name, process_set))
+    key, prepared = _p2p_key("recv_", tensor, src, name, process_set)
+    if prepared is not None:
+        _ops.run_now(prepared, tensor, _ops.NULL, _ops.pointer(tensor.data_ptr()))
+    elif key is not None:
+        _p2p_first("recv_", key, tensor, src, name, process_set)
+    else:
+        return synchronize(recv_async_(tensor, src, name, process_set))
+    return tensor

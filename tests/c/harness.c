@@ -160,22 +160,13 @@ void no_shm(config_t *c) {
     c->shm = 0;
 }
 
-/* Enqueue and wait at once, as the blocking Python calls do: flagged so (on one node the
- * waiting thread then does the engine's work itself). */
+/* Enqueue, wait and release at once, as the blocking Python calls do (hvdl_run: flagged
+ * HVDL_CALLER_WAITS, so on one node the waiting thread does the engine's work itself). */
 int run_op(engine_t *e, const hvdl_request *q, hvdl_result *res, char *msg) {
     int64_t h;
-    hvdl_request waited = *q;
-    waited.flags |= HVDL_CALLER_WAITS;
-    int rc = hvdl__engine_enqueue(e, &waited, &h);
-    if (rc) {
-        snprintf(msg, HVDL_MSG_BYTES, "enqueue: %s", hvdl_last_error());
-        return rc;
-    }
-    if ((rc = hvdl__engine_wait(e, h, 60))) {
-        snprintf(msg, HVDL_MSG_BYTES, "wait: %s", hvdl_last_error());
-        return rc;
-    }
-    return hvdl__engine_release(e, h, msg, res);
+    int rc = hvdl__engine_run(e, q, q->input, q->output, 60, &h, msg, res);
+    if (h) CHECK(0, "'%s' not done after 60 s: %s", q->name, msg);
+    return rc;
 }
 
 /* The trace holds one JSON event per line; a collective's reads

@@ -33,8 +33,19 @@ def main():
     # (cma-send)
     huge = np.ones(16 << 20) if how.startswith("ring") else np.ones(1 << 20)
     handshake = how in ("mailbox-recv", "cma-recv", "cma-send")
+    # one-call-*: rank 0's recv_ of "cached" is a repeated call, so the one that waits
+    # for the message never sent is one engine call (hvdl_run), numpy's or torch's
+    cached = how.startswith("one-call")
+    if cached and how.endswith("torch"):
+        import torch
+        import horovodlike.torch as api
+        buf = torch.zeros(4, dtype=torch.float64)
+    else:
+        api, buf = hvd, np.zeros(4)
     if R == 1:
         hvd.send(np.array([os.getpid()]), 0, name="first")
+        if cached:
+            api.send(buf + 1, 0, name="cached")
         if handshake:                   # once rank 0 has answered, "second" is past the switch
             hvd.recv(0, name="ack")
             hvd.send(np.arange(4.0), 0, name="second")
@@ -46,6 +57,8 @@ def main():
         time.sleep(300)                     # the test kills or stops this rank here
     else:
         pid = int(hvd.recv(1, name="first")[0])
+        if cached:
+            api.recv_(buf, 1, name="cached")
         if handshake:                   # its mailbox answer went out before the ack
             hvd.send(np.arange(2.0), 1, name="ack")
             hvd.recv(1, name="second")
@@ -65,6 +78,8 @@ def main():
                 hvd.recv(1, name="never")
             elif how in ("ring-send", "cma-send"):
                 hvd.send(huge, 1, name="huge")
+            elif cached:
+                api.recv_(buf, 1, name="cached")
             else:
                 hvd.recv(1, name="never")
             print("no error", flush=True)
