@@ -1610,6 +1610,10 @@ static void *p2p_main(void *arg) {
     struct p2p *p = e->p2p;
     int n = e->size;
     struct epoll_event *evs = calloc((size_t)n + 1, sizeof *evs);
+    /* Without its table the thread fails every op and still sleeps (on one event at a
+     * time, which is all wake_fd needs) rather than spinning. */
+    struct epoll_event one, *ev = evs ? evs : &one;
+    int max_ev = evs ? n + 1 : 1;
     int gave_up = 0;
     for (;;) {
         pthread_mutex_lock(&p->mu);
@@ -1653,10 +1657,10 @@ static void *p2p_main(void *arg) {
             atomic_store(&p->sleeping, 1);
             pending = atomic_load(&p->npending);
         }
-        int rc = evs ? epoll_wait(p->ep, evs, n + 1, pending ? 100 : -1) : 0;
+        int rc = epoll_wait(p->ep, ev, max_ev, pending ? 100 : -1);
         atomic_store(&p->sleeping, 0);
         for (int j = 0; j < rc; j++) {
-            uint32_t i = evs[j].data.u32, got = evs[j].events;
+            uint32_t i = ev[j].data.u32, got = ev[j].events;
             if (i == WAKE_EV) {
                 hvdl_wakefd_drain(p->wake_fd);
                 continue;

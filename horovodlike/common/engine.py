@@ -197,6 +197,7 @@ class Prepared:
         req.input = ffi.cast("void *", input_ptr)
         req.output = ffi.cast("void *", output_ptr)
         req.flags = self._flags | (lib.HVDL_CALLER_WAITS if caller_waits else 0)
+        self._handle[0] = 0        # in_flight() must never see the last call's handle
         _check(lib.hvdl_enqueue(req, self._handle))
         return self._handle[0]
 
@@ -207,6 +208,7 @@ class Prepared:
         if it is still in flight after half a second (so that Ctrl-C is honoured between
         waits), its engine handle, which the caller waits for and releases."""
         h = self._handle
+        h[0] = 0                   # in_flight() must never see the last call's handle
         rc = lib.hvdl_run(self.req, input_ptr, output_ptr, 0.5, h, self._msg, NULL)
         if not rc:                                      # HVDL_OK
             return 0
@@ -218,6 +220,7 @@ class Prepared:
         """run() for an op whose output the engine allocates (a recv): returns its
         Result once done, or an engine handle as run() does."""
         h, res = self._handle, self._res
+        h[0] = 0
         rc = lib.hvdl_run(self.req, NULL, NULL, 0.5, h, self._msg, res)
         if h[0]:
             return h[0]

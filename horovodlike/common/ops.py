@@ -91,25 +91,22 @@ def run_prepared(prepared, keep, input_ptr, output_ptr):
     (request.py's cached fast path): enqueue, wait, release, with no handle in
     `_pending` and no Result. An interrupted or failed wait parks the op there, as
     synchronize() leaves it, so that its buffers stay alive while the engine may still
-    use them."""
+    use them; one `try` spans the enqueue and the waits, so no instant between them
+    leaves an op in flight unparked (prepared.in_flight() names it)."""
     basics._t()
-    _wait_release(prepared.enqueue(input_ptr, output_ptr, True), keep)
-
-
-def _wait_release(engine_handle, keep):
-    _wait_parked(engine_handle, keep)
+    try:
+        engine_handle = prepared.enqueue(input_ptr, output_ptr, True)
+        _wait(engine_handle)
+    except BaseException:
+        _park(prepared.in_flight(), keep)
+        raise
     engine.release_done(engine_handle)
 
 
-def _wait_parked(engine_handle, keep):
-    """Wait for the op; an interrupted or failed wait parks it (_park)."""
-    try:
-        # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
-        while not engine.wait(engine_handle, 0.5):
-            pass
-    except BaseException:
-        _park(engine_handle, keep)
-        raise
+def _wait(engine_handle):
+    # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
+    while not engine.wait(engine_handle, 0.5):
+        pass
 
 
 def _park(engine_handle, keep):
@@ -127,15 +124,19 @@ def run_now(prepared, keep, input_ptr, output_ptr):
     release), on buffers given as cffi pointers: the blocking p2p calls' path, where the
     engine's part of a small message costs less than the Python calls around it. An op
     still in flight after the first half second goes on as run_prepared's; one left in
-    flight by an exception (Ctrl-C as the call returns) is parked."""
+    flight by an exception (Ctrl-C as the call returns, or during its later waits) is
+    parked: one `try` spans the call and the waits, so no instant between them leaves
+    an op in flight unparked."""
     basics._t()
     try:
         engine_handle = prepared.run(input_ptr, output_ptr)
+        if not engine_handle:
+            return
+        _wait(engine_handle)
     except BaseException:
         _park(prepared.in_flight(), keep)
         raise
-    if engine_handle:
-        _wait_release(engine_handle, keep)
+    engine.release_done(engine_handle)
 
 
 def run_now_result(prepared, finish):
@@ -144,11 +145,12 @@ def run_now_result(prepared, finish):
     basics._t()
     try:
         result = prepared.run_result()
+        if type(result) is int:       # still in flight: wait for it as any handle
+            _wait(result)
     except BaseException:
         _park(prepared.in_flight(), None)
         raise
-    if type(result) is int:       # still in flight: wait for it as any handle
-        _wait_parked(result, None)
+    if type(result) is int:
         result = engine.release(result)
     return finish(result)
 
@@ -383,7 +385,8 @@ def _np_message(res):
 def _p2p_key(kind, tensor, peer, name, process_set):
     """(key, prepared request or None) of a named send's or recv_'s cached fast path
     (request.p2p_key), as _allreduce_key: C-contiguity is checked on every call."""
-    if type(tensor) is not np.ndarray or not tensor.flags.c_contiguous:
+    flags = tensor.flags if type(tensor) is np.ndarray else None
+    if flags is None or not flags.c_contiguous or (kind != "send" and not flags.writeable):
         return None, None
     key = request.p2p_key(kind, name, peer, process_set, (tensor.dtype, tensor.shape))
     return key, (request.cached(key) if key is not None else None)
@@ -397,6 +400,9 @@ def _p2p_slow(kind, tensor, peer, name, process_set, key, finish):
     code = dtype_code(x.dtype, what)
     req = request.p2p("send" if kind == "send" else "recv", peer, name, process_set, what=what)
     into = kind != "send"
+    if into and not x.flags.writeable:
+        raise ValueError(f"recv_ from rank {peer} ({name!r}): the array is read-only "
+                         f"(flags.writeable is False); pass a writable array, e.g. x.copy()")
     if key is None:
         if into:
             return submit_recv_into(req, code, x.shape, engine.address(x), (x,), finish)

@@ -55,6 +55,13 @@ def slow_path_answers():
                      what="recv_: non-contiguous view of a cached shape")
         check_raises(TypeError, lambda: hvd.recv_(x, False, name="b"), "must be an int",
                      what="recv_: src=False after src=0")
+        frozen = np.zeros_like(x)
+        frozen.flags.writeable = False                       # same shape and dtype
+        check_raises(ValueError, lambda: hvd.recv_(frozen, PEER, name="b"), "read-only",
+                     what="recv_: a read-only array of a cached shape")
+        check_raises(ValueError, lambda: hvd.recv_async_(frozen, PEER, name="b"), "read-only",
+                     what="recv_async_: a read-only array of a cached shape")
+        check_equal(frozen, np.zeros_like(x), "the read-only array is untouched")
     one(x.astype(np.int32), "b", 1)                        # changed dtype: a new key
     one(x[:10].copy(), "b", 2)                             # changed shape
     # a recv_ whose cached buffer no longer matches the message fails as the slow path does
