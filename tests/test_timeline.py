@@ -35,9 +35,14 @@ def load(path):
 def test_traces_parse_while_the_job_runs_and_after_a_kill(tmp_path):
     script = LOOP
     base = tmp_path / "timeline.json"
-    env = dict(os.environ, HOROVOD_TIMELINE=str(base), PYTHONPATH=str(REPO))
     # The job runs until the kill ends it (a fixed few seconds raced the parsing: the
-    # faster the engine, the larger the files and the slower each parse).
+    # faster the engine, the larger the files and the slower each parse). The files are
+    # capped at 8 MB: an unloaded run kills rank 2 well below it, and on a loaded host,
+    # where the ranks may start late and then write for many seconds, a parse still
+    # takes a fraction of a second (uncapped, 30 parses of growing files once outlasted
+    # the 60 s job), and the truncated file is parsed too.
+    env = dict(os.environ, HOROVOD_TIMELINE=str(base), PYTHONPATH=str(REPO),
+               HOROVOD_TIMELINE_MAX_MB="8")
     proc = subprocess.Popen([HOROVODLIKERUN, "-np", "3", sys.executable, str(script), "60"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
