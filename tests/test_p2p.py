@@ -23,6 +23,7 @@ with a timeout. What each causes:
 import glob
 import json
 import os
+import re
 import signal
 import time
 
@@ -180,13 +181,16 @@ def test_an_op_meeting_a_closed_connection_fails_the_job_naming_the_peer(tmp_pat
         os.kill(procs[0].pid, signal.SIGSTOP)
         os.kill(procs[2].pid, signal.SIGKILL)
         out = "".join(_read_until(procs[1], "done", deadline))
-        verdict = "rank 2 (host " + HOST + ") was lost: its point-to-point connection closed. " \
-                  "horovodlike cannot go on without it"
-        assert f"ERROR: {verdict}" in out, out
+        # a killed peer's socket ends in EOF or, when it died with unread bytes, in a reset
+        # (ECONNRESET), which the verdict names after the colon
+        verdict = re.escape("rank 2 (host " + HOST + ") was lost: its point-to-point "
+                            "connection closed") + r"(: [A-Za-z ]+)?\. " + \
+            re.escape("horovodlike cannot go on without it")
+        assert re.search("ERROR: " + verdict, out), out
         for name in ("recv", "send"):
             assert f"{name} failed after" in out, out
             line = out.split(f"{name} failed after ")[1].split("\n")[0]
-            assert verdict in line, out
+            assert re.search(verdict, line), out
             # the worker waits up to 1 s for rank 0's verdict, then gives its own
             assert float(line.split("s:")[0]) < 5, out
     finally:
