@@ -17,6 +17,7 @@
 #include "control.h"
 #include "liveness.h"
 #include "net.h"
+#include "p2p.h"
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -77,6 +78,7 @@ static int release(engine_t *e) {
     pthread_mutex_lock(&e->mu);
     hvdl__complete_all_locked(e, e->fail_status, e->fail_msg);
     pthread_mutex_unlock(&e->mu);
+    hvdl__p2p_kick(e);      /* its ops end now, not at its next look (up to 100 ms) */
     /* In an elastic job a lost rank is recovered from: the binding says so, at warning
      * level, with the round it starts next (common/elastic.py). */
     int recovered = e->cfg.elastic && e->fail_status == HVDL_ERR_PEER_LOST;

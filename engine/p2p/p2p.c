@@ -1722,6 +1722,13 @@ int hvdl__p2p_start(engine_t *e) {
     return 0;
 }
 
+/* From any thread, once the job has failed: the p2p thread looks at the failure flag now
+ * and fails what it holds (it looks by itself only every 100 ms while ops wait). wake_fd
+ * is set before any thread starts and closed only after every thread has ended. */
+void hvdl__p2p_kick(engine_t *e) {
+    if (e->p2p && e->p2p->wake_fd >= 0) hvdl_wakefd_signal(e->p2p->wake_fd);
+}
+
 /* After the loop thread has ended: every op still held fails as shut down. */
 void hvdl__p2p_stop(engine_t *e) {
     struct p2p *p = e->p2p;

@@ -7,6 +7,7 @@
 int hvdl__p2p_start(engine_t *e);                   /* after the connections, before the loop */
 void hvdl__p2p_stop(engine_t *e);                   /* after the loop thread has ended */
 void hvdl__p2p_free(engine_t *e);
+void hvdl__p2p_kick(engine_t *e); /* the job failed: its thread fails the ops it holds */
 int hvdl__p2p_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle);
 int hvdl__p2p_tend(engine_t *e); /* the loop: a peer p2p found broken; -1 failed */
 void hvdl__p2p_close_in_child(engine_t *e); /* a forked child's copies of the fds */
