@@ -86,21 +86,7 @@ def submit_prepared(prepared, keep, finish, input_ptr, output_ptr):
     return handle
 
 
-def run_prepared(prepared, keep, input_ptr, output_ptr):
-    """A blocking call on a prepared request whose output is the caller's buffer
-    (request.py's cached fast path): enqueue, wait, release, with no handle in
-    `_pending` and no Result. An interrupted or failed wait parks the op there, as
-    synchronize() leaves it, so that its buffers stay alive while the engine may still
-    use them; one `try` spans the enqueue and the waits, so no instant between them
-    leaves an op in flight unparked (prepared.in_flight() names it)."""
-    basics._t()
-    try:
-        engine_handle = prepared.enqueue(input_ptr, output_ptr, True)
-        _wait(engine_handle)
-    except BaseException:
-        _park(prepared.in_flight(), keep)
-        raise
-    engine.release_done(engine_handle)
+pointer, NULL = engine.pointer, engine.NULL      # run_now's buffers, for the bindings
 
 
 def _wait(engine_handle):
@@ -116,17 +102,17 @@ def _park(engine_handle, keep):
         _pending[next(_handles)] = (engine_handle, keep, _none)
 
 
-pointer, NULL = engine.pointer, engine.NULL      # run_now's buffers, for the bindings
-
-
 def run_now(prepared, keep, input_ptr, output_ptr):
-    """run_prepared() in one engine call (engine.Prepared.run, hvdl_run: enqueue, wait,
-    release), on buffers given as cffi pointers: the blocking p2p calls' path, where the
-    engine's part of a small message costs less than the Python calls around it. An op
-    still in flight after the first half second goes on as run_prepared's; one left in
-    flight by an exception (Ctrl-C as the call returns, or during its later waits) is
-    parked: one `try` spans the call and the waits, so no instant between them leaves
-    an op in flight unparked."""
+    """A blocking call on a prepared request whose output is the caller's buffer, given
+    as cffi pointers: enqueue, wait and release in one engine call (engine.Prepared.run,
+    hvdl_run), with no handle in `_pending` and no Result. It is the path of the cached
+    blocking allreduce and of the blocking p2p calls, where the engine's part of a small
+    message costs less than the Python calls around it. An op still in flight after the
+    first half second is waited for in short waits (Ctrl-C is honoured between them) and
+    released. One left in flight by an exception (Ctrl-C as the call returns, or during
+    its later waits) is parked, as synchronize() leaves it, so that its buffers stay
+    alive while the engine may still use them: one `try` spans the call and the waits,
+    so no instant between them leaves an op in flight unparked."""
     basics._t()
     try:
         engine_handle = prepared.run(input_ptr, output_ptr)
@@ -257,8 +243,8 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                  postscale_factor, process_set)
     if prepared is not None:
         out = np.empty_like(tensor)
-        run_prepared(prepared, (tensor, out), engine.data_pointer(tensor),
-                     engine.data_pointer(out))
+        run_now(prepared, (tensor, out), engine.data_pointer(tensor),
+                engine.data_pointer(out))
         return out
     with waiting:
         h = allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,

@@ -116,7 +116,7 @@ def _same_shape_op(tensor, inplace, code, req):
 def _allreduce(tensor, inplace, average, name, op, prescale_factor, postscale_factor,
                process_set, what, now=False):
     """An allreduce's handle; now=True: wait for it here and return the output (a
-    cached call then needs no handle: _ops.run_prepared)."""
+    cached call then needs no handle: _ops.run_now)."""
     # The cached fast path (request.allreduce_key). The key holds what check_tensor
     # and the staging decision read: dtype, shape and device; and `what`, whose output
     # differs (in place or new). Checked on every call, as the key cannot hold them:
@@ -133,7 +133,8 @@ def _allreduce(tensor, inplace, average, name, op, prescale_factor, postscale_fa
         if prepared is not None and not _staging.forced():
             if now:
                 out = tensor if inplace else torch.empty_like(tensor)
-                _ops.run_prepared(prepared, (tensor, out), tensor.data_ptr(), out.data_ptr())
+                _ops.run_now(prepared, (tensor, out), _ops.pointer(tensor.data_ptr()),
+                             _ops.pointer(out.data_ptr()))
                 return out
             return _prepared_op(prepared, tensor, inplace)
     if now:

@@ -4,7 +4,6 @@ answers exactly as the calls that enqueue, wait and release apart: the same valu
 same errors (another dtype, another size, a peer that is no rank, a removed set); and
 Ctrl-C in a one-call recv_ still waiting leaves it posted with its buffer kept alive.
 Rank 0 sends, rank 1 receives."""
-import collections
 import contextlib
 import os
 import signal
@@ -18,34 +17,6 @@ from horovodlike.common import engine, ops
 hvd.init(process_sets="dynamic")
 R = hvd.rank()
 PEER = 1 - R
-PER_OP = ("hvdl_run", "hvdl_enqueue", "hvdl_wait", "hvdl_release")
-
-
-class Counted:
-    """Stands in for the cffi library in horovodlike.common.engine (the one module that
-    calls it) and counts the per-op entry points called through it."""
-
-    def __init__(self, lib):
-        self.lib, self.calls = lib, collections.Counter()
-
-    def __getattr__(self, name):
-        fn = getattr(self.lib, name)
-        if name not in PER_OP:
-            return fn
-
-        def counted(*args):
-            self.calls[name] += 1
-            return fn(*args)
-        return counted
-
-    def __enter__(self):
-        engine.lib = self
-        return self
-
-    def __exit__(self, *exc):
-        engine.lib = self.lib
-
-
 BINDINGS = {
     "numpy": (hvd, lambda n, dt: np.arange(n).astype(dt), np.zeros_like, np.float32, np.int32,
               lambda a, b: a.dtype == b.dtype and a.shape == b.shape and (a == b).all()),
@@ -60,7 +31,7 @@ def one_engine_call_each(binding):
     api, make, zeros, f32, _, same = BINDINGS[binding]
     x = make(1000, f32)
     for i in range(6):
-        counted = Counted(engine.lib) if i else None
+        counted = Counted() if i else None
         with counted or contextlib.nullcontext():
             if R == 0:
                 api.send(x + i, PEER, name=f"{binding}.into")
@@ -102,7 +73,7 @@ def errors_as_apart(binding):
             apart = check_raises(hvd.TensorMismatchError, lambda: api.synchronize(
                 api.recv_async_(zeros(x), PEER, name=name)), field, "rank 0", "rank 1",
                 f"p2p.{name}", what=f"{binding} recv_async_, {field}")
-            with Counted(engine.lib) as counted:
+            with Counted() as counted:
                 once = check_raises(hvd.TensorMismatchError,
                                     lambda: api.recv_(zeros(x), PEER, name=name), field,
                                     "rank 0", "rank 1", f"p2p.{name}",

@@ -1,6 +1,7 @@
 """Rank program of tests/test_prepared_requests.py: the cached fast path of a repeated
-allreduce (request.allreduce_key) takes the calls it may, and every call it must not
-take gets the slow path's answer: the same result or the same error."""
+allreduce (request.allreduce_key) takes the calls it may, a blocking one in one engine
+call (hvdl_run), and every call it must not take gets the slow path's answer: the same
+result or the same error."""
 import warnings
 
 import torch
@@ -33,14 +34,20 @@ def fast_path_is_taken():
                 "numpy, first call")
     with refused():
         for i in range(3):
-            check_equal(hvd.allreduce(x, name="np", op=hvd.Sum),
-                        np.full(1024, TOTAL, np.float32), f"numpy, cached call {i}")
+            with Counted() as counted:
+                out = hvd.allreduce(x, name="np", op=hvd.Sum)
+            check_equal(out, np.full(1024, TOTAL, np.float32), f"numpy, cached call {i}")
+            check(counted.calls == {"hvdl_run": 1}, f"numpy, cached call {i}: one engine "
+                  "call", f"{counted.calls}")
     t = t_x()
     check_equal(hvt.allreduce(t, name="t", op=hvt.Sum).numpy(), np.full(1024, TOTAL, np.float32),
                 "torch, first call")
     with refused():
-        check_equal(hvt.allreduce(t, name="t", op=hvt.Sum).numpy(),
-                    np.full(1024, TOTAL, np.float32), "torch, cached call")
+        with Counted() as counted:
+            out = hvt.allreduce(t, name="t", op=hvt.Sum)
+        check_equal(out.numpy(), np.full(1024, TOTAL, np.float32), "torch, cached call")
+        check(counted.calls == {"hvdl_run": 1}, "torch, cached call: one engine call",
+              f"{counted.calls}")
         check_equal(hvt.synchronize(hvt.allreduce_async(t, name="t", op=hvt.Sum)).numpy(),
                     np.full(1024, TOTAL, np.float32), "torch allreduce_async, cached call")
         check_equal(t.numpy(), np.full(1024, R + 1, np.float32), "torch, input untouched")
