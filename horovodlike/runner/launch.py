@@ -45,8 +45,10 @@ DEFAULT_SSH_COMMAND = (
 GRACE_SECONDS = 5.0
 # How long the others may take to name a rank killed by a signal before they are stopped
 # (Job._await_verdicts): the engine's worker waits up to 1 s for rank 0's verdict
-# (engine/core/fail.c), plus a second for a loaded host.
-VERDICT_SECONDS = 2.0
+# (engine/core/fail.c), plus 3 s for a loaded host (with 1 s, a test job of 3 ranks on 2
+# loaded cores could be stopped before its worker had named the culprit). It is waited in
+# full only when a rank never logs its engine's failure (it is stopped, or has no engine).
+VERDICT_SECONDS = 4.0
 _LOCAL_NAMES = ("localhost", "127.0.0.1")
 _READ_LIMIT = 64 * 1024
 
