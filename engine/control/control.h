@@ -24,6 +24,9 @@ typedef struct response {
     double received_at; /* when this rank got the response (trace: end of NEGOTIATE) */
     double *ready_at; /* rank 0 only: ntensors x size, when each rank was ready */
 } response_t;
+/* RESP_ERROR: the ranks disagree (each op fails with HVDL_ERR_MISMATCH); RESP_SHUTDOWN: a
+ * member of the set said goodbye without submitting the op, so it can never run (each op
+ * fails with HVDL_ERR_SHUT_DOWN). Both carry the message, and move no data. */
 enum { RESP_OK = 0, RESP_ERROR = 1, RESP_SHUTDOWN = 2 };
 /* The most tensors one response carries (fusion.c stops there; more ready tensors go in
  * the next response of the same frame). It bounds what a worker allocates for one
@@ -39,8 +42,9 @@ typedef struct cache_entry {
 /* announce.c: this rank's side of negotiation: tell rank 0 about unsent requests */
 int hvdl__announce(engine_t *e);
 
-/* shutdown.c: any rank's shutdown is every rank's */
+/* shutdown.c: a rank's shutdown is its own; the job ends when every rank's is done */
 int hvdl__say_bye(engine_t *e); /* this rank calls shutdown */
+int hvdl__shutdown_due(engine_t *e); /* rank 0's loop: 1 if everyone has finished (stop) */
 int hvdl__bye_received(engine_t *e, int from, const uint8_t *p, int64_t n);
 void hvdl__goodbye(engine_t *e); /* the loop's last act after a clean stop */
 
@@ -55,7 +59,8 @@ typedef struct pending {
     int count;
     int ref; /* the first rank that submitted: its meta is the reference */
     double first_at, warned_at;
-    char *error; /* set when ready and the ranks disagree */
+    char *error; /* set when ready and the ranks disagree, or a member has finished */
+    int error_gone; /* error: a member finished without submitting it (RESP_SHUTDOWN) */
     int64_t error_oom; /* no memory for error's text (its bytes): planning fails */
     uint8_t *closed_nodes; /* per node: rank 0 took this name's word over (negotiate_nodes.c) */
     struct pending *next; /* link in the ready list, then in a fusion group */
@@ -65,7 +70,10 @@ typedef struct coordinator {
     pending_t *ready_head, *ready_tail;
     uint8_t *joined; /* per rank: called join() and waits for the others */
     int last_joined;
-    int shutdown_from; /* rank that asked to shut down, or -1 */
+    uint8_t *finished; /* per rank: said goodbye (shutdown.c); it submits nothing more */
+    int nfinished; /* ranks that said goodbye; at size, the job ends */
+    int last_finished; /* the goodbye that made nfinished size, or -1 */
+    int shutdown_from; /* rank whose goodbye ended the job, or -1 */
     double last_stall_check;
 } coordinator_t;
 /* Requests as they come off the wire (wire.c): cache ids of unchanged requests, then
@@ -91,6 +99,8 @@ int hvdl__coordinator_take(engine_t *e, int from, const request_list_t *l, const
 /* Everything ready, as responses in execution order (rank 0's cache updated): 0 or -1 */
 int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count);
 int hvdl__coordinator_pending(engine_t *e);
+/* rank r said goodbye (shutdown.c): how many ranks have, or -1 */
+int hvdl__coordinator_finish(engine_t *e, int r);
 
 /* fusion.c: which ready tensors travel together */
 pending_t *hvdl__fusion_take(engine_t *e, int *count); /* a chain through ->next */
@@ -107,6 +117,8 @@ int hvdl__deadlock_ms(engine_t *e); /* the loop's longest sleep, or -1 */
 int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t n); /* rank 0: MSG_WAITS */
 void hvdl__deadlock_free(engine_t *e);
 void hvdl__never_submitted(engine_t *e, int peer, char *out, size_t cap); /* rank 0 */
+/* "allreduce 'a' in process set 1": a request as its user named it (deadlock.c) */
+void hvdl__describe_request(const char *name, int op, int set, char *out, size_t cap);
 
 /* cache.c: the response cache, updated by negotiation in response order on every rank */
 int hvdl__cache_meta_equal(const meta_t *a, const meta_t *b);

@@ -14,8 +14,9 @@
  *     became ready, fusing what fusion.c says travels together, and assigns cache ids
  *     (cache.c). It returns the plan: the loop sends it and then executes it.
  *
- * Stalls (names some ranks submitted and others did not) are watched by stall.c; any
- * rank's shutdown is every rank's (shutdown.c). Where cached requests are agreed in
+ * Stalls (names some ranks submitted and others did not) are watched by stall.c. A rank
+ * that has said goodbye (shutdown.c) submits nothing more: a name whose set it is in and
+ * that it never submitted fails at once, on every member that submits it, naming it. Where cached requests are agreed in
  * node segments (negotiation.h: negotiate_shm.c on one node, negotiate_nodes.c on
  * several), a request that reaches the coordinator otherwise closes its word's round,
  * and the negotiation hands back the bits it took (took_t): the coordinator records them
@@ -30,8 +31,10 @@
 
 int hvdl__coordinator_new(engine_t *e) {
     e->coord = calloc(1, sizeof *e->coord);
-    if (!e->coord || !(e->coord->joined = calloc((size_t)e->size, 1))) return -1;
-    e->coord->shutdown_from = -1;
+    if (!e->coord || !(e->coord->joined = calloc((size_t)e->size, 1)) ||
+        !(e->coord->finished = calloc((size_t)e->size, 1)))
+        return -1;
+    e->coord->shutdown_from = e->coord->last_finished = -1;
     return 0;
 }
 
@@ -57,6 +60,7 @@ void hvdl__coordinator_free(engine_t *e) {
         pending_free(p);
     }
     free(c->joined);
+    free(c->finished);
     free(c);
     e->coord = NULL;
 }
@@ -191,17 +195,25 @@ static void make_ready(coordinator_t *c, pending_t *p) {
     c->ready_tail = p;
 }
 
+/* A member that said goodbye without submitting p: the first, or -1. */
+static int finished_missing(const coordinator_t *c, const group_t *g, const pending_t *p) {
+    for (int i = 0; i < g->n; i++)
+        if (!p->have[g->ranks[i]] && c->finished[g->ranks[i]]) return g->ranks[i];
+    return -1;
+}
+
 /* A name is ready when every member of its set has submitted it. A member that has
  * joined counts as present for allreduce (it contributes zeros); for any other op it
- * never will be, so the op fails rather than wait forever. */
+ * never will be, so the op fails rather than wait forever. A member that has finished
+ * never will be either: the op fails at once (RESP_SHUTDOWN), naming it. */
 static void maybe_ready(engine_t *e, pending_t *p) {
     coordinator_t *c = e->coord;
     const meta_t *m = &p->metas[p->ref];
     group_t *g = e->sets[m->process_set];
     if (!g) return;                     /* rank 0 has not registered this set yet */
     char joined_missing[256] = "";
-    int k = 0;
-    for (int i = 0; i < g->n; i++) {
+    int k = 0, gone = finished_missing(c, g, p);
+    for (int i = 0; i < g->n && gone < 0; i++) {
         int r = g->ranks[i];
         if (p->have[r]) continue;
         if (!c->joined[r] || m->op == HVDL_OP_JOIN) return;
@@ -209,8 +221,14 @@ static void maybe_ready(engine_t *e, pending_t *p) {
         k += snprintf(joined_missing + k, sizeof joined_missing - (size_t)k, k ? ", %d" : "%d", r);
         if (k >= (int)sizeof joined_missing - 16) break;
     }
-    char msg[HVDL_MSG_BYTES];
-    int bad = k ? snprintf(msg, sizeof msg,
+    char msg[HVDL_MSG_BYTES], what[300];
+    p->error_gone = gone >= 0;
+    if (gone >= 0) hvdl__describe_request(p->name, m->op, m->process_set, what, sizeof what);
+    int bad = gone >= 0 ? snprintf(msg, sizeof msg,
+                                   "rank %d called shutdown() without submitting %s, which "
+                                   "needs it (a rank that has shut down submits nothing more)",
+                                   gone, what) > 0
+            : k ? snprintf(msg, sizeof msg,
                            "%s '%s': ranks [%s] have called join(); only allreduce can "
                            "run until every rank has joined",
                            NAME_OF(OP_NAMES, m->op), p->name, joined_missing) > 0
@@ -338,7 +356,7 @@ static int build_response(engine_t *e, response_t *r, pending_t *group, int n) {
     pending_t *first = group;
     const group_t *g = e->sets[first->metas[first->ref].process_set];
     memset(r, 0, sizeof *r);
-    r->kind = first->error ? RESP_ERROR : RESP_OK;
+    r->kind = !first->error ? RESP_OK : first->error_gone ? RESP_SHUTDOWN : RESP_ERROR;
     r->meta = first->metas[first->ref];
     r->error = first->error;
     first->error = NULL;
@@ -371,9 +389,11 @@ static int build_response(engine_t *e, response_t *r, pending_t *group, int n) {
     return 0;
 }
 
+/* A join under way, or a rank that has finished: the segments' words stay closed, so
+ * that every request reaches rank 0, which knows who will never submit. */
 static int anyone_joined(const coordinator_t *c, int size) {
     for (int r = 0; r < size; r++)
-        if (c->joined[r]) return 1;
+        if (c->joined[r] || c->finished[r]) return 1;
     return 0;
 }
 
@@ -423,6 +443,23 @@ int hvdl__coordinator_plan(engine_t *e, response_t **out, int *count) {
     *out = rs;
     *count = nresp;
     return 0;
+}
+
+/* Rank r said goodbye: it submits nothing more. Every word closes (what was posted in
+ * them is recorded first, as for a join), and every name of a set r is in that r never
+ * submitted fails now. Returns how many ranks have finished, or -1. */
+int hvdl__coordinator_finish(engine_t *e, int r) {
+    coordinator_t *c = e->coord;
+    if (c->finished[r]) return c->nfinished;
+    took_t t;
+    hvdl__took_init(&t);
+    int rc = e->negotiation->join(e, &t) || hvdl__coordinator_take_bits(e, &t);
+    hvdl__took_free(&t);
+    if (rc) return -1;
+    c->finished[r] = 1;
+    c->nfinished++;
+    rescan(e);
+    return c->nfinished;
 }
 
 int hvdl__coordinator_pending(engine_t *e) { return e->coord && e->coord->pending.count > 0; }

@@ -232,6 +232,11 @@ static void describe(const wait_entry_t *x, char *out, size_t cap) {
     if (x->set && k < (int)cap) snprintf(out + k, cap - (size_t)k, " in process set %d", x->set);
 }
 
+void hvdl__describe_request(const char *name, int op, int set, char *out, size_t cap) {
+    wait_entry_t x = {(char *)name, op, set, 0};
+    describe(&x, out, cap);
+}
+
 static int submitted(const wait_report_t *w, const wait_entry_t *x) {
     for (int i = 0; i < w->n; i++)
         if (!strcmp(w->ops[i].name, x->name) ||

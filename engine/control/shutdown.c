@@ -1,9 +1,18 @@
 /*
- * Shutdown: any rank's shutdown is every rank's (as in Horovod).
+ * Shutdown: ending is per rank, and the job's engines end together (as MPI_Finalize is
+ * collective and torch's destroy_process_group is local).
  *
  * A rank that calls shutdown sends MSG_BYE to rank 0 (after announcing what it had
- * enqueued); rank 0 answers the first goodbye, its own included, with MSG_BYE to every
- * worker, and every rank then stops: its loop fails the unfinished ops with "shut down".
+ * enqueued) and submits nothing more; its engine keeps serving (heartbeats, responses)
+ * until the job ends. Rank 0 records each goodbye, its own included
+ * (hvdl__coordinator_finish): from then on an op that needs the finished rank and that
+ * it never submitted fails at once on the ranks that submit it, naming that rank, while
+ * every other process set goes on as before. So one set finishing first never fails
+ * another set's last ops. When every rank has said goodbye, rank 0 sends what is ready
+ * and then MSG_BYE to every worker (hvdl__shutdown_due), and every rank stops: its loop
+ * fails what is still unfinished with "shut down". A finished rank waits for the others
+ * only while they live: a peer that goes silent is named after the peer timeout
+ * (liveness.c), as at any other time.
  *
  * Leaving is a handshake too: a worker half-closes its control connection as soon as
  * rank 0's goodbye has stopped it, and rank 0 waits (up to the peer timeout) for every
@@ -59,8 +68,22 @@ static int begin_shutdown(engine_t *e, int from) {
     return 0;
 }
 
+/* Rank 0: `from` has said goodbye. The job ends once every rank has (hvdl__shutdown_due). */
+static int finished(engine_t *e, int from) {
+    int n = hvdl__coordinator_finish(e, from);
+    if (n < 0) return -1;
+    if (n == e->size && e->coord->last_finished < 0) e->coord->last_finished = from;
+    return 0;
+}
+
+int hvdl__shutdown_due(engine_t *e) {
+    coordinator_t *c = e->coord;
+    if (e->rank != 0 || c->last_finished < 0 || c->shutdown_from >= 0 || c->ready_head) return 0;
+    return begin_shutdown(e, c->last_finished) || e->stopped;
+}
+
 int hvdl__say_bye(engine_t *e) {
-    if (e->rank == 0) return begin_shutdown(e, 0);
+    if (e->rank == 0) return finished(e, 0);
     bye_t b = {.who = e->rank};
     uint8_t msg[HVDL_BYE_MAX];
     return hvdl__send_frame(e, 0, MSG_BYE, msg, hvdl__put_bye(msg, &b));
@@ -71,8 +94,9 @@ int hvdl__bye_received(engine_t *e, int from, const uint8_t *p, int64_t n) {
     bye_t b;
     if (hvdl__read_bye(&r, &b)) return hvdl__malformed(e, from, "goodbye", r.why);
     if (e->rank == 0) {
-        if (b.has_pos) return hvdl__malformed(e, from, "goodbye", "more than a worker's rank");
-        return begin_shutdown(e, from);
+        if (b.has_pos || b.who != from)
+            return hvdl__malformed(e, from, "goodbye", "more than its own rank");
+        return finished(e, from);
     }
     if (b.has_pos && b.who >= 0 && b.who < e->size) record_why(e, b.who, b.text, (size_t)b.ntext);
     int rc = e->negotiation->finish_to(e, b.pos);   /* what rank 0 finished before it stopped */

@@ -139,7 +139,7 @@ int hvdl__write_response(engine_t *e, buf_t *b, const response_t *r) {
     for (int i = 0; i < r->ntensors; i++)
         if (write_tensor(b, r, i, n)) return -1;
     if (r->matrix && buf_put(b, r->matrix, 8 * (int64_t)n * n)) return -1;
-    if (r->kind == RESP_ERROR && buf_put_str(b, r->error)) return -1;
+    if (r->kind != RESP_OK && buf_put_str(b, r->error)) return -1;
     return 0;
 }
 
@@ -180,7 +180,7 @@ static int read_response(engine_t *e, reader_t *r, response_t *x) {
         if (read_tensor(e, r, x, (int)i, n)) break;
     }
     if (x->matrix) rd_get(r, x->matrix, 8 * (int64_t)n * n);
-    if (x->kind == RESP_ERROR) x->error = rd_str(r);
+    if (x->kind != RESP_OK) x->error = rd_str(r);
     return r->bad ? -1 : 0;
 }
 

@@ -84,7 +84,7 @@ static int64_t rows_bytes(const int64_t *rows, int n, int stride, int64_t row) {
 const char *hvdl__response_problem(engine_t *e, const group_t *g, const response_t *r,
                                    op_t *const *ops) {
     if (!g || g->me < 0) return "a response for a process set this rank is not in";
-    if (r->kind == RESP_ERROR) return NULL;        /* nothing moves; each op gets the error */
+    if (r->kind != RESP_OK) return NULL;           /* nothing moves; each op gets the error */
     if (r->meta.op == HVDL_OP_BROADCAST) {
         int member = 0;
         for (int i = 0; i < g->n; i++) member |= g->ranks[i] == r->meta.root_rank;

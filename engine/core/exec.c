@@ -360,13 +360,13 @@ static void trace_response(engine_t *e, const group_t *g, const response_t *r, c
         hvdl__tl_span(e, TL_NEGOTIATE, name, s[i].op->enqueued_at, r->received_at, buf_cstr(&a));
         put_tensor_arg(&a, r->names[i]);
         hvdl__tl_span(e, TL_QUEUE, "QUEUE", r->received_at, t_exec, buf_cstr(&a));
-        if (r->kind == RESP_ERROR) {
+        if (r->kind != RESP_OK) {
             buf_put(&a, ", \"message\": ", 13);
             hvdl__json_str(&a, r->error ? r->error : "");
             hvdl__tl_instant(e, TL_COLLECTIVE, "ERROR", t_exec, buf_cstr(&a));
         }
     }
-    if (r->kind != RESP_ERROR) {
+    if (r->kind == RESP_OK) {
         a.len = 0;
         buf_put(&a, "\"tensors\": [", 12);
         for (int i = 0; i < r->ntensors; i++) {
@@ -412,8 +412,10 @@ int hvdl__execute(engine_t *e, response_t *r) {
             void *zeros = calloc(1, (size_t)(nb ? nb : 1));
             if (!zeros) rc = hvdl__oom(e, "zero contribution", nb);
             s[i] = (slot_t){NULL, zeros, zeros, nb};
-        } else if (!(e->joined && r->kind == RESP_ERROR)) {
-            /* Every member announced every name in a response: a miss is a broken peer. */
+        } else if (!(e->joined && r->kind == RESP_ERROR) && r->kind != RESP_SHUTDOWN) {
+            /* Every member announced every name in a response: a miss is a broken peer.
+             * Not so when a member has finished without it (shutdown.c): the op fails on
+             * the members that submitted it, and on the others when they do. */
             rc = bad_response(e, r->names[i], "a tensor this rank never submitted");
         }
     }
@@ -423,10 +425,11 @@ int hvdl__execute(engine_t *e, response_t *r) {
         const char *why = hvdl__response_problem(e, g, r, ops);
         if (why) rc = bad_response(e, r->ntensors ? r->names[0] : "", why);
     }
-    if (!rc && r->kind == RESP_ERROR) {
+    if (!rc && r->kind != RESP_OK) {
         if (TL_ON(e)) trace_response(e, g, r, s, t_exec, hvdl_now());
+        int status = r->kind == RESP_SHUTDOWN ? HVDL_ERR_SHUT_DOWN : HVDL_ERR_MISMATCH;
         for (int i = 0; i < r->ntensors; i++)
-            if (s[i].op) hvdl__complete(e, s[i].op, HVDL_ERR_MISMATCH, r->error);
+            if (s[i].op) hvdl__complete(e, s[i].op, status, r->error);
     } else if (!rc) {
         r->alg = choose_algorithm(e, g, r);
         rc = dispatch(e, g, r, s);

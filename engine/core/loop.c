@@ -7,7 +7,8 @@
  *
  *   take_incoming      ops enqueued by the API move to the loop's own queue
  *   hvdl__announce     (announce.c) unsent requests go to rank 0, as one frame a cycle
- *   hvdl__say_bye      (shutdown.c) this rank asked to shut down
+ *   hvdl__say_bye      (shutdown.c) this rank asked to shut down; rank 0 ends the
+ *                      job (hvdl__shutdown_due) once every rank has
  *   lead               rank 0: hvdl__coordinator_plan (coordinator.c) turns what is
  *                      ready into responses; the loop sends each worker its share of
  *                      the plan (wire.c encodes) and then executes rank 0's (exec.c)
@@ -310,6 +311,7 @@ static int run_cycle(engine_t *e, int by_caller) {
     }
     if (e->negotiation->run(e)) return 1;             /* the segment's log, in order */
     if (by_caller) return 0;
+    if (hvdl__shutdown_due(e)) return 1;              /* every rank has said goodbye */
     if (scan_words(e, now)) return 1;                 /* a node leader's stuck words */
     if (hvdl__p2p_tend(e)) return 1;                  /* a p2p connection broke */
     if (hvdl__deadlock_tick(e, now)) return 1;        /* callers blocked for good */

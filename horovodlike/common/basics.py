@@ -168,7 +168,14 @@ def _world_subset(ranks):
 
 
 def shutdown():
-    """Stop the engine. Any rank's shutdown ends every rank's engine, as in Horovod."""
+    """End this rank's part in the job; also run at exit.
+
+    A rank's shutdown is its own (as torch's destroy_process_group): the ops of process
+    sets it is not in go on, and an op that needs it and that it never submitted fails at
+    once on the ranks that do submit it, naming it. It returns when every rank has shut
+    down, as MPI_Finalize does, or when a silent rank has been named lost (after
+    HOROVODLIKE_PEER_TIMEOUT_SECONDS): never for ever. Horovod's shutdown ends every
+    rank's engine at once (docs/moving-from-horovod.md)."""
     with _lock:
         _stop_engine()
 
