@@ -19,6 +19,7 @@ shutdown: its own watchdog names it and ends the job, under mpirun as under
 horovodlikerun's --shutdown-grace, and a rank that works on after it is left alone.
 """
 import re
+import signal
 import socket
 
 import pytest
@@ -191,6 +192,35 @@ def test_mpirun_ends_a_job_whose_rank_stopped_after_shutdown(role):
     assert "FINISHED" in res.rank_lines().get(1 - victim, []), text
     assert res.elapsed < PEER_TIMEOUT + 15, text
     assert not leaked_segments(before), text
+
+
+# The watchdog behind it, on one process and no MPI: stopped for its time, the process
+# is killed and named; idle (asleep, not stopped) for twice as long, it is left alone.
+STOP_WATCH = """
+import os, signal, sys, time
+from horovodlike.common import mpi_end
+seconds = float(sys.argv[1])
+mpi_end.Watchdog(seconds, "STOP-WATCH: this process was stopped", stopped=True)
+if sys.argv[2] == "stop":
+    os.kill(os.getpid(), signal.SIGSTOP)
+else:
+    time.sleep(2 * seconds)   # idle but running: the case the watchdog must leave alone
+print("EXITED", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["stop", "idle"])
+def test_stop_watch_ends_only_a_stopped_process(mode):
+    res = run_ranks(STOP_WATCH, launcher="python", args=(1, mode), timeout=30)
+    text = res.describe()
+    if mode == "stop":
+        assert res.returncode == -signal.SIGKILL, text
+        assert "STOP-WATCH: this process was stopped" in res.stderr, text
+        assert res.elapsed < 1 + 10, text
+    else:
+        assert res.returncode == 0 and "EXITED" in res.stdout, text
+        assert "STOP-WATCH" not in res.stderr, text
 
 
 @requires_mpirun

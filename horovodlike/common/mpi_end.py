@@ -164,12 +164,16 @@ def engine_stopped(rank, host):
         if _stopwatch is not None:
             return
         limit = contract.peer_timeout()
-        _stopwatch = Watchdog(limit, f"[horovodlike rank {rank}] ERROR: rank {rank} (host "
-                                     f"{host}) was stopped for {limit:g} s "
-                                     f"({contract.PEER_TIMEOUT}) after its engine shut "
-                                     f"down: the other ranks would wait for it in "
-                                     f"MPI_Finalize for ever; ending the job",
-                              stopped=True)
+        try:
+            _stopwatch = Watchdog(limit, f"[horovodlike rank {rank}] ERROR: rank {rank} "
+                                         f"(host {host}) was stopped for {limit:g} s "
+                                         f"({contract.PEER_TIMEOUT}) after its engine shut "
+                                         f"down: the other ranks would wait for it in "
+                                         f"MPI_Finalize for ever; ending the job",
+                                  stopped=True)
+        except OSError as exc:     # out of processes or memory: shutdown itself went well
+            _log.warning("[horovodlike rank %s] cannot watch this rank after its shutdown "
+                         "(%s): if it is stopped now, the job waits for it", rank, exc)
 
 
 def engine_starting():
