@@ -16,6 +16,11 @@
  *
  * The same holds at shutdown (shutdown.c): rank 0 names a worker that does not leave.
  *
+ * A rank that was itself stopped (SIGSTOP, as mpirun's prterun resumes one to kill it)
+ * or starved past the peer timeout finds, once it runs again, its peers gone or silent:
+ * that is their answer to its silence, not their failure. Its own ticks show the gap
+ * (hvdl__liveness_own_gap), so it names itself (fail.c) rather than a healthy rank.
+ *
  * Cost on the hot path: one comparison of the clock against next_tick.
  */
 #include "fail.h"
@@ -33,9 +38,28 @@ void hvdl__liveness_start(engine_t *e) {
     e->next_tick = now;
 }
 
+/* A gap since the last tick past the peer timeout less one interval means this rank
+ * did not run: ticks come every half interval, and each leaves less than an interval
+ * since the last frame it sent, so its peers may have heard nothing for the peer
+ * timeout and given it up. (0: no such gap.) */
+static double stood_still(const engine_t *e, double now) {
+    double hb = hvdl__heartbeat_interval(e), gap = now - (e->next_tick - hb / 2);
+    return gap > e->cfg.peer_timeout - hb ? gap : 0;
+}
+
+/* The gap the last tick saw; or, when no tick (nor a verdict wait) is under way to
+ * explain a late one, the gap since then: a rank that wakes may find a loss before its
+ * next tick does. */
+double hvdl__liveness_own_gap(const engine_t *e, double now) {
+    if (e->next_tick <= 0 || e->size < 2) return 0;
+    if (e->stood_still || e->in_tick || e->awaiting_verdict) return e->stood_still;
+    return stood_still(e, now);
+}
+
 int hvdl__liveness_tick(engine_t *e) {
     if (e->in_tick || e->failed || e->stopped || e->size < 2) return e->failed ? -1 : 0;
     double now = hvdl_now(), hb = hvdl__heartbeat_interval(e);
+    e->stood_still = stood_still(e, now); /* for the losses this tick finds */
     e->next_tick = now + hb / 2;
     e->in_tick = 1;
     for (int i = 0; i < e->size && !e->failed && !e->stopped; i++) {

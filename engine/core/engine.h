@@ -158,6 +158,7 @@ typedef struct engine {
     int joined;              /* this rank has a join in flight: zeros for others' allreduces */
     double next_tick;        /* when liveness.c next sends heartbeats and checks peers */
     int in_tick;
+    double stood_still;      /* the last tick's gap, if this rank did not run (liveness.c) */
 
     /* Tracing (timeline.c). tl_on is the one branch every event site pays; tl_mu guards
      * the writer (tl), which any thread may append to. */

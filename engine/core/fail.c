@@ -164,10 +164,33 @@ static int verdict_arrived(engine_t *e, int peer) {
     return e->failed;
 }
 
+/* This rank did not run for `gap` s (hvdl__liveness_own_gap): the loss it sees now
+ * (peer, why) is its peers' answer to its own silence, not their failure. It names
+ * itself, as they do, and tells them so. */
+static void lost_itself(engine_t *e, double gap, int peer, const char *why) {
+    char seen[300] = "", msg[HVDL_MSG_BYTES];
+    if (why) snprintf(seen, sizeof seen, " (it then found rank %d: %s)", peer, why);
+    snprintf(msg, sizeof msg,
+             "rank %d (host %s) was lost: it did not run for %.1f s "
+             "(HOROVODLIKE_PEER_TIMEOUT_SECONDS is %g): the process was stopped or starved, "
+             "and its peers gave up on it%s. %s",
+             e->rank, e->host, gap, e->cfg.peer_timeout, seen,
+             e->cfg.elastic ? "The elastic job goes on in a new round without it"
+                            : "horovodlike cannot go on without it; the job should be restarted");
+    if (!hvdl__record_failure(e, HVDL_ERR_PEER_LOST, msg)) return;
+    tell_everyone(e, msg, -1);
+    release(e);
+}
+
 /* A peer died or broke the protocol. Rank 0 tells every other rank who it was, so the
  * whole job reports the same culprit; a worker tells rank 0, which relays it. */
 void hvdl__peer_lost(engine_t *e, int peer, const char *why) {
     if (e->failed || e->stopped) return;
+    double gap = hvdl__liveness_own_gap(e, hvdl_now());
+    if (gap > 0) {
+        lost_itself(e, gap, peer, why);
+        return;
+    }
     if (verdict_arrived(e, peer) || e->failed || e->stopped) return;
     char msg[HVDL_MSG_BYTES], silent[160];
     /* A worker whose coordinator went silent cannot hear the others' verdicts (they

@@ -43,7 +43,10 @@ def start(comm=None, after_start=None):
             launcher, rank, size = bootstrap.detect()
         under_mpi = launcher in _MPI_LAUNCHERS
         # MPI's own waits have no limit: bound them, and end the job if this fails.
-        guard = mpi_end.guard_start(rank) if under_mpi else None
+        guard = None
+        if under_mpi:
+            mpi_end.engine_starting()
+            guard = mpi_end.guard_start(rank)
         try:
             topo = _start_engine(launcher, rank, size, comm)
         except ValueError:
@@ -183,6 +186,9 @@ def shutdown():
 def _stop_engine():
     global _topo
     engine.shutdown()
+    if _mpi_hooked and _topo is not None:
+        # nothing is left to notice this rank stopping before MPI_Finalize (mpi_end)
+        mpi_end.engine_stopped(_topo.rank, bootstrap.hostname())
     _topo = None
     for fn in _on_shutdown:
         fn()

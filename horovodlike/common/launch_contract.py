@@ -89,6 +89,16 @@ def start_timeout(environ=None):
     return _seconds(environ, START_TIMEOUT, DEFAULT_START_TIMEOUT)
 
 
+def peer_timeout(environ=None):
+    """Seconds of silence before the engine names a peer lost: PEER_TIMEOUT, else the
+    default. As the engine reads it (engine/core/config.c): a value that is not a number
+    stands for the default there, with a warning."""
+    try:
+        return _seconds(environ, PEER_TIMEOUT, DEFAULT_PEER_TIMEOUT)
+    except ValueError:
+        return float(DEFAULT_PEER_TIMEOUT)
+
+
 def elastic_timeout(environ=None):
     """Seconds an elastic job waits for enough slots: ELASTIC_TIMEOUT, else the default."""
     return _seconds(environ, ELASTIC_TIMEOUT, DEFAULT_ELASTIC_TIMEOUT)

@@ -14,13 +14,25 @@ after the engine has named the lost rank and raised. So, on an MPI launch only:
                shutdown, a failed start-up), it calls MPI_Abort at exit instead of
                MPI_Finalize, and a watchdog ends it if it is still running ABORT_GRACE
                seconds later (a program that caught the error and waits on something).
+  finishing    From the engine's shutdown until this process exits, a watchdog ends
+               this rank once it has been stopped (SIGSTOP, state T) for the peer timeout
+               (HOROVODLIKE_PEER_TIMEOUT_SECONDS). With the engine gone nobody else can
+               notice it, and the others would wait for it in MPI_Finalize for ever; a
+               rank that works on after shutdown (saving a checkpoint) is never stopped,
+               so it is left alone, as MPI_Finalize would wait for it too.
 
 The watchdog is a small child process, not a thread: MPI_Init_thread runs inside
 mpi4py's import with the interpreter lock held, and MPI_Finalize may hold it too, so no
-Python thread of ours could run then. It waits on a pipe from this process; closing the
-pipe (cancel, or this process ending any way at all) lets it go without a word. When
-its time is up it says why on stderr and SIGKILLs this rank, which mpirun (and srun
-with MPI) turn into the end of the job.
+Python thread of ours could run then (and a stopped rank runs no thread at all). It
+waits on a pipe from this process; closing the pipe (cancel, or this process ending any
+way at all) lets it go without a word. When its time is up it says why on stderr and
+SIGKILLs this rank, which mpirun (and srun with MPI) turn into the end of the job.
+
+Why the stopped rank's own watchdog, and not a rendezvous of the survivors before
+MPI_Finalize: a survivor waiting with a deadline cannot tell a stopped rank from one
+that is busy after its shutdown, and would end a correct job. The stopped rank's state
+is plain to a process on its own host, at the cost of one look at /proc/<pid>/stat
+every STOP_POLL seconds, from the engine's shutdown to the exit only.
 """
 import atexit
 import logging
@@ -35,6 +47,7 @@ _log = logging.getLogger(__name__)
 
 START_MARGIN = 5.0     # seconds beyond HOROVODLIKE_START_TIMEOUT
 ABORT_GRACE = 5.0      # seconds a rank that saw the job fail has to exit by itself
+STOP_POLL = 0.25       # seconds between looks at a finishing rank's state (at most)
 
 # Run with python -S: no site import, so it starts in ~10 ms.
 _WATCHDOG = r"""
@@ -50,13 +63,46 @@ if not ready:
 """
 
 
-class Watchdog:
-    """SIGKILL this process after `seconds` unless cancel() comes first."""
+# The same, counting only the time this process stays stopped (state T in /proc; a
+# debugger's stop is "t" and is left alone). A process that is gone ends it quietly.
+_STOPWATCH = r"""
+import os, select, signal, sys, time
+pid, seconds, message, poll = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+since = None
+while True:
+    try:
+        if select.select([0], [], [], poll)[0]:
+            sys.exit(0)
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (KeyboardInterrupt, OSError):
+        sys.exit(0)
+    now = time.monotonic()
+    if state != "T":
+        since = None
+    elif since is None:
+        since = now
+    elif now - since >= seconds:
+        os.write(2, message.encode("utf-8", "replace") + b"\n")
+        os.kill(pid, signal.SIGKILL)
+        sys.exit(0)
+"""
 
-    def __init__(self, seconds, message):
+
+class Watchdog:
+    """SIGKILL this process after `seconds` unless cancel() comes first; with
+    stopped=True, once it has been stopped for `seconds` on end."""
+
+    def __init__(self, seconds, message, stopped=False):
+        script, extra = _WATCHDOG, []
+        if stopped:
+            script, extra = _STOPWATCH, [f"{min(STOP_POLL, max(seconds / 8, 0.02)):.3f}"]
+        # A stop watch has a session of its own, so that a stop of this process's group
+        # does not stop it too; it goes when the pipe closes all the same.
         self._proc = subprocess.Popen(
-            [sys.executable, "-S", "-c", _WATCHDOG, str(os.getpid()), f"{seconds:.3f}",
-             message], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+            [sys.executable, "-S", "-c", script, str(os.getpid()), f"{seconds:.3f}",
+             message, *extra], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            start_new_session=stopped)
 
     def cancel(self):
         if self._proc is None:
@@ -81,6 +127,7 @@ def guard_start(rank):
 _lock = threading.Lock()
 _failed = None         # (rank, why) once this rank has seen the job fail
 _backstop = None       # its watchdog, kept for the life of the process (see job_failed)
+_stopwatch = None      # the finishing watchdog, from the engine's shutdown (engine_stopped)
 _hooked = False
 
 
@@ -107,6 +154,35 @@ def job_failed(rank, why):
         _backstop = Watchdog(ABORT_GRACE, f"[horovodlike rank {rank}] ERROR: the job "
                                           f"failed ({why}) and this rank did not exit "
                                           f"within {ABORT_GRACE:.0f} s; ending the job")
+
+
+def engine_stopped(rank, host):
+    """The engine has shut down: from now until this process exits (or the engine starts
+    again), end the job if this rank stays stopped for the peer timeout."""
+    global _stopwatch
+    with _lock:
+        if _stopwatch is not None:
+            return
+        limit = contract.peer_timeout()
+        try:
+            _stopwatch = Watchdog(limit, f"[horovodlike rank {rank}] ERROR: rank {rank} "
+                                         f"(host {host}) was stopped for {limit:g} s "
+                                         f"({contract.PEER_TIMEOUT}) after its engine shut "
+                                         f"down: the other ranks would wait for it in "
+                                         f"MPI_Finalize for ever; ending the job",
+                                  stopped=True)
+        except OSError as exc:     # out of processes or memory: shutdown itself went well
+            _log.warning("[horovodlike rank %s] cannot watch this rank after its shutdown "
+                         "(%s): if it is stopped now, the job waits for it", rank, exc)
+
+
+def engine_starting():
+    """The engine starts (again): its own liveness names a stopped rank from now on."""
+    global _stopwatch
+    with _lock:
+        watchdog, _stopwatch = _stopwatch, None
+    if watchdog is not None:
+        watchdog.cancel()
 
 
 def at_exit():

@@ -1,6 +1,8 @@
 """Rank program of tests/test_faults.py, run by
 test_launcher_kills_a_rank_stopped_after_its_peers_finished,
-test_launcher_waits_for_a_busy_rank_after_its_peers_finished."""
+test_launcher_waits_for_a_busy_rank_after_its_peers_finished,
+test_mpirun_ends_a_job_whose_rank_stopped_after_shutdown,
+test_mpirun_waits_for_a_busy_rank_after_shutdown."""
 import os
 import signal
 import time
