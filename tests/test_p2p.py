@@ -310,6 +310,21 @@ def test_unmatched_large_sends_are_not_held_by_the_receiver(where):
     res.assert_ok()
 
 
+FLOOD = rank_program("p2p_flood")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("where", ["mailbox", "tcp"])
+def test_unmatched_eager_sends_are_held_within_the_budget(where):
+    """40,000 sends of 32 KiB (each small enough to go eager, 1.25 GiB in all) that the
+    receiver has not asked for: it holds at most HOROVODLIKE_P2P_UNEXPECTED_BYTES of them
+    and announcements of the rest (the sender's payloads wait for their recvs), so its
+    peak resident memory grows by at most 512 MiB; then every message arrives intact. On
+    one node through the mailbox, and over the connection (HOROVODLIKE_SHM=0)."""
+    res = _run(FLOOD, env={"HOROVODLIKE_SHM": "0"} if where == "tcp" else None, timeout=120)
+    res.assert_ok()
+
+
 CMA_REFUSED = rank_program("p2p_cma_refused")
 
 
