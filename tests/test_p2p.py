@@ -325,6 +325,21 @@ def test_unmatched_eager_sends_are_held_within_the_budget(where):
     res.assert_ok()
 
 
+ANNOUNCED = rank_program("p2p_announced")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["mailbox", "tcp"])
+def test_a_send_past_the_announcements_cap_fails_at_once(where):
+    """Past HOROVODLIKE_P2P_ANNOUNCED_BYTES of announcements unmatched at the receiver a
+    send fails at once naming the knob (it may not wait: a recv waiting for a later
+    message would deadlock); the sends that fit arrive intact, and the next one works."""
+    env = {"HOROVODLIKE_P2P_ANNOUNCED_BYTES": "100000"}
+    if where == "tcp":
+        env["HOROVODLIKE_SHM"] = "0"
+    _run(ANNOUNCED, env=env, timeout=100).assert_ok()
+
+
 CMA_REFUSED = rank_program("p2p_cma_refused")
 
 
