@@ -119,10 +119,17 @@ void hvdl__config_log(const struct engine *e, const config_t *c, int rank) {
 }
 
 void hvdl__config_agreed(const config_t *c, agreed_t *out) {
-    *out = (agreed_t){c->shm,           c->algorithm,      c->allgather_algorithm,
-                      c->shm_negotiate, c->flat_allreduce, c->flat_allgather,
-                      c->small_bytes,   c->shm_chunk_bytes,    c->p2p_eager_bytes,
-                      c->p2p_unexpected_bytes, c->p2p_announced_bytes};
+    *out = (agreed_t){c->shm,
+                      c->algorithm,
+                      c->allgather_algorithm,
+                      c->shm_negotiate,
+                      c->flat_allreduce,
+                      c->flat_allgather,
+                      c->small_bytes,
+                      c->shm_chunk_bytes,
+                      c->p2p_eager_bytes,
+                      c->p2p_unexpected_bytes,
+                      c->p2p_announced_bytes};
 }
 
 int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap) {

@@ -43,7 +43,7 @@ typedef struct config {
     int64_t p2p_unexpected_bytes; /* HOROVODLIKE_P2P_UNEXPECTED_BYTES: eager messages a
                                      receiver holds unmatched per sending peer; past it a
                                      send goes rendezvous (p2p_credit.c) */
-    int64_t p2p_announced_bytes;  /* HOROVODLIKE_P2P_ANNOUNCED_BYTES: announcements a
+    int64_t p2p_announced_bytes; /* HOROVODLIKE_P2P_ANNOUNCED_BYTES: announcements a
                                      receiver holds unmatched per sending peer; past it a
                                      send fails (p2p_credit.c) */
     char timeline[4096]; /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */

@@ -298,7 +298,7 @@ typedef struct ppeer {
     int64_t tx_pieces, tx_acked;
     p2p_credit_t credit;     /* eager credit and announcements (p2p_credit.c): the sender's
                                 fields under smu, the receiver's under rmu */
-    _Atomic int64_t acks_out; /* ACKs written to the peer (under smu; read under rmu) */
+    atomic_llong acks_out;   /* ACKs begun to the peer (counted under smu, read under rmu) */
     int mb_state;            /* MB_*, under smu */
     p2p_ring_t mtx;          /* the mailbox this rank writes to the peer, under smu */
     uint64_t mtx_tail;
@@ -344,7 +344,7 @@ struct p2p {
     int stop;
     ppeer_t *peers;
     atomic_int npending;     /* ops not finished */
-    p2p_budget_t budget;     /* what a peer may make this rank hold (p2p_credit.c), set at start */
+    p2p_budget_t budget;     /* what a peer may make this rank hold (p2p_credit.c) */
     /* The thread is about to sleep without a timeout (no op pending): a caller that
      * posts a recv wakes it (so that it watches the failure flag and stalls again). */
     atomic_int sleeping;
@@ -1918,8 +1918,8 @@ static pmsg_t *op_msg(engine_t *e, op_t *o) {
 static int spend_credit(engine_t *e, ppeer_t *q, pmsg_t *m) {
     const p2p_budget_t *b = &e->p2p->budget;
     int64_t nl = m->hdr.name_len;
-    if (m->kind == K_EAGER && hvdl__credit_take(&q->credit, b, hvdl__credit_charge(nl, m->hdr.nbytes)))
-        return 0;
+    int64_t charge = hvdl__credit_charge(nl, m->hdr.nbytes);
+    if (m->kind == K_EAGER && hvdl__credit_take(&q->credit, b, charge)) return 0;
     m->kind = K_RTS;
     char why[HVDL_MSG_BYTES / 2], msg[HVDL_MSG_BYTES];
     if (!hvdl__credit_announce(&q->credit, b, hvdl__credit_charge(nl, 0), why, sizeof why))
