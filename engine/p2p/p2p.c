@@ -21,8 +21,9 @@
  * waiting caller reads"). A message whose recv is posted lands
  * directly in that recv's buffer (recv_) or in a buffer allocated for it once its
  * header says how big it is (recv, handed to the caller without a copy). A message
- * whose recv is not posted yet is buffered whole ("unexpected"), and a later recv takes
- * it: recv() takes the buffer itself, recv_() copies it once. Since every message is
+ * whose recv is not posted yet is buffered whole ("unexpected"), within the pair's
+ * budget (p2p_credit.c: past it the sender announces it instead, as a large one), and a
+ * later recv takes it: recv() takes the buffer itself, recv_() copies it once. Since every message is
  * always read (by the thread whenever no caller waits), no posting order between two
  * ranks can deadlock: an eager send never waits for the matching recv, only for the
  * kernel.
@@ -146,8 +147,9 @@
  *              messages", "The waiting caller reads the connection"); bandwidth is
  *              TCP's (the kernel overlaps the pieces: the sender fills the socket
  *              buffer while the receiver drains it).
- *   memory     unmatched eager messages are held in full (each at most the threshold);
- *              an unmatched large one costs the receiver its announcement only.
+ *   memory     unmatched eager messages are held in full, at most the pair's budget of
+ *              them (p2p_credit.c); an unmatched large one costs the receiver its
+ *              announcement only, and announcements are bounded too.
  *   rendezvous one round trip (RTS, CTS) before the payload; on one node the payload
  *              then costs one memcpy on each side, overlapped piece by piece (the
  *              sender fills slot k+1 while the receiver empties slot k), and two small
