@@ -505,6 +505,10 @@ MALFORMED_P2P = {
     # and a done-reading for nothing announced
     "address-announcement-over-the-connection": p2p_message(magic=0x41535248, payload=b""),
     "done-reading-for-nothing": p2p_message(magic=0x4e494648, payload=b""),
+    # the pair's budget (engine/p2p/p2p_credit.c): an eager message past the credit this
+    # rank gave (5 MiB unasked, the budget is 4 MiB), and credit given back for nothing
+    "eager-past-its-credit": p2p_message(shape=(5 << 18,), payload=b""),
+    "credit-for-nothing": P2P_HDR.pack(0x44524348, 0, 0, 0, *[0] * 8, 16),
 }
 
 
@@ -522,6 +526,26 @@ def test_malformed_p2p_message_fails_the_job_naming_the_sender(job_factory, case
     assert rc == 0, f"rank 0 crashed or hung (rc={rc})\n{out}\n{err}"
     assert "op-failed" in out, out + err
     assert f"rank 1 (host {HOST}) was lost: sent a malformed point-to-point" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_announcements_past_the_cap_fail_the_job_naming_the_sender(job_factory):
+    """A peer that announces more large messages than the receiver may hold unmatched
+    (HOROVODLIKE_P2P_ANNOUNCED_BYTES, here 100,000 bytes: about 250 announcements) is
+    named as lost, rather than filling the receiver's memory with announcements."""
+    job, fake = _fake_worker_job(job_factory, HOROVODLIKE_P2P_ANNOUNCED_BYTES="100000")
+    try:
+        fake.p2p[0].sendall(b"".join(p2p_message(magic=0x53545248, name=b"a%03d" % i,
+                                                 shape=(1 << 20,), payload=b"")
+                                     for i in range(300)))
+        rc, out, err = job.wait(0, timeout=60)
+    finally:
+        fake.close()
+    assert rc == 0, f"rank 0 crashed or hung (rc={rc})\n{out}\n{err}"
+    assert "op-failed" in out, out + err
+    assert f"rank 1 (host {HOST}) was lost: sent a malformed point-to-point frame " \
+           "(announcements past what it may have unmatched (HOROVODLIKE_P2P_ANNOUNCED_BYTES))" \
+           in out, out
 
 
 # Read by the waiting caller (between nodes it reads the pair's connection itself while

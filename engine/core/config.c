@@ -56,6 +56,8 @@ void hvdl__config_read(config_t *c) {
     c->p2p_mailbox = env_num("HOROVODLIKE_P2P_MAILBOX", c->shm) != 0;
     c->p2p_cma = env_num("HOROVODLIKE_P2P_CMA", 1) != 0;
     c->p2p_ring_bytes = (int64_t)env_num("HOROVODLIKE_P2P_SHM_RING_BYTES", 4 << 20);
+    c->p2p_unexpected_bytes = (int64_t)env_num("HOROVODLIKE_P2P_UNEXPECTED_BYTES", 4 << 20);
+    c->p2p_announced_bytes = (int64_t)env_num("HOROVODLIKE_P2P_ANNOUNCED_BYTES", 64 << 20);
     /* the values of the algorithm knobs: the ALG_* up to ALG_HIER (config.h) */
     static const char *const ALGS[] = {[ALG_AUTO] = "auto",
                                        [ALG_SHM] = "shm",
@@ -117,9 +119,17 @@ void hvdl__config_log(const struct engine *e, const config_t *c, int rank) {
 }
 
 void hvdl__config_agreed(const config_t *c, agreed_t *out) {
-    *out = (agreed_t){c->shm,           c->algorithm,      c->allgather_algorithm,
-                      c->shm_negotiate, c->flat_allreduce, c->flat_allgather,
-                      c->small_bytes,   c->shm_chunk_bytes};
+    *out = (agreed_t){c->shm,
+                      c->algorithm,
+                      c->allgather_algorithm,
+                      c->shm_negotiate,
+                      c->flat_allreduce,
+                      c->flat_allgather,
+                      c->small_bytes,
+                      c->shm_chunk_bytes,
+                      c->p2p_eager_bytes,
+                      c->p2p_unexpected_bytes,
+                      c->p2p_announced_bytes};
 }
 
 int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap) {
@@ -130,7 +140,10 @@ int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_
                            "HOROVODLIKE_SHM_CHUNK_BYTES",
                            "HOROVODLIKE_SHM_NEGOTIATE",
                            "HOROVOD_HIERARCHICAL_ALLREDUCE=0",
-                           "HOROVOD_HIERARCHICAL_ALLGATHER=0"};
+                           "HOROVOD_HIERARCHICAL_ALLGATHER=0",
+                           "HOROVODLIKE_P2P_EAGER_BYTES",
+                           "HOROVODLIKE_P2P_UNEXPECTED_BYTES",
+                           "HOROVODLIKE_P2P_ANNOUNCED_BYTES"};
     int64_t va[] = {a->shm,
                     a->algorithm,
                     a->allgather_algorithm,
@@ -138,7 +151,10 @@ int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_
                     a->shm_chunk_bytes,
                     a->shm_negotiate,
                     a->flat_allreduce,
-                    a->flat_allgather};
+                    a->flat_allgather,
+                    a->p2p_eager_bytes,
+                    a->p2p_unexpected_bytes,
+                    a->p2p_announced_bytes};
     int64_t vb[] = {b->shm,
                     b->algorithm,
                     b->allgather_algorithm,
@@ -146,7 +162,10 @@ int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_
                     b->shm_chunk_bytes,
                     b->shm_negotiate,
                     b->flat_allreduce,
-                    b->flat_allgather};
+                    b->flat_allgather,
+                    b->p2p_eager_bytes,
+                    b->p2p_unexpected_bytes,
+                    b->p2p_announced_bytes};
     _Static_assert(sizeof names / sizeof names[0] == sizeof va / sizeof va[0], "a setting unnamed");
     for (int i = 0; i < (int)(sizeof va / sizeof va[0]); i++) {
         if (va[i] == vb[i]) continue;

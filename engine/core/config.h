@@ -40,6 +40,12 @@ typedef struct config {
                     (process_vm_readv, p2p.c) when the mailbox is live; 0: the ring */
     int64_t p2p_ring_bytes; /* HOROVODLIKE_P2P_SHM_RING_BYTES: one node's mailbox per pair
                                 (p2p_ring.c); 0: loopback TCP */
+    int64_t p2p_unexpected_bytes; /* HOROVODLIKE_P2P_UNEXPECTED_BYTES: eager messages a
+                                     receiver holds unmatched per sending peer; past it a
+                                     send goes rendezvous (p2p_credit.c) */
+    int64_t p2p_announced_bytes; /* HOROVODLIKE_P2P_ANNOUNCED_BYTES: announcements a
+                                     receiver holds unmatched per sending peer; past it a
+                                     send fails (p2p_credit.c) */
     char timeline[4096]; /* HOROVOD_TIMELINE ("" or DYNAMIC: none at start) */
     int timeline_mark_cycles; /* HOROVOD_TIMELINE_MARK_CYCLES */
     int64_t timeline_max_bytes; /* HOROVOD_TIMELINE_MAX_MB, 0 = no cap */
@@ -61,6 +67,8 @@ typedef struct agreed {
     int32_t shm, algorithm, allgather_algorithm, shm_negotiate;
     int32_t flat_allreduce, flat_allgather;
     int64_t small_bytes, shm_chunk_bytes;
+    /* a sender spends the receiver's budget as its own (p2p_credit.c) */
+    int64_t p2p_eager_bytes, p2p_unexpected_bytes, p2p_announced_bytes;
 } agreed_t;
 
 /* Algorithms: the first five are also the values of the algorithm knobs; the rest are

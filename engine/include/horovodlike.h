@@ -30,7 +30,7 @@
 
 /* CDEF-BEGIN */
 #define HVDL_MAX_DIMS 8
-#define HVDL_BLOB_BYTES 256
+#define HVDL_BLOB_BYTES 320
 #define HVDL_MSG_BYTES 1024
 #define HVDL_KEY_MAX 64
 

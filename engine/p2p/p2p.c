@@ -21,8 +21,9 @@
  * waiting caller reads"). A message whose recv is posted lands
  * directly in that recv's buffer (recv_) or in a buffer allocated for it once its
  * header says how big it is (recv, handed to the caller without a copy). A message
- * whose recv is not posted yet is buffered whole ("unexpected"), and a later recv takes
- * it: recv() takes the buffer itself, recv_() copies it once. Since every message is
+ * whose recv is not posted yet is buffered whole ("unexpected"), within the pair's
+ * budget (p2p_credit.c: past it the sender announces it instead, as a large one), and a
+ * later recv takes it: recv() takes the buffer itself, recv_() copies it once. Since every message is
  * always read (by the thread whenever no caller waits), no posting order between two
  * ranks can deadlock: an eager send never waits for the matching recv, only for the
  * kernel.
@@ -146,8 +147,9 @@
  *              messages", "The waiting caller reads the connection"); bandwidth is
  *              TCP's (the kernel overlaps the pieces: the sender fills the socket
  *              buffer while the receiver drains it).
- *   memory     unmatched eager messages are held in full (each at most the threshold);
- *              an unmatched large one costs the receiver its announcement only.
+ *   memory     unmatched eager messages are held in full, at most the pair's budget of
+ *              them (p2p_credit.c); an unmatched large one costs the receiver its
+ *              announcement only, and announcements are bounded too.
  *   rendezvous one round trip (RTS, CTS) before the payload; on one node the payload
  *              then costs one memcpy on each side, overlapped piece by piece (the
  *              sender fills slot k+1 while the receiver empties slot k), and two small
@@ -173,6 +175,7 @@
 #define _GNU_SOURCE
 #include "fail.h"
 #include "net.h"
+#include "p2p_credit.h"
 #include "p2p_ring.h"
 #include <errno.h>
 #include <poll.h>
@@ -207,6 +210,7 @@
 #define F_ROOM 0x4d4f5248u    /* the mailbox has room again (the sender asked) */
 #define F_RTSA 0x41535248u    /* mailbox only: RTS with the payload's address in the sender */
 #define F_FIN 0x4e494648u     /* the receiver has read an RTSA's payload: the send is done */
+#define F_CREDIT 0x44524348u  /* eager credit given back, nbytes of it (p2p_credit.c) */
 #define P2P_MAX_NAME 4096
 #define P2P_MAX_BYTES ((int64_t)1 << 40)  /* a longer message is malformed */
 #define STAGE_BYTES (64 * 1024)
@@ -294,6 +298,9 @@ typedef struct ppeer {
     int ring_state;
     p2p_ring_t tx;
     int64_t tx_pieces, tx_acked;
+    p2p_credit_t credit;     /* eager credit and announcements (p2p_credit.c): the sender's
+                                fields under smu, the receiver's under rmu */
+    atomic_llong acks_out;   /* ACKs begun to the peer (counted under smu, read under rmu) */
     int mb_state;            /* MB_*, under smu */
     p2p_ring_t mtx;          /* the mailbox this rank writes to the peer, under smu */
     uint64_t mtx_tail;
@@ -339,6 +346,7 @@ struct p2p {
     int stop;
     ppeer_t *peers;
     atomic_int npending;     /* ops not finished */
+    p2p_budget_t budget;     /* what a peer may make this rank hold (p2p_credit.c) */
     /* The thread is about to sleep without a timeout (no op pending): a caller that
      * posts a recv wakes it (so that it watches the failure flag and stalls again). */
     atomic_int sleeping;
@@ -389,7 +397,7 @@ static const char *header_problem(const void *hdr) {
         if (h->magic != F_PIECE && h->magic != F_ACK && h->magic != F_RING &&
             h->magic != F_RING_OK && h->magic != F_RING_NO && h->magic != F_MBOX &&
             h->magic != F_MBOX_OK && h->magic != F_MBOX_NO && h->magic != F_SWITCH &&
-            h->magic != F_BELL && h->magic != F_ROOM)
+            h->magic != F_BELL && h->magic != F_ROOM && h->magic != F_CREDIT)
             return "bad magic";
         if (h->name_len || h->dtype || h->ndim) return "a control frame with a name or dtype";
         int offer = h->magic == F_RING || h->magic == F_MBOX;
@@ -399,6 +407,7 @@ static const char *header_problem(const void *hdr) {
             return h->nbytes >= MBOX_MIN && h->nbytes <= MBOX_MAX && h->shape[0] == 1
                        ? NULL
                        : "mailbox size out of range";
+        if (h->magic == F_CREDIT) return h->nbytes >= 1 ? NULL : "credit of nothing";
         if (h->magic == F_PIECE || h->magic == F_ACK)
             return h->nbytes >= 1 && h->nbytes <= RING_MAX_SLOT ? NULL : "piece size out of range";
         if (h->magic == F_RING)
@@ -680,6 +689,16 @@ static int queue_ctl_locked(engine_t *e, int peer, const p2p_hdr_t *h, const cha
     return rc;
 }
 
+/* An eager message from peer (header h) met its recv: its charge goes back to the sender
+ * once a quarter of the budget has (F_CREDIT, p2p_credit.c). 0, or -1 when out of memory. */
+static int give_back(engine_t *e, int peer, const p2p_hdr_t *h) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    int64_t n = hvdl__credit_matched(&q->credit, &e->p2p->budget,
+                                     hvdl__credit_charge(h->name_len, h->nbytes));
+    p2p_hdr_t c = {.magic = F_CREDIT, .nbytes = n};
+    return n ? queue_ctl_locked(e, peer, &c, NULL) : 0;
+}
+
 /* What the receiver holds of an announced message without a recv op (an announcement
  * not asked for yet, or a cleared one to discard): NULL after failing the job. */
 static pmsg_t *held_entry(engine_t *e, int peer, int kind, const p2p_hdr_t *h, const char *name) {
@@ -810,6 +829,7 @@ static void deliver(engine_t *e, pmsg_t *r, pmsg_t *m) {
     op_t *o = r->op;
     uint8_t *dst;
     int into = o->meta.ndim >= 0;
+    if (m->kind == K_UNEXPECTED) give_back(e, r->peer, &m->hdr); /* (failing, it fails the job) */
     if (m->kind == K_UNEXPECTED_RTS) {
         clear_to_send(e, r, &m->hdr, m->name, m->addr);
     } else if (!into) {                             /* hand the buffer over, no copy */
@@ -837,6 +857,8 @@ static void post_recv(engine_t *e, pmsg_t *r, int over) {
     for (pmsg_t *m = q->unexpected.head; m; m = m->next)
         if (!strcmp(m->name, r->op->name)) {
             unlink_msg(&q->unexpected, m);
+            if (m->kind == K_UNEXPECTED_RTS)
+                hvdl__credit_unhold(&q->credit, hvdl__credit_charge(m->hdr.name_len, 0));
             if (m->kind == K_UNEXPECTED_RTS && q->closed) { /* announced, never to come */
                 free(m->name);
                 free(m);
@@ -860,6 +882,15 @@ static int violation(engine_t *e, int peer, const char *what) {
     snprintf(why, sizeof why, "sent a malformed point-to-point frame (%s)", what);
     report_lost(e, peer, why);
     return -1;
+}
+
+/* An eager message h from peer arrives: within the credit this rank gave it, or the peer
+ * broke the protocol (p2p_credit.c). 0, or -1 once reported. */
+static int eager_arrived(engine_t *e, int peer, const p2p_hdr_t *h) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    const char *bad = hvdl__credit_arrived(&q->credit, &e->p2p->budget,
+                                           hvdl__credit_charge(h->name_len, h->nbytes));
+    return bad ? violation(e, peer, bad) : 0;
 }
 
 /* RING: the peer offers its ring to this rank; map it and answer. */
@@ -913,6 +944,9 @@ static int announced(engine_t *e, int peer, const p2p_hdr_t *h, const char *name
         unlink_msg(&q->recvs, r);
         return clear_to_send(e, r, h, name, addr);
     }
+    const char *bad = hvdl__credit_hold(&q->credit, &e->p2p->budget,
+                                        hvdl__credit_charge(h->name_len, 0));
+    if (bad) return violation(e, peer, bad);
     pmsg_t *m = held_entry(e, peer, K_UNEXPECTED_RTS, h, name);
     if (!m) return -1;
     m->addr = addr;
@@ -934,10 +968,12 @@ static int64_t record_payload(const p2p_hdr_t *h) {
  * recv (one copy), or buffered whole as unexpected. */
 static int mb_eager(engine_t *e, int peer, const p2p_hdr_t *h, const char *name, uint64_t pos) {
     ppeer_t *q = &e->p2p->peers[peer];
+    if (eager_arrived(e, peer, h)) return -1;
     pmsg_t *r = posted_for(q, name);
     if (r) {
         uint8_t *dst = NULL;
         unlink_msg(&q->recvs, r);
+        if (give_back(e, peer, h)) return -1;
         if (accept_into(e, r, h, &dst)) return 0;   /* failed (mismatch): dropped */
         hvdl__p2p_mbox_get(&q->mrx, pos, dst, (size_t)h->nbytes);
         finish(e, r, HVDL_OK, NULL);
@@ -968,11 +1004,12 @@ static const char *rts_answered(engine_t *e, int peer, const p2p_hdr_t *h, const
     for (; m && strcmp(m->op->name, name); m = m->next) {}
     if (!m || m->hdr.nbytes != h->nbytes) return "a clear-to-send for nothing announced";
     unlink_msg(&q->rts_wait, m);
+    hvdl__credit_answered(&q->credit, hvdl__credit_charge(m->hdr.name_len, 0));
     if (h->magic == F_FIN) {
         finish(e, m, HVDL_OK, NULL);
         return NULL;
     }
-    m->kind = q->ring_state == 2 ? K_SDATA : K_DATA;
+    m->kind = q->ring_state == 2 && m->hdr.nbytes ? K_SDATA : K_DATA; /* (SDATA has pieces) */
     m->framed = 0;
     m->off = 0;
     push(&q->sends, m);
@@ -1057,6 +1094,8 @@ static int sender_frame(engine_t *e, int peer) {
         if (q->tx_acked >= q->tx_pieces) bad = "an acknowledgement of nothing";
         else q->tx_acked++;
         q->blocked = 0;
+    } else if (h->magic == F_CREDIT) {
+        bad = hvdl__credit_returned(&q->credit, h->nbytes);
     } else if (h->magic == F_ROOM) {
         if (q->mb_state != MB_LIVE && q->mb_state != MB_SWITCHING) bad = "room in no mailbox";
         q->blocked = 0;
@@ -1094,6 +1133,9 @@ static int piece_arrived(engine_t *e, int peer) {
     int64_t n = q->rx_hdr.nbytes;
     if (!a || !q->rx.base || n > q->rx.slot_bytes || n > a->hdr.nbytes - q->rx_ring_got)
         return violation(e, peer, "a piece that does not fit");
+    /* a slot whose ACK has not begun to go out is not free: so at most nslots ACKs wait */
+    if (q->rx_pieces - atomic_load(&q->acks_out) >= q->rx.nslots)
+        return violation(e, peer, "a piece in a slot not freed yet");
     if (a->data)
         memcpy(a->data + q->rx_ring_got, hvdl__p2p_ring_slot(&q->rx, q->rx_pieces), (size_t)n);
     q->rx_pieces++;
@@ -1130,7 +1172,8 @@ static int begin_payload(engine_t *e, int peer) {
     case F_RING_NO:
     case F_MBOX_OK:
     case F_MBOX_NO:
-    case F_ROOM: return sender_frame(e, peer);
+    case F_ROOM:
+    case F_CREDIT: return sender_frame(e, peer);
     case F_RING: return ring_offered(e, peer);
     case F_PIECE: return piece_arrived(e, peer);
     case F_MBOX: return mbox_offered(e, peer);
@@ -1168,9 +1211,11 @@ static int begin_payload(engine_t *e, int peer) {
     }
     }
     /* EAGER */
+    if (eager_arrived(e, peer, &q->rx_hdr)) return -1;
     pmsg_t *r = posted_for(q, q->rx_name);
     if (r) {
         unlink_msg(&q->recvs, r);
+        if (give_back(e, peer, &q->rx_hdr)) return -1;
         if (accept_into(e, r, &q->rx_hdr, &q->rx_dst) == 0) q->rx_into = r;
         else q->rx_into = NULL;                     /* failed (mismatch): discard */
     } else {                                        /* unexpected: buffer it whole */
@@ -1321,6 +1366,7 @@ static int begin_frame(ppeer_t *q, pmsg_t *m) {
     m->off = 0;
     m->framed = 1;
     if (m->kind != K_CTL) m->fhdr = m->hdr;         /* a control frame's is set up already */
+    if (m->kind == K_CTL && m->fhdr.magic == F_ACK) atomic_fetch_add(&q->acks_out, 1);
     switch (m->kind) {
     case K_RTS: m->fhdr.magic = F_RTS; return 0;
     case K_DATA: m->fhdr.magic = F_DATA; return 0;
@@ -1695,6 +1741,8 @@ int hvdl__p2p_start(engine_t *e) {
     }
     pthread_mutex_init(&p->mu, NULL);
     atomic_store(&p->lost_peer, -1);
+    p->budget = hvdl__credit_budget(e->cfg.p2p_unexpected_bytes, e->cfg.p2p_announced_bytes,
+                                    e->cfg.p2p_eager_bytes, P2P_MAX_NAME);
     p->wake_fd = hvdl_wakefd_open();
     p->ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event w = {.events = EPOLLIN, .data.u32 = WAKE_EV};
@@ -1866,6 +1914,24 @@ static pmsg_t *op_msg(engine_t *e, op_t *o) {
     return m;
 }
 
+/* With q->smu held, as send m is posted: eager while the receiver's credit lasts, else
+ * announced (rendezvous: its payload waits here for the recv); one past the announcements
+ * the receiver may hold fails at once (p2p_credit.c). 1 when m is finished so. */
+static int spend_credit(engine_t *e, ppeer_t *q, pmsg_t *m) {
+    const p2p_budget_t *b = &e->p2p->budget;
+    int64_t nl = m->hdr.name_len;
+    int64_t charge = hvdl__credit_charge(nl, m->hdr.nbytes);
+    if (m->kind == K_EAGER && hvdl__credit_take(&q->credit, b, charge)) return 0;
+    m->kind = K_RTS;
+    char why[HVDL_MSG_BYTES / 2], msg[HVDL_MSG_BYTES];
+    if (!hvdl__credit_announce(&q->credit, b, hvdl__credit_charge(nl, 0), why, sizeof why))
+        return 0;
+    snprintf(msg, sizeof msg, "send '%.200s' on rank %d to rank %d: %s", m->op->name, e->rank,
+             m->peer, why);
+    finish(e, m, HVDL_ERR_INVALID, msg);
+    return 1;
+}
+
 /* A send, on the caller's thread: queued behind the peer's earlier sends (in order, so
  * equal names stay first-in first-out), and written at once when it is the only one. A
  * message the socket takes whole completes here, with no wake-up; the rest is the p2p
@@ -1883,6 +1949,10 @@ static int send_now(engine_t *e, op_t *o) {
     atomic_fetch_add(&p->npending, 1);
     ppeer_t *q = &p->peers[m->peer];
     pthread_mutex_lock(&q->smu);
+    if (spend_credit(e, q, m)) {                    /* past what the receiver may hold */
+        pthread_mutex_unlock(&q->smu);
+        return HVDL_OK;
+    }
     if (q->mb_state == MB_NONE) offer_mbox(e, m->peer);
     if (m->kind == K_RTS && q->ring_state == 0) offer_ring(e, m->peer);
     push(&q->sends, m);
