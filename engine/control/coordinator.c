@@ -222,17 +222,22 @@ static void maybe_ready(engine_t *e, pending_t *p) {
         if (k >= (int)sizeof joined_missing - 16) break;
     }
     char msg[HVDL_MSG_BYTES], what[300];
+    int bad = 1;
     p->error_gone = gone >= 0;
-    if (gone >= 0) hvdl__describe_request(p->name, m->op, m->process_set, what, sizeof what);
-    int bad = gone >= 0 ? snprintf(msg, sizeof msg,
-                                   "rank %d called shutdown() without submitting %s, which "
-                                   "needs it (a rank that has shut down submits nothing more)",
-                                   gone, what) > 0
-            : k ? snprintf(msg, sizeof msg,
-                           "%s '%s': ranks [%s] have called join(); only allreduce can "
-                           "run until every rank has joined",
-                           NAME_OF(OP_NAMES, m->op), p->name, joined_missing) > 0
-                : check_agreement(e, p, msg);
+    if (gone >= 0) {
+        hvdl__describe_request(p->name, m->op, m->process_set, what, sizeof what);
+        snprintf(msg, sizeof msg,
+                 "rank %d called shutdown() without submitting %s, which needs it (a rank "
+                 "that has shut down submits nothing more)",
+                 gone, what);
+    } else if (k) {
+        snprintf(msg, sizeof msg,
+                 "%s '%s': ranks [%s] have called join(); only allreduce can run until every "
+                 "rank has joined",
+                 NAME_OF(OP_NAMES, m->op), p->name, joined_missing);
+    } else {
+        bad = check_agreement(e, p, msg);
+    }
     /* no memory for the text: planning fails with this rank's out of memory, never runs
      * the op as if the ranks agreed (the request record's site stands for this one) */
     if (bad && (HVDL_INJECT(e, INJ_RECORD_ALLOC) || !(p->error = strdup(msg))))
