@@ -281,17 +281,19 @@ AFTER_SHUTDOWN = rank_program("p2p_after_shutdown")
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sender", [0, 1])
-@pytest.mark.parametrize("linger", [False, True])
-def test_a_message_sent_before_the_senders_shutdown_is_delivered(sender, linger):
-    """A send completes eagerly, so the sender may shut down (which stops every rank's
-    engine) before the receiver posts its recv: the message must still be delivered, and
-    a recv of a message the sender never sent must fail promptly naming the sender,
-    whether the sender's process exited or lingers. The sender is the coordinator (0) or
-    a worker (1)."""
+@pytest.mark.parametrize("sender,linger,where", [(0, False, "mailbox"), (1, False, "mailbox"),
+                                                 (0, True, "mailbox"), (1, True, "mailbox"),
+                                                 (1, False, "tcp")])
+def test_a_message_sent_before_the_senders_shutdown_is_delivered(sender, linger, where):
+    """A send completes eagerly, so the sender may shut down (its own part: the
+    receiver's engine goes on) before the receiver posts its recv: every message must
+    still be delivered, the announced one too, and a recv of a message the sender never
+    sent, or a send to it, must fail promptly naming the sender, whether the sender lingers
+    after its shutdown or not. The sender is the coordinator (0) or a worker (1)."""
     res = run_ranks(AFTER_SHUTDOWN, np=2, timeout=100,
                     env={"T_SENDER": str(sender), "T_LINGER": "1" if linger else "0",
                          "HOROVOD_STALL_CHECK_DISABLE": "1",
+                         **({"HOROVODLIKE_SHM": "0"} if where == "tcp" else {}),
                          # its 12 MiB message is eager too (larger ones wait for the recv)
                          "HOROVODLIKE_P2P_EAGER_BYTES": str(16 << 20)})
     assert res.returncode == 0, res.describe()

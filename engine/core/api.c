@@ -349,8 +349,12 @@ void hvdl__wake(engine_t *e) { hvdl_wakefd_signal(e->wake_fd); }
 int hvdl__engine_shutdown(engine_t *e) {
     if (!e->thread_started) return HVDL_OK;
     pthread_mutex_lock(&e->mu);
+    int first = !e->shutdown_requested;
     e->shutdown_requested = 1;
     pthread_mutex_unlock(&e->mu);
+    /* Sends are refused from here on: the peers learn that this rank has finished,
+     * behind what it sent. Its engine serves on until every rank has (shutdown.c). */
+    if (first && !e->failed) hvdl__p2p_leave(e);
     hvdl__wake(e);
     pthread_join(e->thread, NULL);
     hvdl__p2p_stop(e);

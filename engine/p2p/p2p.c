@@ -211,6 +211,7 @@
 #define F_RTSA 0x41535248u    /* mailbox only: RTS with the payload's address in the sender */
 #define F_FIN 0x4e494648u     /* the receiver has read an RTSA's payload: the send is done */
 #define F_CREDIT 0x44524348u  /* eager credit given back, nbytes of it (p2p_credit.c) */
+#define F_BYE 0x45594248u     /* in send order: this rank has shut down (see "Leaving") */
 #define P2P_MAX_NAME 4096
 #define P2P_MAX_BYTES ((int64_t)1 << 40)  /* a longer message is malformed */
 #define STAGE_BYTES (64 * 1024)
@@ -237,6 +238,7 @@ enum {
     K_SDATA,
     K_CTL,
     K_SWITCH, /* F_SWITCH, in the send queue (no op) */
+    K_BYE,    /* F_BYE, in the send queue (no op) */
     K_RECV,
     K_UNEXPECTED,
     K_UNEXPECTED_RTS,
@@ -285,6 +287,9 @@ typedef struct ppeer {
     /* Set by the p2p thread (its reads) and by a caller whose send breaks (under smu),
      * read by both: atomic (seq_cst: set once, and a load costs a plain load). */
     atomic_int closed;
+    /* The peer's F_BYE has come (set under rmu, read by both sides): it has shut down and
+     * posts nothing more; what it sent before has all been seen. */
+    atomic_int left;
     /* Sends are written by the caller when its message is the only one queued (no
      * wake-up at all), else by the p2p thread; smu orders them and guards the queue. */
     pthread_mutex_t smu;
@@ -397,7 +402,8 @@ static const char *header_problem(const void *hdr) {
         if (h->magic != F_PIECE && h->magic != F_ACK && h->magic != F_RING &&
             h->magic != F_RING_OK && h->magic != F_RING_NO && h->magic != F_MBOX &&
             h->magic != F_MBOX_OK && h->magic != F_MBOX_NO && h->magic != F_SWITCH &&
-            h->magic != F_BELL && h->magic != F_ROOM && h->magic != F_CREDIT)
+            h->magic != F_BELL && h->magic != F_ROOM && h->magic != F_CREDIT &&
+            h->magic != F_BYE)
             return "bad magic";
         if (h->name_len || h->dtype || h->ndim) return "a control frame with a name or dtype";
         int offer = h->magic == F_RING || h->magic == F_MBOX;
@@ -554,9 +560,11 @@ static void fail_all(engine_t *e, int status, const char *msg) {
  * a peer whose connection closed end here, each naming that peer. What the peer sent
  * before it closed has been read and matched already (a connection closes after its
  * last byte). */
-static void finish_closed_peers(engine_t *e) {
-    for (int i = 0; i < e->size; i++)
-        if (e->p2p->peers[i].closed) fail_peer(e, &e->p2p->peers[i], 0, NULL);
+static void finish_closed_peers(engine_t *e, int over) {
+    for (int i = 0; i < e->size; i++) {
+        ppeer_t *q = &e->p2p->peers[i];
+        if (q->closed && (over || q->left)) fail_peer(e, q, 0, NULL);
+    }
 }
 
 /* Tell the loop thread (which owns the control connections) that a peer broke. */
@@ -867,8 +875,8 @@ static void post_recv(engine_t *e, pmsg_t *r, int over) {
             deliver(e, r, m);
             return;
         }
-    if (q->closed && over) {
-        finish_closed(e, r, over);
+    if ((q->closed && over) || atomic_load(&q->left)) {   /* nothing more will come */
+        finish_closed(e, r, 1);
         return;
     }
     push(&q->recvs, r);
@@ -1149,6 +1157,29 @@ static int piece_arrived(engine_t *e, int peer) {
     return 0;
 }
 
+/* ---- Leaving ----
+ * A rank that shuts down (hvdl__p2p_leave) queues F_BYE behind its sends, so it reaches
+ * each peer after every message and announcement it sent (those in its mailbox too: the
+ * receiver drains the mailbox first). Its engine serves on until the job ends
+ * (shutdown.c), so what it announced still moves; but it posts nothing more. From the
+ * F_BYE on, the peer knows that:
+ *   - a recv of a message the leaver never sent fails at once, naming it (none can come);
+ *   - a send to it, or one announced and waiting for its CTS, fails at once (no recv will
+ *     be posted for it);
+ *   - its connection closing later is no loss: what still waits on it ends naming it.
+ * Cost: one frame per pair per shutdown. Under rmu (the p2p thread's or a caller's read). */
+static int peer_left(engine_t *e, int peer) {
+    ppeer_t *q = &e->p2p->peers[peer];
+    if (atomic_load(&q->left)) return violation(e, peer, "a second goodbye");
+    if (mb_drain(e, peer)) return -1;
+    atomic_store(&q->left, 1);
+    fail_list(e, &q->recvs, 0, NULL);               /* each names the peer (finish_closed) */
+    pthread_mutex_lock(&q->smu);
+    fail_list(e, &q->rts_wait, 0, NULL);
+    pthread_mutex_unlock(&q->smu);
+    return 0;
+}
+
 /* A whole header (and name, if it has one) is here: act on it. Only EAGER and DATA go
  * on to a payload (rx_state 2); 0, or -1 once the peer is reported. */
 static int begin_payload(engine_t *e, int peer) {
@@ -1174,6 +1205,7 @@ static int begin_payload(engine_t *e, int peer) {
     case F_MBOX_NO:
     case F_ROOM:
     case F_CREDIT: return sender_frame(e, peer);
+    case F_BYE: return peer_left(e, peer);
     case F_RING: return ring_offered(e, peer);
     case F_PIECE: return piece_arrived(e, peer);
     case F_MBOX: return mbox_offered(e, peer);
@@ -1343,7 +1375,9 @@ static void read_peer(engine_t *e, int peer) {
             int waiting = q->recvs.head || q->sends.head || q->rx_into || q->rts_wait.head ||
                           q->awaiting.head || q->rx_ring_msg;
             pthread_mutex_unlock(&q->smu);
-            if (waiting) {
+            if (waiting && atomic_load(&q->left)) {
+                hvdl_wakefd_signal(e->p2p->wake_fd);  /* it left: its ops end, naming it */
+            } else if (waiting) {
                 char why[200];
                 snprintf(why, sizeof why, "its point-to-point connection closed%s%s",
                          n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
@@ -1462,9 +1496,15 @@ static int end_frame(engine_t *e, ppeer_t *q, pmsg_t *m) {
         free(m);
         return 1;
     }
+    if (m->kind == K_BYE) {                         /* the peer knows now: see "Leaving" */
+        unlink_msg(&q->sends, m);
+        free(m);
+        return 1;
+    }
     if (m->kind == K_RTS) {                         /* it waits for the CTS, out of the way */
         unlink_msg(&q->sends, m);
-        push(&q->rts_wait, m);
+        if (atomic_load(&q->left)) finish_closed(e, m, 1);   /* no CTS will come */
+        else push(&q->rts_wait, m);
         return 1;
     }
     if (m->kind == K_SDATA) {
@@ -1674,7 +1714,7 @@ static void *p2p_main(void *arg) {
         char msg[HVDL_MSG_BYTES];
         if (failed) snprintf(msg, sizeof msg, "%s", e->fail_msg);
         pthread_mutex_unlock(&e->mu);
-        if (over && !stop) finish_closed_peers(e);
+        if (!stop) finish_closed_peers(e, over);
         if (failed || stop || !evs) {
             gave_up = 1;
             if (failed) fail_all(e, status, msg);
@@ -1778,6 +1818,26 @@ void hvdl__p2p_kick(engine_t *e) {
 }
 
 /* After the loop thread has ended: every op still held fails as shut down. */
+/* This rank shuts down: F_BYE to every peer, behind what it sent (see "Leaving"). */
+void hvdl__p2p_leave(engine_t *e) {
+    struct p2p *p = e->p2p;
+    if (!p || !p->started) return;
+    for (int i = 0; i < e->size; i++) {
+        ppeer_t *q = &p->peers[i];
+        pmsg_t *m = i == e->rank || q->fd < 0 ? NULL : calloc(1, sizeof *m);
+        if (!m) continue;    /* no memory: the peer learns it when the connection ends */
+        m->kind = K_BYE;
+        m->peer = i;
+        m->hdr.magic = F_BYE;
+        m->started = hvdl_now();
+        pthread_mutex_lock(&q->smu);
+        push(&q->sends, m);
+        if (!q->closed && q->sends.head == m) write_locked(e, i);
+        pthread_mutex_unlock(&q->smu);
+    }
+    hvdl_wakefd_signal(p->wake_fd);
+}
+
 void hvdl__p2p_stop(engine_t *e) {
     struct p2p *p = e->p2p;
     if (!p || !p->started) return;
@@ -1949,6 +2009,11 @@ static int send_now(engine_t *e, op_t *o) {
     atomic_fetch_add(&p->npending, 1);
     ppeer_t *q = &p->peers[m->peer];
     pthread_mutex_lock(&q->smu);
+    if (atomic_load(&q->left)) {                    /* it has shut down: it posts no recv */
+        pthread_mutex_unlock(&q->smu);
+        finish_closed(e, m, 1);
+        return HVDL_OK;
+    }
     if (spend_credit(e, q, m)) {                    /* past what the receiver may hold */
         pthread_mutex_unlock(&q->smu);
         return HVDL_OK;

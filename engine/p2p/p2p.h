@@ -5,6 +5,7 @@
 
 /* p2p.c: point-to-point messages on their own connections and thread */
 int hvdl__p2p_start(engine_t *e);                   /* after the connections, before the loop */
+void hvdl__p2p_leave(engine_t *e); /* this rank shuts down: its peers learn it, in order */
 void hvdl__p2p_stop(engine_t *e);                   /* after the loop thread has ended */
 void hvdl__p2p_free(engine_t *e);
 void hvdl__p2p_kick(engine_t *e); /* the job failed: its thread fails the ops it holds */
