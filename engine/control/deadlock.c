@@ -100,7 +100,7 @@ static struct deadlock *state(engine_t *e) {
 /* What a report says, in 64 bits (FNV-1a): equal reports, equal digests. */
 static uint64_t digest(const wait_report_t *w) {
     uint64_t h = 1469598103934665603ull;
-#define MIX(p, n)                                                           \
+#define MIX(p, n) \
     for (size_t k_ = 0; k_ < (n); k_++) h = (h ^ ((const uint8_t *)(p))[k_]) * 1099511628211ull
     MIX(&w->posts, 8);
     MIX(&w->n, sizeof w->n);

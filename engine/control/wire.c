@@ -358,8 +358,9 @@ int hvdl__read_waits(engine_t *e, reader_t *r, int from, wait_report_t *out) {
     /* an entry is at least 13 bytes and a name's length word and one byte */
     if (!r->bad && !rd_count(r, &n, 18) && n > HVDL_WAITS_MAX)
         rd_fail(r, "it lists more ops than a report may");
-    if (!r->bad && n && ((e && HVDL_INJECT(e, INJ_WAIT_ALLOC)) || !(out->ops = calloc(n, sizeof *out->ops))))
-        rd_oom(r, "a wait report", (int64_t)n * (int64_t)sizeof *out->ops);
+    if (!r->bad && n &&
+        ((e && HVDL_INJECT(e, INJ_WAIT_ALLOC)) || !(out->ops = calloc(n, sizeof *out->ops))))
+        rd_oom(r, "wait report", (int64_t)n * (int64_t)sizeof *out->ops);
     for (uint32_t i = 0; !r->bad && i < n; i++) {
         wait_entry_t *x = &out->ops[i];
         rd_get(r, &x->op, 4);
