@@ -25,8 +25,8 @@ const char *hvdl__response_problem(engine_t *e, const group_t *g, const response
 
 #include "frames.h"          /* and the small frames: goodbye, clock sync, the nodes' */
 
-/* wire.c: a rank's wait report, MSG_WAITS (laid out in frames.h) */
-/* A rank's unfinished ops as of a moment, for rank 0's deadlock check (deadlock.c). */
+/* wire.c: a rank's wait report, MSG_WAITS (laid out in frames.h): its unfinished ops as of
+ * a moment, for rank 0's deadlock check (deadlock.c). */
 #define HVDL_WAITS_MAX 4096       /* ops one report carries (more: partial) */
 typedef struct wait_entry {
     char *name;

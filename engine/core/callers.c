@@ -16,8 +16,9 @@
  * What counts as blocked: a thread asleep in hvdl_wait with no timeout, or on the op it
  * declared it waits for until done (hvdl_waits_until_done: the Python layer waits in
  * half-second slices so that Ctrl-C is honoured between them, and declares it), or
- * between two such slices. A thread asleep in a wait with a timeout it did not declare
- * may go on when the timeout passes, and is busy; so is every thread doing anything
+ * between two such slices (a declared wait that follows an undeclared slice on the same
+ * op, with no call between, keeps that slice's start). A thread asleep in a wait with a
+ * timeout it did not declare may go on when the timeout passes, and is busy; so is every thread doing anything
  * else, and every thread that has not yet called the engine is unknown (it is not
  * counted: the one case this cannot see, a thread whose first op comes after its peers
  * wait, is left to the stall inspector, as before).
@@ -102,7 +103,8 @@ caller_t *hvdl__caller_join(engine_t *e) {
 void hvdl__caller_sleeps(engine_t *e, caller_t *c, op_t *o, double timeout_s, double now) {
     if (!c) return;
     /* the next slice of one wait keeps its start */
-    if (!(atomic_load(&c->state) == CALLER_BETWEEN && c->e == e && c->op == o &&
+    int s = atomic_load(&c->state);
+    if (!((s == CALLER_BETWEEN || s == CALLER_TIMED_OUT) && c->e == e && c->op == o &&
           c->handle == o->handle))
         c->since = now;
     c->e = e;
@@ -114,14 +116,16 @@ void hvdl__caller_sleeps(engine_t *e, caller_t *c, op_t *o, double timeout_s, do
 
 void hvdl__caller_woke(caller_t *c, const op_t *o) {
     if (!c) return;
-    int between = !atomic_load(&o->done) && atomic_load(&c->until) == o->handle;
-    atomic_store(&c->state, between ? CALLER_BETWEEN : CALLER_BUSY);
+    int timed_out = !atomic_load(&o->done);
+    atomic_store(&c->state, !timed_out                            ? CALLER_BUSY
+                            : atomic_load(&c->until) == o->handle ? CALLER_BETWEEN
+                                                                  : CALLER_TIMED_OUT);
 }
 
 /* c is blocked on an op of e */
 static int blocked(engine_t *e, caller_t *c) {
     int s = atomic_load(&c->state);
-    if (s == CALLER_BUSY || c->e != e) return 0;
+    if (s == CALLER_BUSY || s == CALLER_TIMED_OUT || c->e != e) return 0;
     int declared = atomic_load(&c->until) == c->handle;
     return s == CALLER_ASLEEP ? c->forever || declared : declared;
 }

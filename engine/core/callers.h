@@ -7,9 +7,10 @@
 #include "engine.h"
 
 /* What a thread is doing, as deadlock.c sees it: anything but waiting (it may submit),
- * asleep in hvdl_wait, or between the slices of a wait it declared to last until its op
- * is done (hvdl_waits_until_done). */
-enum { CALLER_BUSY, CALLER_ASLEEP, CALLER_BETWEEN };
+ * asleep in hvdl_wait, between the slices of a wait it declared to last until its op is
+ * done (hvdl_waits_until_done), or back from an undeclared wait's timeout (busy, but a
+ * declared wait on the same op that follows with no call between keeps its start). */
+enum { CALLER_BUSY, CALLER_ASLEEP, CALLER_BETWEEN, CALLER_TIMED_OUT };
 
 typedef struct caller {
     atomic_int refs;         /* the thread's own, and one per engine whose table lists it */
