@@ -5,10 +5,11 @@ python process) with a timeout far below the 60 s of a stall warning, so a hang 
 the test instead of passing it late.
 """
 import importlib.util
+import os
 
 import pytest
 
-from harness import rank_program, run_ranks
+from harness import rank_program, requires_mpirun, run_ranks
 
 if importlib.util.find_spec("pytest_timeout") is not None:
     pytestmark = pytest.mark.timeout(120)
@@ -70,3 +71,39 @@ def test_a_rank_that_leaves_is_named_with_the_ops_it_never_submitted(how, expect
     res = run_ranks(LEAVES, 2, "horovodlikerun", args=(how, *expect), timeout=60)
     # rank 0 checked the message (rank 1 is gone, so the job's own status says little)
     assert "[0]<stdout>:HVDTEST-OK" in res.stdout, res.describe()
+
+
+# A rank is blocked only when every thread that uses its engine waits: one thread
+# waiting while another computes (here 5 s, past the 4 s in which a deadlock is found)
+# is a correct program, under either launcher. The 30 s case is the audit's longer one.
+BUSY_THREAD = rank_program("deadlock_busy_thread")
+
+
+@pytest.mark.parametrize("launcher,seconds", [
+    ("horovodlikerun", 5),
+    pytest.param("mpirun", 5, marks=requires_mpirun),
+    pytest.param("horovodlikerun", 30, marks=pytest.mark.skipif(
+        not os.environ.get("HVDTEST_LONG"), reason="30 s of compute: set HVDTEST_LONG=1"))])
+def test_a_thread_computing_while_another_waits_is_not_a_deadlock(launcher, seconds):
+    run_ranks(BUSY_THREAD, 2, launcher, args=(seconds,), timeout=40 + seconds).assert_ok()
+
+
+# Sends and recvs take part: a cycle through one is found as fast as a collective one
+# (DEADLINE), naming both halves.
+P2P = rank_program("deadlock_p2p")
+
+P2P_EXPECTED = {
+    "recv_allreduce": ["deadlock: rank 0 waits in recv 'x' from rank 1 while rank 1 waits "
+                       "in allreduce 'y'"],
+    "recv_recv": ["deadlock: rank 0 waits in recv 'a' from rank 1 while rank 1 waits in "
+                  "recv 'b' from rank 0"],
+    "send_send": ["deadlock: rank 0 waits in send 'a' to rank 1 while rank 1 waits in "
+                  "send 'b' to rank 0"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(P2P_EXPECTED))
+def test_point_to_point_cycles_end_the_job_within_seconds(case):
+    res = run_ranks(P2P, 2, "horovodlikerun", args=(case, DEADLINE, *P2P_EXPECTED[case]),
+                    timeout=60)
+    res.assert_ok()

@@ -14,6 +14,9 @@
  *   MSG_NODE_POSTED  i32 cache id, 4 zero bytes, u64 local-rank mask, f64 seconds waited
  *   MSG_NODE_CLOSE   i32 cache id (HVDL_CLOSE_ALL: every id, for a join), u32 round
  *   MSG_NODE_REOPEN  n x u32 rounds, n <= HVDL_NEG_IDS
+ *   MSG_WAITS        u64 posts, f64 seconds blocked (< 0: not), u8 partial, u32 n,
+ *                    n x {i32 op, i32 process set, i32 peer (-1: a collective), u8
+ *                    waited, str name}, n <= HVDL_WAITS_MAX (deadlock.c)
  * Integers are in host order, as everywhere on the control plane.
  */
 #ifndef HVDL_FRAMES_H

@@ -313,3 +313,66 @@ int hvdl__read_node_close(reader_t *r, node_close_t *out) {
     rd_get(r, &out->round, 4);
     return rd_end(r);
 }
+
+/* ---- a rank's wait report (MSG_WAITS, deadlock.c) ---- */
+
+int hvdl__put_waits(buf_t *b, const wait_report_t *w) {
+    uint8_t partial = (uint8_t)w->partial;
+    int rc = buf_put(b, &w->posts, 8) || buf_put(b, &w->blocked_for, 8) ||
+             buf_put(b, &partial, 1) || buf_put_u32(b, (uint32_t)w->n);
+    for (int i = 0; !rc && i < w->n; i++) {
+        const wait_entry_t *x = &w->ops[i];
+        rc = buf_put(b, &x->op, 4) || buf_put(b, &x->set, 4) || buf_put(b, &x->peer, 4) ||
+             buf_put(b, &x->waited, 1) || buf_put_str(b, x->name);
+    }
+    return rc;
+}
+
+void hvdl__waits_clear(wait_report_t *w) {
+    for (int i = 0; i < w->n; i++) free(w->ops[i].name);
+    free(w->ops);
+    memset(w, 0, sizeof *w);
+}
+
+/* An entry's kind, set and peer: a collective has no peer; a send or recv's peer is
+ * another rank of the job. */
+static const char *entry_problem(const wait_entry_t *x, int size, int from) {
+    if (x->op < 0 || x->op > HVDL_OP_RECV) return "an op kind out of range";
+    if (x->set < 0 || x->set >= HVDL_MAX_SETS) return "a process set out of range";
+    if (x->op < HVDL_OP_SEND ? x->peer != -1 : x->peer < 0 || x->peer >= size || x->peer == from)
+        return "a peer rank out of range";
+    if (x->waited > 1) return "a waited flag that is neither 0 nor 1";
+    return NULL;
+}
+
+int hvdl__read_waits(engine_t *e, reader_t *r, int from, wait_report_t *out) {
+    memset(out, 0, sizeof *out);
+    int size = e ? e->size : 1 << 20;
+    uint8_t partial = 0;
+    uint32_t n = 0;
+    rd_get(r, &out->posts, 8);
+    rd_get(r, &out->blocked_for, 8);
+    rd_get(r, &partial, 1);
+    if (!r->bad && partial > 1) rd_fail(r, "a partial flag that is neither 0 nor 1");
+    out->partial = partial;
+    /* an entry is at least 13 bytes and a name's length word and one byte */
+    if (!r->bad && !rd_count(r, &n, 18) && n > HVDL_WAITS_MAX)
+        rd_fail(r, "it lists more ops than a report may");
+    if (!r->bad && n &&
+        ((e && HVDL_INJECT(e, INJ_WAIT_ALLOC)) || !(out->ops = calloc(n, sizeof *out->ops))))
+        rd_oom(r, "wait report", (int64_t)n * (int64_t)sizeof *out->ops);
+    for (uint32_t i = 0; !r->bad && i < n; i++) {
+        wait_entry_t *x = &out->ops[i];
+        rd_get(r, &x->op, 4);
+        rd_get(r, &x->set, 4);
+        rd_get(r, &x->peer, 4);
+        rd_get(r, &x->waited, 1);
+        const char *why = r->bad ? NULL : entry_problem(x, size, from);
+        if (why) rd_fail(r, why);
+        if (!r->bad && !(x->name = rd_name(r))) break;
+        out->n++;
+    }
+    if (!r->bad) rd_end(r);
+    if (r->bad) hvdl__waits_clear(out);
+    return r->bad ? -1 : 0;
+}

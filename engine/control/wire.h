@@ -24,4 +24,26 @@ const char *hvdl__response_problem(engine_t *e, const group_t *g, const response
                                    op_t *const *ops);
 
 #include "frames.h"          /* and the small frames: goodbye, clock sync, the nodes' */
+
+/* wire.c: a rank's wait report, MSG_WAITS (laid out in frames.h): its unfinished ops as of
+ * a moment, for rank 0's deadlock check (deadlock.c). */
+#define HVDL_WAITS_MAX 4096       /* ops one report carries (more: partial) */
+typedef struct wait_entry {
+    char *name;
+    int32_t op, set, peer;   /* peer: a send's or recv's other rank; -1 for a collective */
+    uint8_t waited;          /* a blocked thread of the rank waits on it */
+} wait_entry_t;
+typedef struct wait_report {
+    int have;                /* a report has arrived (rank 0) */
+    int partial;             /* too many ops to list: this rank never counts as blocked */
+    uint64_t posts;          /* ops its threads have posted (deadlock.c: "nothing since") */
+    double blocked_for;      /* < 0: not blocked */
+    int n;
+    wait_entry_t *ops;
+} wait_report_t;
+int hvdl__put_waits(buf_t *b, const wait_report_t *w);
+/* Checks every field against e's job, the report coming from rank `from` (e may be NULL in
+ * tests: then any peer but `from` below 1 << 20 is taken). */
+int hvdl__read_waits(engine_t *e, reader_t *r, int from, wait_report_t *out);
+void hvdl__waits_clear(wait_report_t *w);
 #endif

@@ -62,7 +62,6 @@ typedef struct op {
     int cache_id;            /* this rank's cache entry for the name, or -1 */
     double enqueued_at;
     int caller_waits;        /* HVDL_CALLER_WAITS on one node: enqueue did not wake the loop */
-    double wait_since;       /* under mu: when a caller first slept waiting on it (deadlock.c) */
     atomic_int done;         /* written under engine.mu, read lock-free by spinners */
     int status;
     char *msg;               /* error text, malloc'd, or NULL */
@@ -133,6 +132,8 @@ typedef struct engine {
     uint64_t enqueues;       /* ops enqueued so far, and when the last was (deadlock.c) */
     double last_enqueue_at;
     atomic_int waiters;      /* callers asleep in hvdl_wait (atomic: read without mu) */
+    struct callers *callers; /* the threads that use the engine (callers.c) */
+    atomic_ullong caller_serial; /* this engine's number among the process's (callers.c) */
     char bye_why[HVDL_MSG_BYTES];   /* who shut down, without submitting what (shutdown.c) */
 
     /* Owned by whoever holds drive: the loop thread, or a caller running the loop's work

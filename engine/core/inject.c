@@ -47,6 +47,7 @@
  * function, or its function here (`file: functions: why`), and no stale entry.
  *   control/cache.c: cache_store hvdl__cache_apply: the rest of a cache entry (its dim0s, a cached tensor's name) on cache_alloc's and response_alloc's path, failing through the same hvdl__oom
  *   control/wire.c: hvdl__response_alloc: a helper; every caller is a site (response_alloc; decode_alloc's path, marked rd_oom)
+ *   core/callers.c: hvdl__caller_join: a thread's record or its engine's table, a few dozen bytes: without it the engine never counts this rank as blocked (its deadlock detection is off, the stall inspector stays), by design
  *   control/deadlock.c: snapshot: a wait report without memory goes out partial, which proves nothing and fails nothing, by design
  *   control/coordinator.c: hvdl__coordinator_new: start-up, before rank 0 connects: hvdl_start fails at once with engine set-up failed (its errno); the others fail at their start-up timeout
  *   control/segment/negotiate_shm.c: hvdl__negotiate_shm_open: start-up, once connected: hvdl__oom tells every rank, the path start_alloc's case takes

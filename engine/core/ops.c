@@ -10,6 +10,7 @@
 #include "negotiation.h"
 #include "loop.h"
 #include "p2p.h"
+#include "callers.h"
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,6 +170,7 @@ int hvdl__handle_new(engine_t *e, op_t *o) {
 
 int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     if (!q || !handle) return hvdl__err(HVDL_ERR_INVALID, "NULL request or handle pointer");
+    if (e) hvdl__caller_posts(hvdl__caller(e)); /* this thread may submit (deadlock.c) */
     /* Point-to-point ops are agreed by their two ranks alone, on their own thread. */
     if (q->op == HVDL_OP_SEND || q->op == HVDL_OP_RECV) return hvdl__p2p_enqueue(e, q, handle);
     if (!e || !e->thread_started)
@@ -258,6 +260,7 @@ static op_t *lookup(engine_t *e, int64_t h) {
 
 int hvdl__engine_poll(engine_t *e, int64_t h) {
     if (!e) return -1;
+    hvdl__caller_busy(hvdl__caller(e));
     pthread_mutex_lock(&e->mu);
     op_t *o = lookup(e, h);
     int done = o ? atomic_load(&o->done) : -1;
@@ -270,7 +273,11 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     pthread_mutex_lock(&e->mu);
     op_t *o = lookup(e, h);
     pthread_mutex_unlock(&e->mu);
-    if (!o) return hvdl__err(HVDL_ERR_INVALID, "unknown or released handle %lld", (long long)h);
+    caller_t *me = hvdl__caller(e);
+    if (!o) {
+        hvdl__caller_busy(me);
+        return hvdl__err(HVDL_ERR_INVALID, "unknown or released handle %lld", (long long)h);
+    }
     /* Look before sleeping, for at most spin_us (api.c: 0 where this node's ranks'
      * callers and engine threads outnumber its cores, as there the spinning caller would
      * hold the core its own engine thread needs to finish the op). Where they do but the
@@ -308,7 +315,10 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     }
     if (drives) hvdl__drive_leave(e);
     if (polls) hvdl__p2p_poll_end(e, o);
-    if (atomic_load(&o->done)) return HVDL_OK;
+    if (atomic_load(&o->done)) {
+        hvdl__caller_busy(me);
+        return HVDL_OK;
+    }
     /* Not done: the loop thread takes over. It was not woken for a flagged op, and may
      * have gone to sleep without seeing it. */
     if (o->caller_waits && !drove) hvdl__wake(e);
@@ -319,13 +329,17 @@ int hvdl__engine_wait(engine_t *e, int64_t h, double timeout_s) {
     ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
     int rc = 0;
     pthread_mutex_lock(&e->mu);
-    /* a caller asleep on its op: what deadlock.c looks for (off the fast path) */
-    if (!o->wait_since) o->wait_since = hvdl_now();
-    atomic_fetch_add(&e->waiters, 1);
+    /* a caller asleep on its op: what deadlock.c looks for (off the fast path). The loop
+     * ticks the deadlock check while callers sleep (hvdl__deadlock_ms); a collective in
+     * flight keeps it ticking, a point-to-point op does not, so that op's sleeper wakes
+     * it when it is the first: the loop may be asleep without a timeout. */
+    hvdl__caller_sleeps(e, me, o, timeout_s, hvdl_now());
+    if (!atomic_fetch_add(&e->waiters, 1) && o->meta.op >= HVDL_OP_SEND) hvdl__wake(e);
     while (!atomic_load(&o->done) && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&e->done_cv, &e->mu, &ts);
     atomic_fetch_sub(&e->waiters, 1);
     int done = atomic_load(&o->done);
+    hvdl__caller_woke(me, o);
     pthread_mutex_unlock(&e->mu);
     return done ? HVDL_OK
                 : hvdl__err(HVDL_ERR_TIMEOUT, "op '%s' not finished after %.1f s", o->name,

@@ -175,6 +175,12 @@ int hvdl_enqueue(const hvdl_request *req, int64_t *handle);
 int hvdl_poll(int64_t handle);
 /* Block until done or timeout_s passes (HVDL_ERR_TIMEOUT); timeout_s < 0 waits forever. */
 int hvdl_wait(int64_t handle, double timeout_s);
+/* The calling thread waits for handle until it is done, in hvdl_wait slices (so that it
+ * can handle signals between them), and submits nothing meanwhile: deadlock detection
+ * counts it blocked between the slices too. 0, or any other call of this thread into
+ * the engine, ends it. A thread asleep in hvdl_wait with a timeout it did not declare so
+ * may go on when it passes, and never counts as blocked. */
+void hvdl_waits_until_done(int64_t handle);
 /* Free a finished handle: returns the op's status, copies its message (if any) into
  * msg (HVDL_MSG_BYTES), and fills *result. Releasing an unfinished handle is refused. */
 int hvdl_release(int64_t handle, char *msg, hvdl_result *result);

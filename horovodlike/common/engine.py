@@ -248,6 +248,21 @@ def wait(handle: int, timeout: float) -> bool:
     return True
 
 
+def wait_done(handle: int):
+    """Wait until the op is done, in half-second waits so that Ctrl-C is honoured between
+    them (the GIL is released inside). After the first, the thread declares the wait
+    (hvdl_waits_until_done): the engine's deadlock check then counts it as blocked in
+    it throughout, and as busy once this returns or raises."""
+    if wait(handle, 0.5):
+        return
+    lib.hvdl_waits_until_done(handle)
+    try:
+        while not wait(handle, 0.5):
+            pass
+    finally:
+        lib.hvdl_waits_until_done(0)
+
+
 class Result:
     """What a finished op produced. data: engine-allocated output (allgather, alltoall)
     or None; buffer() views it without a copy and keeps it alive."""

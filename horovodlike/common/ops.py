@@ -91,8 +91,7 @@ pointer, NULL = engine.pointer, engine.NULL      # run_now's buffers, for the bi
 
 def _wait(engine_handle):
     # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
-    while not engine.wait(engine_handle, 0.5):
-        pass
+    engine.wait_done(engine_handle)
 
 
 def _park(engine_handle, keep):
@@ -165,9 +164,7 @@ def synchronize(handle):
     If the wait is interrupted, the op goes on and its buffers stay alive; call
     synchronize(handle) again to collect it."""
     engine_handle, _, finish = _entry(handle)
-    # Short waits so Ctrl-C is honoured between them; the GIL is released inside.
-    while not engine.wait(engine_handle, 0.5):
-        pass
+    _wait(engine_handle)
     # Only now has the engine finished with the buffers; release frees the op either way.
     try:
         result = engine.release(engine_handle)

@@ -164,8 +164,18 @@ void no_shm(config_t *c) {
  * HVDL_CALLER_WAITS, so on one node the waiting thread does the engine's work itself). */
 int run_op(engine_t *e, const hvdl_request *q, hvdl_result *res, char *msg) {
     int64_t h;
-    int rc = hvdl__engine_run(e, q, q->input, q->output, 60, &h, msg, res);
-    if (h) CHECK(0, "'%s' not done after 60 s: %s", q->name, msg);
+    /* waited for as the bindings wait (ops.py): half-second slices, declared to the
+     * deadlock check (hvdl_waits_until_done), here for at most 60 s */
+    int rc = hvdl__engine_run(e, q, q->input, q->output, 0.5, &h, msg, res);
+    if (!h) return rc;
+    hvdl_waits_until_done(h);
+    double end = hvdl_now() + 60;
+    do rc = hvdl__engine_wait(e, h, 0.5);
+    while (rc == HVDL_ERR_TIMEOUT && hvdl_now() < end);
+    hvdl_waits_until_done(0);
+    if (rc == HVDL_OK) return hvdl__engine_release(e, h, msg, res);
+    CHECK(0, "'%s' not done after 60 s", q->name);
+    if (msg) snprintf(msg, HVDL_MSG_BYTES, "op '%s' not finished after 60.0 s", q->name);
     return rc;
 }
 

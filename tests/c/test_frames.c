@@ -7,6 +7,7 @@
 #include "harness.h"
 #include "wire.h"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static reader_t rd(const uint8_t *p, int64_t n) { return (reader_t){p, n, 0, NULL}; }
@@ -92,11 +93,67 @@ static void test_node_frames(void) {
     REFUSES(hvdl__read_node_close, buf, HVDL_NODE_CLOSE_BYTES + 1, &cg);
 }
 
+static int read_waits(reader_t *r, int from, wait_report_t *w) {
+    return hvdl__read_waits(NULL, r, from, w);
+}
+
+/* MSG_WAITS: a report with a collective and a recv; each field a peer controls out of
+ * range is refused, and so is every frame cut short or one byte long. */
+static void test_waits(void) {
+    wait_entry_t ops[2] = {{"allreduce.a", HVDL_OP_ALLREDUCE, 1, -1, 1},
+                           {"p2p.x", HVDL_OP_RECV, 0, 3, 0}};
+    wait_report_t w = {.posts = 42, .blocked_for = 2.5, .n = 2, .ops = ops}, got;
+    buf_t b = {0};
+    CHECK(!hvdl__put_waits(&b, &w), "a wait report encodes");
+    uint8_t *p = b.data;
+    int64_t n = b.len;
+    reader_t r = rd(p, n);
+    CHECK(!read_waits(&r, 1, &got) && got.posts == 42 && got.blocked_for == 2.5 && !got.partial &&
+              got.n == 2 && !strcmp(got.ops[0].name, "allreduce.a") && got.ops[0].set == 1 &&
+              got.ops[0].peer == -1 && got.ops[0].waited == 1 && got.ops[1].op == HVDL_OP_RECV &&
+              got.ops[1].peer == 3 && !strcmp(got.ops[1].name, "p2p.x"),
+          "a wait report");
+    hvdl__waits_clear(&got);
+    for (int64_t k = 0; k < n; k++) REFUSES(read_waits, p, k, 1, &got); /* cut short */
+    uint8_t *q = malloc((size_t)n + 1);
+    memcpy(q, p, (size_t)n);
+    q[n] = 0;
+    REFUSES(read_waits, q, n + 1, 1, &got);                /* one byte long */
+    REFUSES(read_waits, p, n, 3, &got);                    /* the recv's peer is its sender */
+    const int E1 = 21 + 13 + 4 + 11;                       /* the second entry */
+    struct {
+        int64_t at;
+        int32_t value;
+        int bytes;
+        const char *what;
+    } bad[] = {{16, 2, 1, "a partial flag of 2"},
+               {17, HVDL_WAITS_MAX + 1, 4, "more ops than a report may carry"},
+               {17, 3, 4, "more ops than the frame holds"},
+               {21, HVDL_OP_RECV + 1, 4, "an op kind out of range"},
+               {21, -1, 4, "a negative op kind"},
+               {25, HVDL_MAX_SETS, 4, "a process set out of range"},
+               {29, 0, 4, "a collective with a peer"},
+               {33, 2, 1, "a waited flag of 2"},
+               {34, 0, 4, "an empty name"},
+               {34, 1 << 30, 4, "a name longer than the frame"},
+               {E1 + 8, -1, 4, "a recv without a peer"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memcpy(q, p, (size_t)n);
+        memcpy(q + bad[i].at, &bad[i].value, (size_t)bad[i].bytes);
+        reader_t rr = rd(q, n);
+        CHECK(read_waits(&rr, 1, &got) == -1 && rr.why, "a wait report with %s accepted",
+              bad[i].what);
+    }
+    free(q);
+    buf_free(&b);
+}
+
 void test_frames(void) {
     int before = atomic_load(&g_failures);
     test_bye();
     test_clock();
     test_node_frames();
+    test_waits();
     printf("%-40s %s\n", "small control frames",
            atomic_load(&g_failures) > before ? "FAILED" : "ok");
 }
