@@ -402,8 +402,7 @@ static const char *header_problem(const void *hdr) {
         if (h->magic != F_PIECE && h->magic != F_ACK && h->magic != F_RING &&
             h->magic != F_RING_OK && h->magic != F_RING_NO && h->magic != F_MBOX &&
             h->magic != F_MBOX_OK && h->magic != F_MBOX_NO && h->magic != F_SWITCH &&
-            h->magic != F_BELL && h->magic != F_ROOM && h->magic != F_CREDIT &&
-            h->magic != F_BYE)
+            h->magic != F_BELL && h->magic != F_ROOM && h->magic != F_CREDIT && h->magic != F_BYE)
             return "bad magic";
         if (h->name_len || h->dtype || h->ndim) return "a control frame with a name or dtype";
         int offer = h->magic == F_RING || h->magic == F_MBOX;
