@@ -64,6 +64,7 @@
  *   p2p/p2p.c: accept_into begin_payload mb_eager: a received point-to-point message: the recv fails, or the job, naming the bytes
  *   p2p/p2p.c: queue_ctl held_entry: a rendezvous control frame (clear-to-send, acknowledgement, ring answer) or the record of a cleared recv, a few dozen bytes: the job fails naming out of memory (the peer would wait for the frame)
  *   p2p/p2p.c: sender_frame: the mailbox's switch record, a few dozen bytes: without it the pair goes on over its connection, as when the peer refuses the mailbox
+ *   p2p/p2p.c: hvdl__p2p_leave: the goodbye to a peer, a few dozen bytes, at shutdown: without it that peer learns that this rank has finished only when the job ends (its recvs of messages never sent wait until then)
  *   p2p/p2p.c: finish finish_bare: a trace line that is skipped, and the op's message copy, where release reports the engine's cause instead
  *   core/fail.c: complete_locked: the op's message copy; without it release reports the engine's cause (ops.c)
  *   core/timeline.c: hvdl__timeline_open hvdl__tl_count_step: tracing, which warns and goes on without the trace
