@@ -19,15 +19,18 @@ maps onto the engine's ops (the table in docs/torch-distributed.md):
 
 Names. The engine negotiates by name, and a name it has seen with the same metadata
 takes its cached path (a bit, not a frame). torch gives no names, so each op is named
-from what every rank agrees on: the group, the op kind, the index of the op's
-signature (dtype and the shape the ranks must share) among the signatures this group has
-seen for the kind, and the occurrence of that signature modulo WINDOW. A training
-loop's calls therefore repeat the same names every step. Ranks whose shapes disagree at
-the same call both see a new signature, get the same index, so the same name, and the
-engine's field-by-field check names the disagreement. A name is reused only once the
-op that last used it has finished on this rank (waited for here if not), as the engine
-requires names unique among in-flight ops.
+from what every rank agrees on: the group, the op kind, the signature the ranks must
+share (dtype and shape, all but the first dimension where ranks may differ; the reduce
+op and scale), and the occurrence of that signature modulo WINDOW:
+"torch.g0.allreduce.float32[1024].3". A training loop's calls repeat the same names every
+step, each name always with the same metadata, so every repeat is a cache hit. Ranks
+whose shapes disagree at one call name their ops differently; the engine's deadlock
+detection then ends the job within seconds, naming both ops, so both shapes ("rank 0
+waits in allreduce '...float32[3].0' while rank 1 waits in '...float32[4].0'"), never a
+hang. A name is reused only once the op that last used it has finished on this rank
+(waited for here if not), as the engine requires names unique among in-flight ops.
 """
+import hashlib
 import threading
 
 import torch
@@ -82,8 +85,7 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
         with _number_lock:
             self._tag = f"torch.g{next(_group_numbers)}"
         self._group_name = group_name or self._tag
-        self._sigs = {}            # (kind, signature) -> index
-        self._counts = {}          # (kind, index) -> occurrences
+        self._counts = {}          # name without its occurrence -> occurrences
         self._last = {}            # name -> the Work that used it last
         self._lock = threading.Lock()
         self._closed = False
@@ -124,15 +126,11 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
     # ---------------------------------------------------------------- naming
     def _name(self, kind, sig):
         """The engine name of the next `kind` op of this signature (module docstring)."""
+        base = f"{self._tag}.{kind}.{_sig_text(sig)}"
         with self._lock:
-            key = (kind, sig)
-            idx = self._sigs.get(key)
-            if idx is None:
-                idx = sum(1 for k in self._sigs if k[0] == kind)
-                self._sigs[key] = idx
-            n = self._counts.get((kind, idx), 0)
-            self._counts[(kind, idx)] = n + 1
-            name = f"{self._tag}.{kind}{idx}.{n % WINDOW}"
+            n = self._counts.get(base, 0)
+            self._counts[base] = n + 1
+            name = f"{base}.{n % WINDOW}"
             prior = self._last.get(name)
         if prior is not None and not prior._done:
             prior._wait_engine(self._timeout)   # finished by its owner's wait()/future
@@ -169,7 +167,7 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
                                  f"AVG and PREMUL_SUM only")
             t = torch.view_as_real(t)
         self._check(t, what)
-        name = self._name("ar", (t.dtype, tuple(t.shape), op, pre))
+        name = self._name("allreduce", (t.dtype, tuple(t.shape), request.OP_NAMES[op], pre))
         h = _collectives._allreduce(t, True, None, name, op, pre, 1.0, self._set,
                                     "allreduce_")
         return h, name
@@ -210,7 +208,7 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
         for t in tensors:
             v = torch.view_as_real(t) if t.is_complex() else t
             self._check(v, "broadcast")
-            name = self._name("bc", (v.dtype, tuple(v.shape), root))
+            name = self._name("broadcast", (v.dtype, tuple(v.shape), f"root{root}"))
             handles.append(_collectives._broadcast(v, root, True, name, self._set,
                                                    "broadcast_"))
             names.append(name)
@@ -222,7 +220,7 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
         v = torch.view_as_real(t) if t.is_complex() else t
         code = self._check(v, what)
         flat = _flat(v)
-        name = self._name("ag", (v.dtype,))
+        name = self._name("allgather", (v.dtype,))
         req = request.allgather(name, self._set, 1)
         h = _ops.submit((t, flat), lambda res: _tensors.from_engine(res, flat.dtype, ()),
                         **req.fields(code, flat.shape, _tensors.address(flat)))
@@ -234,7 +232,7 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
         inp = _tensors.contiguous(t)
         if inp.dim() == 0:
             inp = inp.reshape(1)
-        name = self._name("agi", (t.dtype, tuple(inp.shape[1:])))
+        name = self._name("allgather_into", (t.dtype, tuple(inp.shape[1:])))
         req = request.allgather(name, self._set, inp.dim())
 
         def finish(res):
@@ -312,7 +310,7 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
         op, pre = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, what)
         code = self._check(rows, what)
         if op in (request.Sum, request.Average):
-            name = self._name("rs", (rows.dtype, tuple(rows.shape), op, pre))
+            name = self._name("reducescatter", (rows.dtype, tuple(rows.shape), request.OP_NAMES[op], pre))
             req = request.reducescatter(name, op, pre, 1.0, self._set, rows.dim())
             direct = out.is_contiguous() and out.dtype == rows.dtype
             dst = out if direct else torch.empty(rows.shape[1:], dtype=rows.dtype).unsqueeze(0)
@@ -383,7 +381,7 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
     # ---------------------------------------------------------------- alltoall
     def _alltoall(self, inp, splits, what, finish):
         code = self._check(inp, what)
-        name = self._name("a2a", (inp.dtype, tuple(inp.shape[1:])))
+        name = self._name("alltoall", (inp.dtype, tuple(inp.shape[1:])))
         req = request.alltoall(splits, int(inp.shape[0]), name, self._set, inp.dim())
         h = _ops.submit((inp,), lambda res: finish(_tensors.from_engine(
             res, inp.dtype, tuple(inp.shape[1:]))),
@@ -513,6 +511,22 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
 
     def abort(self):
         self.shutdown()
+
+
+def _sig_text(sig):
+    """A signature as readable text: "float32[4,3]", with what else it holds."""
+    dtype, *rest = sig
+    text = str(dtype).replace("torch.", "")
+    for x in rest:
+        if isinstance(x, tuple):
+            text += "[" + ",".join(map(str, x)) + "]"
+        elif isinstance(x, float):
+            text += "" if x == 1.0 else f"*{x!r}"
+        else:
+            text += f".{x}"
+    if len(text) > 80:                  # a name stays short; the hash keeps it unique
+        text = text[:40] + "~" + hashlib.sha1(text.encode()).hexdigest()[:16]
+    return text
 
 
 class _Deferred:
