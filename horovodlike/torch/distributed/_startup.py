@@ -191,9 +191,12 @@ def _attach_fallback(pg, store, rank, size, timeout):
     reduce_scatter_single / _reduce_scatter_base, gather, scatter, reduce from C++).
     Python call sites still reach the methods of ProcessGroupHorovodlike, so every
     torch.distributed function call runs on the engine.
-    HOROVODLIKE_TORCH_GLOO_FALLBACK=0 leaves it out (those C++ calls then fail)."""
+    Opt-in (HOROVODLIKE_TORCH_GLOO_FALLBACK=1): DDP, FSDP2, DTensor, TP and pipelining
+    need none of those C++ calls (their calls are forwarded or made from Python), and a
+    gloo group left to the end of the interpreter with DDP alive has been seen to hang
+    the process's exit unless destroy_process_group() runs first."""
     pg._store = store
-    if os.environ.get("HOROVODLIKE_TORCH_GLOO_FALLBACK", "1").strip() in ("0", "false", "no"):
+    if os.environ.get("HOROVODLIKE_TORCH_GLOO_FALLBACK", "0").strip() in ("0", "false", "no", ""):
         return
     import datetime
     import torch

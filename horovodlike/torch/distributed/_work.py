@@ -15,9 +15,10 @@ once, by whichever comes first:
 
 Cost model: a blocking call pays the engine wait alone. A future costs the completer one
 engine wait per Work (oldest first, in short slices so a later Work that finishes first
-is noticed within a slice) and one GIL hand-off per completion.
+is noticed within a slice), and its callbacks one hand-off to the callback pool.
 """
 import collections
+import concurrent.futures
 import datetime
 import threading
 
@@ -27,6 +28,12 @@ import torch.distributed as dist
 from horovodlike.common import ops as _ops
 from horovodlike.torch import _collectives
 
+# A future's callbacks (then(), DDP's reducer, comm hooks) run where set_result is called.
+# A hook may wait inside its callback for another op's future (PowerSGD does), which
+# only the completer can complete: so the completer never runs callbacks itself, but
+# hands each settle to a pool that grows while its threads are busy.
+_callbacks = concurrent.futures.ThreadPoolExecutor(max_workers=16,
+                                                    thread_name_prefix="horovodlike-torch-cb")
 SLICE_S = 0.002         # the completer's wait on its oldest Work before polling the rest
 
 
@@ -143,7 +150,11 @@ class Work(dist.Work):
             except Exception as e:      # noqa: BLE001 - the op's error, raised at wait()
                 self._error = _as_dist_error(e)
             self._done = True
-            if self._future is not None:
+            settle = self._future is not None
+        if settle:
+            if threading.current_thread() is _completer._thread:
+                _callbacks.submit(self._settle_future)
+            else:
                 self._settle_future()
 
     def _settle_future(self):
