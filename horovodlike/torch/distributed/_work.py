@@ -15,10 +15,9 @@ once, by whichever comes first:
 
 Cost model: a blocking call pays the engine wait alone. A future costs the completer one
 engine wait per Work (oldest first, in short slices so a later Work that finishes first
-is noticed within a slice), and its callbacks one hand-off to the callback pool.
+is noticed within a slice), and its callbacks one thread start.
 """
 import collections
-import concurrent.futures
 import datetime
 import threading
 
@@ -31,9 +30,8 @@ from horovodlike.torch import _collectives
 # A future's callbacks (then(), DDP's reducer, comm hooks) run where set_result is called.
 # A hook may wait inside its callback for another op's future (PowerSGD does), which
 # only the completer can complete: so the completer never runs callbacks itself, but
-# hands each settle to a pool that grows while its threads are busy.
-_callbacks = concurrent.futures.ThreadPoolExecutor(max_workers=16,
-                                                    thread_name_prefix="horovodlike-torch-cb")
+# hands each settle to a daemon thread of its own (a pool's threads are joined at exit,
+# and one still waiting inside a hook would hold the process's exit).
 SLICE_S = 0.002         # the completer's wait on its oldest Work before polling the rest
 
 
@@ -153,7 +151,8 @@ class Work(dist.Work):
             settle = self._future is not None
         if settle:
             if threading.current_thread() is _completer._thread:
-                _callbacks.submit(self._settle_future)
+                threading.Thread(target=self._settle_future, daemon=True,
+                                 name="horovodlike-torch-callback").start()
             else:
                 self._settle_future()
 
