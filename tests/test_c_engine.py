@@ -1,6 +1,7 @@
-"""The engine's own C tests (tests/c): several engines as threads in one process, every
-collective and algorithm at 1 to 16 ranks against a reference, each world checked to
-run the algorithm it was built for (as the engine traced it), then the failure paths:
+"""The engine's own C tests (tests/c): the frame codecs against hostile bytes (the control
+frames, test_frames.c; the point-to-point frames, test_p2p_frames.c), then several
+engines as threads in one process, every collective and algorithm at 1 to 16 ranks
+against a reference, each world checked to run the algorithm it was built for (as the engine traced it), then the failure paths:
 every injection site, a peer dying mid-frame, a bad control frame (see
 tests/c/test_engine.c). Built here with the system C compiler and the engine's flags,
 three times: plain; with AddressSanitizer + UndefinedBehaviorSanitizer (leak checking
@@ -116,6 +117,7 @@ def test_c_engine(tmp_path, build):
         assert line in res.stdout, out[-4000:]
     assert "hierarchical" in res.stdout and " shm " in res.stdout, res.stdout
     assert "small control frames" in res.stdout, res.stdout
+    assert "point-to-point frames" in res.stdout, res.stdout
     # Each engine logs as its own rank, though the process holds up to 16 of them.
     config_lines = re.findall(r"\[horovodlike rank (-?\d+)\] INFO: rank (\d+) config:", res.stderr)
     assert len(config_lines) >= 16, res.stderr[-4000:]

@@ -45,7 +45,7 @@ MSG_REQUESTS, MSG_RESPONSES, MSG_BYE, MSG_ABORT, MSG_PING, MSG_PONG, MSG_HEARTBE
 MSG_NODE_DONE, MSG_NODE_POSTED, MSG_NODE_CLOSE, MSG_NODE_REOPEN = range(8, 12)   # several nodes
 CH_DATA, CH_CONTROL, CH_P2P = 0, 1, 2
 P2P_MAGIC = 0x50327648
-P2P_HDR = struct.Struct("<IIii8qq")     # magic name_len dtype ndim shape[8] nbytes (p2p/p2p.c)
+P2P_HDR = struct.Struct("<IIii8qq")     # magic name_len dtype ndim shape[8] nbytes (p2p_frames.h)
 FULL_TAG = 0xFFFFFFFF
 
 
@@ -463,7 +463,7 @@ def test_malformed_frame_to_rank0_fails_the_job_naming_the_sender(job_factory, c
 
 def p2p_message(name=b"act", dtype=7, shape=(4,), nbytes=None, ndim=None, magic=P2P_MAGIC,
                 name_len=None, dims=None, payload=None):
-    """A point-to-point message as engine/p2p/p2p.c frames it: header, name, payload."""
+    """A point-to-point message as engine/p2p/ frames it (p2p_frames.h): header, name, payload."""
     size = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 2, 7: 4, 8: 8, 9: 1}.get(dtype, 1)
     for d in shape:
         size *= d
@@ -488,7 +488,7 @@ MALFORMED_P2P = {
     "too-big": p2p_message(shape=(1 << 50,), payload=b""),
     "bytes-not-the-shape": p2p_message(nbytes=1 << 30, payload=b""),
     "dim-beyond-ndim": p2p_message(dims=[4, 7, 0, 0, 0, 0, 0, 0]),
-    # the rendezvous and ring frames (F_* in p2p.c): out of turn, or out of range
+    # the rendezvous and ring frames (F_* in p2p_frames.h): out of turn, or out of range
     "clear-to-send-for-nothing": p2p_message(magic=0x53544348, payload=b""),
     "payload-not-cleared": p2p_message(magic=0x41544448),
     "ring-piece-without-ring": P2P_HDR.pack(0x43455048, 0, 0, 0, *[0] * 8, 4096),
@@ -588,7 +588,7 @@ def test_malformed_or_cut_p2p_frame_read_by_the_waiting_caller(job_factory, case
     assert f"rank 1 (host {HOST}) was lost: {why}" in out, out
 
 
-MBOX_BYTES = 64 << 10                    # MBOX_MIN in p2p.c
+MBOX_BYTES = 64 << 10                    # MBOX_MIN in p2p_frames.h
 MALFORMED_MAILBOX = {                    # (tail, the bytes from the first record on)
     # 512 valid 128-byte records fill it exactly: only the bound on the filled length
     # (more than the mailbox holds) is wrong

@@ -34,7 +34,7 @@
  *   hier_alloc    the hierarchical algorithms' buffers: allgather's (allgather_hier.c)
  *                 and allreduce's share buffer (collectives_shm.c)
  *   start_alloc   start-up, once connected: the table of the ranks' nodes (api.c), then
- *                 (its second visit) the point-to-point state (p2p.c); the cause reaches
+ *                 (its second visit) the point-to-point state (p2p_thread.c); the cause reaches
  *                 every rank, and every hvdl_start fails with it
  *   wait_alloc    rank 0 reading a worker's wait report, once a caller has been blocked
  *                 BLOCKED_S (deadlock.c)
@@ -57,15 +57,18 @@
  *   transport/shm.c: hvdl__shm_open: start-up, once connected, beside shm_attach: hvdl__oom for the segment's record tells every rank
  *   transport/tcp.c: hvdl__tcp_transport: start-up, before this rank connects: hvdl_start fails at once with engine set-up failed (its errno); the others fail at their start-up timeout
  *   transport/handshake.c: accept_expected: start-up, while connecting: this rank fails naming the table of start-up connections; the others fail connecting to it
- *   p2p/p2p.c: p2p_main: the point-to-point thread's poll table, at its start: without it every point-to-point op fails with out of memory for the point-to-point thread
+ *   p2p/p2p_thread.c: p2p_main: the point-to-point thread's poll table, at its start: without it every point-to-point op fails with out of memory for the point-to-point thread
+ *   p2p/p2p_thread.c: hvdl__p2p_leave: a rank's goodbye (F_BYE) to one peer as it shuts down, a few hundred bytes: without it that peer learns it only when the job ends and the connection closes, as before goodbyes, by design
  *   core/ops.c: alloc_slot copy_splits hvdl__engine_enqueue: a caller's thread, refused at once with HVDL_ERR_SYSTEM out of memory; nothing was sent
  *   core/process_sets.c: hvdl__engine_set_add: a caller's thread, refused at once with HVDL_ERR_SYSTEM out of memory
  *   p2p/p2p.c: hvdl__p2p_enqueue op_msg: a point-to-point op, refused or completed with its own out of memory
- *   p2p/p2p.c: accept_into begin_payload mb_eager: a received point-to-point message: the recv fails, or the job, naming the bytes
- *   p2p/p2p.c: queue_ctl held_entry: a rendezvous control frame (clear-to-send, acknowledgement, ring answer) or the record of a cleared recv, a few dozen bytes: the job fails naming out of memory (the peer would wait for the frame)
- *   p2p/p2p.c: sender_frame: the mailbox's switch record, a few dozen bytes: without it the pair goes on over its connection, as when the peer refuses the mailbox
- *   p2p/p2p.c: hvdl__p2p_leave: the goodbye to a peer, a few dozen bytes, at shutdown: without it that peer learns that this rank has finished only when the job ends (its recvs of messages never sent wait until then)
- *   p2p/p2p.c: finish finish_bare: a trace line that is skipped, and the op's message copy, where release reports the engine's cause instead
+ *   p2p/p2p_match.c: hvdl__p2p_accept_into: a received point-to-point message: the recv fails, or the job, naming the bytes
+ *   p2p/p2p_read.c: begin_payload: a received point-to-point message: the recv fails, or the job, naming the bytes
+ *   p2p/p2p_mailbox.c: mb_eager: a received point-to-point message: the recv fails, or the job, naming the bytes
+ *   p2p/p2p_write.c: hvdl__p2p_queue_ctl: a rendezvous control frame (clear-to-send, acknowledgement, ring answer), a few dozen bytes: the job fails naming out of memory (the peer would wait for the frame)
+ *   p2p/p2p_rendezvous.c: hvdl__p2p_held_entry: the record of a cleared recv, a few dozen bytes: the job fails naming out of memory (the peer would wait for the frame)
+ *   p2p/p2p_read.c: sender_frame: the mailbox's switch record, a few dozen bytes: without it the pair goes on over its connection, as when the peer refuses the mailbox
+ *   p2p/p2p_complete.c: hvdl__p2p_finish hvdl__p2p_finish_bare: a trace line that is skipped, and the op's message copy, where release reports the engine's cause instead
  *   core/fail.c: complete_locked: the op's message copy; without it release reports the engine's cause (ops.c)
  *   core/timeline.c: hvdl__timeline_open hvdl__tl_count_step: tracing, which warns and goes on without the trace
  *   core/exec.c: hvdl__execute_cached: the trace's posting times of a segment log entry, failing through hvdl__oom as response_alloc's site beside it does

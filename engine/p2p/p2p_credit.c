@@ -12,7 +12,7 @@
  *      (RTS, no payload) is charged its name and the overhead.
  *   2. The sender counts the charge of the eager messages it sent and was not given back
  *      (out). A send whose charge fits (out + charge <= B) goes eager; one that does not
- *      is announced instead (RTS, the rendezvous path of p2p.c): its payload waits in the
+ *      is announced instead (RTS, the rendezvous path: p2p_rendezvous.c): its payload waits in the
  *      sender's buffer until the receiver posts the recv and clears it (CTS, or on one node
  *      reads it itself: RTSA, FIN). Deciding is an add and a compare at posting.
  *   3. The receiver counts the charge of the eager messages that arrived and were not given
@@ -52,7 +52,7 @@
  * one node the RTSA, the receiver's one copy and the FIN) and completes only once its recv
  * is posted. Memory a receiver holds per sending peer: at most B of eager messages, A of
  * announcements and the reader's fixed state (its 64 KiB staging buffer); (size - 1) times
- * that across a job. The control frames a peer can make it queue (p2p.c) are bounded too:
+ * that across a job. The control frames a peer can make it queue (p2p_write.c) are bounded too:
  * a CTS or FIN per recv this rank posted, an ACK per ring piece with at most the ring's
  * slots not written yet (a piece beyond them is refused), an F_CREDIT per B/4 its recvs
  * took, a BELL per send it posted, a ROOM per mailbox drain, and one answer per ring and
@@ -61,7 +61,7 @@
 #include "p2p_credit.h"
 #include <stdio.h>
 
-/* The held entry (p2p.c's pmsg_t, about 280 bytes), the name's and the payload's
+/* The held entry (p2p_internal.h's pmsg_t, about 280 bytes), the name's and the payload's
  * allocations and the allocator's headers: what holding a message costs beyond its bytes. */
 #define CHARGE_OVERHEAD 384
 

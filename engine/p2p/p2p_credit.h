@@ -13,7 +13,7 @@ typedef struct p2p_budget {
 
 /* One direction of a pair as each end sees it. */
 typedef struct p2p_credit {
-    /* The sender's side, under the peer's smu (p2p.c). */
+    /* The sender's side, under the peer's smu (p2p.c, p2p_rendezvous.c). */
     int64_t out;       /* charge of eager messages sent, not given back yet */
     int64_t ann_out;   /* charge of announcements sent, not answered (CTS, FIN) yet */
     int64_t ann_n;     /* how many announcements that is */

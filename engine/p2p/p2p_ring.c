@@ -1,7 +1,7 @@
 /*
  * The shared-memory mailbox of one (src, dst) pair of ranks on one node: a ring of
- * nslots slots of slot_bytes each, written by src and read by dst. p2p.c moves a
- * rendezvous message's payload through it piece by piece (a piece per slot); the pair's
+ * nslots slots of slot_bytes each, written by src and read by dst. p2p_rendezvous.c
+ * moves a rendezvous message's payload through it piece by piece (a piece per slot); the pair's
  * TCP connection carries the signals (which slot is full, which is free), so matching,
  * ordering and failure detection stay where they were.
  *
@@ -15,10 +15,10 @@
  * connection.
  *
  * The same kind of segment, with one slot, is the pair's mailbox for small messages and
- * announcements (p2p.c, "The mailbox"): a byte ring of records (header, name, payload)
+ * announcements (p2p_mailbox.c, "The mailbox"): a byte ring of records (header, name, payload)
  * whose producer and consumer positions, the receiver's "polling" count and the
  * sender's "want room" flag are atomic words in the token's page. The two processes
- * share nothing else: every length the reader takes from it is checked by p2p.c.
+ * share nothing else: every length the reader takes from it is checked (p2p_frames.c).
  *
  * Cost: one page + slot_bytes * nslots of memory per pair that sends large messages
  * (HOROVODLIKE_P2P_SHM_RING_BYTES, 4 MiB by default), made once; a piece costs one

@@ -68,4 +68,6 @@ void run_failure_tests(void);
 
 /* test_frames.c: the small control frames' encoders and decoders (wire.c) */
 void test_frames(void);
+/* test_p2p_frames.c: the point-to-point frames' checks (p2p_frames.c) */
+void test_p2p_frames(void);
 #endif

@@ -483,6 +483,7 @@ int main(int argc, char **argv) {
     int max_ranks = argc > 1 ? atoi(argv[1]) : 16;
     test_reduce_kernels();
     test_frames();
+    test_p2p_frames();
     static const int one_node[] = {1, 2, 3, 4, 5, 8, 16};
     for (size_t i = 0; i < sizeof one_node / sizeof *one_node; i++)
         if (one_node[i] <= max_ranks) /* a rank alone on its node has no segment */

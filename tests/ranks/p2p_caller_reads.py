@@ -2,7 +2,7 @@
 test_order_holds_across_the_caller_and_the_thread_reading_the_connection.
 
 Between nodes the caller waiting on a send or recv reads its peer's connection itself,
-and the p2p thread reads it only while no caller waits (engine/p2p/p2p.c, "The waiting
+and the p2p thread reads it only while no caller waits (engine/p2p/p2p_poll.c, "The waiting
 caller reads"). Both ranks send 48 messages of ONE name to each other at once, small
 (eager) and large (rendezvous: HOROVODLIKE_P2P_EAGER_BYTES is 1 KiB here) mixed, each
 holding its index, while each receives the other's in four ways in turn, so that the

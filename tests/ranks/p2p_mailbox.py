@@ -1,7 +1,7 @@
 """Rank program of tests/test_p2p.py, run by test_the_mailbox_keeps_order_and_wraps.
 
 Between two ranks on one node, eager messages and the announcements of large ones go
-through the pair's shared-memory mailbox (engine/p2p/p2p.c, "The mailbox"), which the
+through the pair's shared-memory mailbox (engine/p2p/p2p_mailbox.c, "The mailbox"), which the
 waiting recv's caller polls; the p2p thread takes them only when rung. Rank 1 sends,
 rank 0 receives:
   * order: 90 messages of ONE name, small (eager) and large (rendezvous) mixed, posted
