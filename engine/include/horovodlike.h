@@ -156,12 +156,13 @@ int hvdl_prepare(const char *hostname, const char *advertise_addr, const char *b
                  const unsigned char *key, int key_len, char *blob_out);
 int hvdl_start(int rank, int size, const char *all_blobs);
 
-/* Stops the engine on every rank: any rank's shutdown is every rank's, as in Horovod.
- * This rank's requests not yet sent are announced, rank 0 tells every rank to stop, and
- * every op not finished by then completes with HVDL_ERR_SHUT_DOWN (on every rank).
- * Returns once this rank's background thread has exited (rank 0 first waits, up to
- * HOROVODLIKE_PEER_TIMEOUT_SECONDS, for every worker to leave); after a failure it
- * returns at once. Safe to call twice. The engine stops either way; the status is
+/* Ends this rank's part in the job (control/shutdown.c): its requests not yet sent are
+ * announced and it submits nothing more; an op of another rank that needs it and that it
+ * never submitted then fails at once, naming it, and every other op goes on. Returns
+ * once every rank has shut down (rank 0 then tells every rank to stop; an op not
+ * finished by then completes with HVDL_ERR_SHUT_DOWN) and this rank's background thread
+ * has exited, or once a silent rank has been named lost (HOROVODLIKE_PEER_TIMEOUT_SECONDS);
+ * after a failure it returns at once. Safe to call twice. The engine stops either way; the status is
  * HVDL_ERR_PEER_LOST or HVDL_ERR_STALLED (hvdl_last_error() says which rank) when the job
  * failed, a worker that never finished shutting down included, else HVDL_OK. */
 int hvdl_shutdown(void);

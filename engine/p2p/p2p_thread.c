@@ -7,13 +7,13 @@
  * second. Also its start, stop and free, and the goodbye (F_BYE) that a rank
  * shutting down queues to each peer (hvdl__p2p_leave).
  *
- * Shutdown: any rank's shutdown stops every rank's loop, but not this thread. A send is
- * eager, so its sender may shut down before the receiver posts the recv: recvs are still
- * taken until the rank's own shutdown, and what a peer sent is delivered. A rank that
- * shuts down half-closes its connections after its last byte; once the loop has ended,
- * an op waiting on a peer whose connection closed fails naming that peer (nothing else
- * would tell it: the loop thread, which turns a closed connection into a lost peer, is
- * gone).
+ * Shutdown: a rank's shutdown is its own (control/shutdown.c). It queues F_BYE to each
+ * peer behind what it sent (hvdl__p2p_leave), and this thread serves on until the job
+ * ends, so what it sent or announced is still delivered; a peer's goodbye ends its ops
+ * that can no longer complete (p2p_read.c, "Leaving"). When the job ends, a rank
+ * half-closes its connections after its last byte; once the loop has ended, an op
+ * waiting on a peer whose connection closed fails naming that peer (nothing else would
+ * tell it: the loop thread, which turns a closed connection into a lost peer, is gone).
  */
 #define _GNU_SOURCE
 #include "p2p_internal.h"
