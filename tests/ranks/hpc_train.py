@@ -25,6 +25,9 @@ def main():
     rank, size = thvd.rank(), thvd.size()
     print(f"launch={basics._topo.launcher} rank={rank} size={size} "
           f"local={thvd.local_rank()}/{thvd.local_size()}", flush=True)
+    if basics._topo.launcher == "mpi":
+        from mpi4py import MPI
+        print(f"mpi={MPI.Get_library_version().split()[0]}", flush=True)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 1))
