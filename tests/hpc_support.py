@@ -16,6 +16,30 @@ from harness import PYTHON, REPO
 PEER_TIMEOUT = 5
 
 
+def _mpich_pin():
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        if "# [mpich]" in line:
+            return line.split("#")[0].strip()
+    return "mpich"
+
+
+def _mpich_prefix():
+    """Where scripts/setup.sh --test installs MPICH (HOROVODLIKE_MPICH_PREFIX, or the
+    user's cache folder)."""
+    if os.environ.get("HOROVODLIKE_MPICH_PREFIX"):
+        return os.environ["HOROVODLIKE_MPICH_PREFIX"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                             ".cache")
+    return os.path.join(cache, "horovodlike", MPICH_PIN.replace("==", "-"))
+
+
+MPICH_PIN = _mpich_pin()
+MPICH_PREFIX = _mpich_prefix()
+MPICH_LIBMPI = os.path.join(MPICH_PREFIX, "lib", "libmpi.so.12")
+MPICH_MPIEXEC = os.path.join(MPICH_PREFIX, "bin", "mpiexec")
+HAVE_MPICH = os.access(MPICH_MPIEXEC, os.X_OK) and os.path.exists(MPICH_LIBMPI)
+
+
 @dataclass
 class Watched:
     argv: list

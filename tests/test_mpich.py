@@ -18,38 +18,22 @@ import subprocess
 
 import pytest
 
-from harness import REPO, rank_program
-from hpc_support import PEER_TIMEOUT, rank_env, run_watched
+from harness import rank_program
+from hpc_support import (MPICH_LIBMPI, MPICH_MPIEXEC, MPICH_PIN, MPICH_PREFIX,
+                         PEER_TIMEOUT, rank_env, run_watched)
 
 TRAIN = rank_program("hpc_train")
 NODE = socket.gethostname()
 JOB_TIMEOUT = 150
 
 
-def _pin():
-    for line in (REPO / "requirements.txt").read_text().splitlines():
-        if "# [mpich]" in line:
-            return line.split("#")[0].strip()
-    return "mpich"
-
-
-def _prefix():
-    if os.environ.get("HOROVODLIKE_MPICH_PREFIX"):
-        return os.environ["HOROVODLIKE_MPICH_PREFIX"]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                             ".cache")
-    return os.path.join(cache, "horovodlike", _pin().replace("==", "-"))
-
-
-PREFIX = _prefix()
-LIBMPI = os.path.join(PREFIX, "lib", "libmpi.so.12")
-MPIEXEC = os.path.join(PREFIX, "bin", "mpiexec")
+PREFIX, LIBMPI, MPIEXEC = MPICH_PREFIX, MPICH_LIBMPI, MPICH_MPIEXEC
 
 
 def _unavailable():
     if not (os.access(MPIEXEC, os.X_OK) and os.path.exists(LIBMPI)):
         return (f"MPICH is not installed in {PREFIX} (scripts/setup.sh --test installs "
-                f"{_pin()} there)")
+                f"{MPICH_PIN} there)")
     try:
         import mpi4py  # noqa: F401
     except ImportError:

@@ -22,7 +22,8 @@ import pytest
 
 import slurm_cluster
 from harness import rank_program
-from hpc_support import PEER_TIMEOUT, rank_env, run_watched
+from hpc_support import HAVE_MPICH, MPICH_LIBMPI, MPICH_PIN, PEER_TIMEOUT, rank_env, \
+    run_watched
 from horovodlike.common import launch_env, slurm
 
 REASON = slurm_cluster.unavailable()
@@ -127,6 +128,33 @@ def test_horovodlikerun_inside_an_allocation_takes_its_hosts(cluster):
     assert res.returncode != 0, res.describe()
     assert "-np 3 needs 3 slots but the hosts only provide 2" in res.output, res.describe()
     assert "launch=" not in res.output, res.describe()
+
+
+INIT_ONLY = ("import horovodlike as hvd; hvd.init(); "
+             "from horovodlike.common import basics; "
+             "print('launch', basics._topo.launcher, hvd.rank(), hvd.size(), flush=True)")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not HAVE_MPICH, reason=f"MPICH ({MPICH_PIN}) is not installed; "
+                                           f"scripts/setup.sh --test installs it")
+def test_srun_mpi_pmi2_with_mpi4py_on_mpich_exchanges_through_mpi(cluster):
+    res = _run(cluster, ["srun", "--mpi=pmi2", "-n", "2", "python", "-c", INIT_ONLY],
+               timeout=90, MPI4PY_LIBMPI=MPICH_LIBMPI)
+    assert res.returncode == 0, res.describe()
+    assert sorted(re.findall(r"launch mpi (\d) 2", res.output)) == ["0", "1"], \
+        res.describe()
+
+
+@pytest.mark.timeout(120)
+def test_srun_mpi_pmi2_with_mpi4py_on_open_mpi_says_to_drop_it(cluster):
+    """Open MPI's wheel speaks no PMI2: every task's MPI is alone. The error says so and
+    what to run instead, not only that the MPIs differ."""
+    res = _run(cluster, ["srun", "--mpi=pmi2", "-n", "2", "python", "-c", INIT_ONLY],
+               timeout=90)
+    assert res.returncode != 0, res.describe()
+    assert "srun gave this task PMI variables" in res.output, res.describe()
+    assert "Run srun --mpi=none" in res.output, res.describe()
 
 
 # ---------------------------------------------------------------- without a cluster
