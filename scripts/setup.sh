@@ -114,7 +114,7 @@ if [ "$TESTS" = 1 ]; then
     # its own, once per machine: the venv's mpirun stays Open MPI's. mpi4py's wheel
     # carries both ABIs and loads MPICH's library when MPI4PY_LIBMPI names it.
     MPICH_PIN="$(sed -n 's/^\(mpich==[^ #]*\).*# \[mpich\].*/\1/p' "$ROOT/requirements.txt")"
-    MPICH_PREFIX="${HOROVODLIKE_MPICH_PREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/horovodlike/${MPICH_PIN/==/-}}"
+    MPICH_PREFIX="${HOROVODLIKE_MPICH_PREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/horovodlike-tests/${MPICH_PIN/==/-}}"
     step "MPICH ($MPICH_PIN) in $MPICH_PREFIX"
     if [ -x "$MPICH_PREFIX/bin/mpiexec" ] && [ -e "$MPICH_PREFIX/lib/libmpi.so.12" ]; then
         echo "setup:   present"

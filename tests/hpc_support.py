@@ -30,7 +30,7 @@ def _mpich_prefix():
         return os.environ["HOROVODLIKE_MPICH_PREFIX"]
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
                                                              ".cache")
-    return os.path.join(cache, "horovodlike", MPICH_PIN.replace("==", "-"))
+    return os.path.join(cache, "horovodlike-tests", MPICH_PIN.replace("==", "-"))
 
 
 MPICH_PIN = _mpich_pin()
