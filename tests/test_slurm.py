@@ -100,7 +100,8 @@ def test_srun_with_a_lost_rank_ends_within_the_peer_timeout_naming_it(cluster, h
     """Rank 1 SIGKILLs or SIGSTOPs itself mid-training. The others name it within the
     peer timeout and end the step; srun (no --kill-on-bad-exit) ends non-zero soon
     after. Without the step's end a stopped rank would keep srun waiting for ever."""
-    res = _run(cluster, ["srun", "-n", "3", "python", str(TRAIN), how, "1"])
+    # -u: srun relays each line as it comes, so the lines' times are the ranks' own.
+    res = _run(cluster, ["srun", "-u", "-n", "3", "python", str(TRAIN), how, "1"])
     assert res.returncode != 0, res.describe()
     lost = res.first(f"rank 1 (host {NODE}) was lost")
     assert lost is not None, res.describe()

@@ -252,6 +252,10 @@ def adopt(environ=None):
                                   le.cross_rank, le.cross_size))
     env[contract.STORE_ADDR] = le.rendezvous
     env[contract.JOB_ID] = le.job_id
+    if le.launcher == "slurm" and le.local_size == le.size:
+        # A step on one node: the engines listen on loopback only, as horovodlikerun's
+        # ranks on one host do (the store listens where the step's host name points).
+        env.setdefault(contract.BIND_ADDR, "127.0.0.1")
     if environ is None:
         adopted = le
     return le
