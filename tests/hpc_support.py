@@ -3,6 +3,7 @@ sbatch, salloc, mpiexec) with its output read line by line and each line's arriv
 kept, so a test can say how long after a rank stopped the job ended; a timeout that kills
 the launcher's whole process group; and the environment its ranks need.
 """
+import glob
 import os
 import signal
 import subprocess
@@ -108,3 +109,33 @@ def run_watched(argv, env, timeout, cwd=None, on_timeout=None):
         raise AssertionError(f"did not end within {timeout} s:\n{res.describe()}") from None
     reader.join(10)
     return Watched(list(argv), rc, lines, time.monotonic() - t0)
+
+
+MPICH_SHM = "/dev/shm/mpich_shm_*"
+
+
+def _mapped(paths):
+    mapped = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                mapped.update(p for p in paths if p in f.read())
+        except OSError:
+            continue
+    return mapped
+
+
+def remove_mpich_shm(before):
+    """Remove the MPICH shared-memory files made since `before` (a set of names) that no
+    live process maps: a job that MPI_Abort ended, or whose rank was killed, leaves its
+    file behind (MPICH unlinks it only in MPI_Finalize). Returns the names removed."""
+    new = set(glob.glob(MPICH_SHM)) - set(before)
+    gone = new - _mapped(new)
+    for path in gone:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return gone

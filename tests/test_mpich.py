@@ -11,6 +11,7 @@ prefix is HOROVODLIKE_MPICH_PREFIX, or the cache folder setup.sh uses by default
   * `horovodlikerun --mpi` builds a command line Hydra runs, --output-filename giving
     each rank its own files.
 """
+import glob
 import os
 import re
 import socket
@@ -19,8 +20,8 @@ import subprocess
 import pytest
 
 from harness import rank_program
-from hpc_support import (MPICH_LIBMPI, MPICH_MPIEXEC, MPICH_PIN, MPICH_PREFIX,
-                         PEER_TIMEOUT, rank_env, run_watched)
+from hpc_support import (MPICH_LIBMPI, MPICH_MPIEXEC, MPICH_PIN, MPICH_PREFIX, MPICH_SHM,
+                         PEER_TIMEOUT, rank_env, remove_mpich_shm, run_watched)
 
 TRAIN = rank_program("hpc_train")
 NODE = socket.gethostname()
@@ -45,6 +46,15 @@ REASON = _unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 
+@pytest.fixture
+def mpich_shm():
+    """What MPICH left in /dev/shm during the test (removed after it)."""
+    before = set(glob.glob(MPICH_SHM))
+    left = {}
+    yield lambda: left.setdefault("left", remove_mpich_shm(before))
+    remove_mpich_shm(before)
+
+
 def _env(**extra):
     env = rank_env(os.environ, MPI4PY_LIBMPI=LIBMPI, **extra)
     env["PATH"] = os.path.join(PREFIX, "bin") + os.pathsep + env["PATH"]
@@ -56,9 +66,10 @@ def _ok_ranks(text):
 
 
 @pytest.mark.timeout(JOB_TIMEOUT + 30)
-def test_mpiexec_of_four_torch_ranks_trains_in_step_on_mpich():
+def test_mpiexec_of_four_torch_ranks_trains_in_step_on_mpich(mpich_shm):
     res = run_watched([MPIEXEC, "-n", "4", "python", str(TRAIN)], _env(), JOB_TIMEOUT)
     assert res.returncode == 0, res.describe()
+    assert not mpich_shm(), "a job that ended well left MPICH's shared memory behind"
     assert _ok_ranks(res.output) == [0, 1, 2, 3], res.describe()
     for r in range(4):
         assert f"launch=mpi rank={r} size=4 local={r}/4" in res.output, res.describe()
@@ -66,7 +77,7 @@ def test_mpiexec_of_four_torch_ranks_trains_in_step_on_mpich():
 
 
 @pytest.mark.timeout(JOB_TIMEOUT + 30)
-def test_mpiexec_with_a_stopped_rank_ends_within_the_peer_timeout_naming_it():
+def test_mpiexec_with_a_stopped_rank_ends_within_the_peer_timeout_naming_it(mpich_shm):
     """Hydra ends a job when a process dies, but not while one is stopped: the others
     must name it and call MPI_Abort."""
     res = run_watched([MPIEXEC, "-n", "3", "python", str(TRAIN), "stop", "1"], _env(),
@@ -85,7 +96,7 @@ RANK_LINE = ("import horovodlike as hvd; hvd.init(); "
 
 
 @pytest.mark.timeout(120)
-def test_horovodlikerun_mpi_runs_hydra_with_a_file_per_rank(tmp_path):
+def test_horovodlikerun_mpi_runs_hydra_with_a_file_per_rank(tmp_path, mpich_shm):
     out = tmp_path / "logs"
     res = run_watched(["horovodlikerun", "--mpi", "-np", "2", "--verbose",
                        "--output-filename", str(out), "python", "-c", RANK_LINE],

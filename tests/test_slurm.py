@@ -14,6 +14,7 @@ Without Slurm installed, or not as root, the cluster tests skip saying so
 (scripts/setup.sh --test installs it as root). The host-list parsing and the detection
 of a task of srun are tested without a cluster.
 """
+import glob
 import os
 import re
 import socket
@@ -22,8 +23,8 @@ import pytest
 
 import slurm_cluster
 from harness import rank_program
-from hpc_support import HAVE_MPICH, MPICH_LIBMPI, MPICH_PIN, PEER_TIMEOUT, rank_env, \
-    run_watched
+from hpc_support import HAVE_MPICH, MPICH_LIBMPI, MPICH_PIN, MPICH_SHM, PEER_TIMEOUT, \
+    rank_env, remove_mpich_shm, run_watched
 from horovodlike.common import launch_env, slurm
 
 REASON = slurm_cluster.unavailable()
@@ -140,8 +141,12 @@ INIT_ONLY = ("import horovodlike as hvd; hvd.init(); "
 @pytest.mark.skipif(not HAVE_MPICH, reason=f"MPICH ({MPICH_PIN}) is not installed; "
                                            f"scripts/setup.sh --test installs it")
 def test_srun_mpi_pmi2_with_mpi4py_on_mpich_exchanges_through_mpi(cluster):
-    res = _run(cluster, ["srun", "--mpi=pmi2", "-n", "2", "python", "-c", INIT_ONLY],
-               timeout=90, MPI4PY_LIBMPI=MPICH_LIBMPI)
+    before = set(glob.glob(MPICH_SHM))
+    try:
+        res = _run(cluster, ["srun", "--mpi=pmi2", "-n", "2", "python", "-c", INIT_ONLY],
+                   timeout=90, MPI4PY_LIBMPI=MPICH_LIBMPI)
+    finally:
+        remove_mpich_shm(before)
     assert res.returncode == 0, res.describe()
     assert sorted(re.findall(r"launch mpi (\d) 2", res.output)) == ["0", "1"], \
         res.describe()
@@ -151,8 +156,10 @@ def test_srun_mpi_pmi2_with_mpi4py_on_mpich_exchanges_through_mpi(cluster):
 def test_srun_mpi_pmi2_with_mpi4py_on_open_mpi_says_to_drop_it(cluster):
     """Open MPI's wheel speaks no PMI2: every task's MPI is alone. The error says so and
     what to run instead, not only that the MPIs differ."""
+    # Open MPI's shared-memory transport off: a singleton that aborts leaves its
+    # segment in /dev/shm.
     res = _run(cluster, ["srun", "--mpi=pmi2", "-n", "2", "python", "-c", INIT_ONLY],
-               timeout=90)
+               timeout=90, OMPI_MCA_btl="self,tcp")
     assert res.returncode != 0, res.describe()
     assert "srun gave this task PMI variables" in res.output, res.describe()
     assert "Run srun --mpi=none" in res.output, res.describe()
