@@ -26,6 +26,7 @@ from harness import rank_program
 from hpc_support import HAVE_MPICH, MPICH_LIBMPI, MPICH_PIN, MPICH_SHM, PEER_TIMEOUT, \
     rank_env, remove_mpich_shm, run_watched
 from horovodlike.common import launch_env, slurm
+from horovodlike.runner.args import slurm_hosts
 
 REASON = slurm_cluster.unavailable()
 TRAIN = rank_program("hpc_train")
@@ -216,3 +217,18 @@ def test_what_is_not_a_task_of_srun_is_left_alone():
     assert launch_env.detect(_task_env(SLURM_STEP_NUM_TASKS="1", SLURM_PROCID="0")) is None
     with pytest.raises(ValueError, match="SLURM_PROCID=9"):
         launch_env.detect(_task_env(SLURM_PROCID="9"))
+
+
+def test_horovodlikerun_reads_an_allocations_hosts_and_slots():
+    said = []
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2],gpu7",
+           "SLURM_TASKS_PER_NODE": "2(x2),1"}
+    assert slurm_hosts(said.append, env) == "n1:2,n2:2,gpu7:1"
+    assert said == ["hosts from the Slurm allocation of job 5 "
+                    "(SLURM_JOB_NODELIST=n[1-2],gpu7): -H n1:2,n2:2,gpu7:1"]
+    # --ntasks-per-node wins over the tasks Slurm spread.
+    assert slurm_hosts(said.append, dict(env, SLURM_NTASKS_PER_NODE="4")) == \
+        "n1:4,n2:4,gpu7:4"
+    assert slurm_hosts(said.append, {"SLURM_JOB_NODELIST": "n1"}) is None   # no job
+    with pytest.raises(ValueError, match="lists 3 host.*tasks for 2"):
+        slurm_hosts(said.append, dict(env, SLURM_TASKS_PER_NODE="2(x2)"))
