@@ -5,7 +5,8 @@
 #
 #     . scripts/setup.sh            # the library, its examples and the demo
 #     . scripts/setup.sh --test     # + what the tests need: the [test] pins of
-#                                   #   requirements.txt, Chromium, the aarch64 compiler
+#                                   #   requirements.txt, Chromium, the aarch64 compiler,
+#                                   #   Slurm and munge, MPICH in a prefix of its own
 #     . scripts/setup.sh --dry-run  # say what would be installed, install nothing
 #
 # Give the options explicitly when sourcing from a script: `. setup.sh` with none passes
@@ -26,7 +27,7 @@ for arg in "$@"; do
         *) echo "setup: unknown option $arg (use --test and/or --dry-run)" >&2; exit 2 ;;
     esac
 done
-STEP=0 STEPS=$((3 + TESTS))
+STEP=0 STEPS=$((3 + 2 * TESTS))
 step() { STEP=$((STEP + 1)); echo "setup: [$STEP/$STEPS] $*"; }
 run() {        # run CMD...: run it, or with --dry-run only say it
     if [ "$DRY" = 1 ]; then echo "setup:   would run: $*"; else "$@"; fi
@@ -34,14 +35,15 @@ run() {        # run CMD...: run it, or with --dry-run only say it
 
 # System tools the tests need, installed with apt-get only when missing (and only as
 # root on a machine with apt-get); without them those checks skip and say so.
-apt_tool() {   # apt_tool COMMAND PACKAGE WHAT-IT-IS-FOR
-    if command -v "$1" >/dev/null 2>&1; then
+apt_tool() {   # apt_tool COMMAND PACKAGE WHAT-IT-IS-FOR [APT-GET OPTION...]
+    local opts=("${@:4}")
+    if command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; then
         echo "setup:   $2: present"
     elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "setup:   installing $2 ($3)"
-        [ "$DRY" = 1 ] && { echo "setup:   would run: apt-get install -y $2"; return 0; }
+        [ "$DRY" = 1 ] && { echo "setup:   would run: apt-get install -y ${opts[*]} $2"; return 0; }
         { [ -n "${APT_UPDATED:-}" ] || apt-get update -qq >/dev/null; } && APT_UPDATED=1 && \
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${opts[@]}" "$2" >/dev/null \
             || echo "setup:   $2 could not be installed; $3 will be skipped"
     else
         echo "setup:   no $1 and no apt-get as root; $3 will be skipped"
@@ -53,6 +55,11 @@ if [ "$TESTS" = 1 ]; then
     apt_tool chromium chromium "the timeline viewer's browser test"
     # The aarch64 cross compiler: the engine is built for ARM too (scripts/cross_compile.sh).
     apt_tool aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu "the aarch64 build check"
+    # Debian's Slurm and munge: tests/test_slurm.py starts a one-node cluster of its own
+    # (tests/slurm_cluster.py); nothing of theirs is configured or started here. Without
+    # the recommends: 9 packages, about 25 s.
+    apt_tool slurmctld slurm-wlm "the Slurm tests" --no-install-recommends
+    apt_tool munged munge "the Slurm tests" --no-install-recommends
 fi
 
 step "virtual environment $VENV"
@@ -69,6 +76,7 @@ trap 'rm -f "$REQS"' EXIT
 while IFS= read -r line; do
     case "$line" in
         *"# [test]"*) [ "$TESTS" = 1 ] || continue ;;
+        *"# [mpich]"*) continue ;;      # not in the venv: a prefix of its own, below
     esac
     pin="${line%%#*}"; pin="${pin//[[:space:]]/}"
     [ -n "$pin" ] && echo "$pin" >> "$REQS"
@@ -99,6 +107,21 @@ if [ -n "$MISSING" ]; then
     run "${PIP[@]}" install --progress-bar on -r "$REQS"
 else
     echo "setup:   all present"
+fi
+
+if [ "$TESTS" = 1 ]; then
+    # MPICH (Hydra's mpiexec) for tests/test_mpich.py, from its PyPI wheel into a prefix of
+    # its own, once per machine: the venv's mpirun stays Open MPI's. mpi4py's wheel
+    # carries both ABIs and loads MPICH's library when MPI4PY_LIBMPI names it.
+    MPICH_PIN="$(sed -n 's/^\(mpich==[^ #]*\).*# \[mpich\].*/\1/p' "$ROOT/requirements.txt")"
+    MPICH_PREFIX="${HOROVODLIKE_MPICH_PREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/horovodlike-tests/${MPICH_PIN/==/-}}"
+    step "MPICH ($MPICH_PIN) in $MPICH_PREFIX"
+    if [ -x "$MPICH_PREFIX/bin/mpiexec" ] && [ -e "$MPICH_PREFIX/lib/libmpi.so.12" ]; then
+        echo "setup:   present"
+    else
+        run "${PIP[@]}" install -q --no-deps --no-warn-script-location --prefix "$MPICH_PREFIX" "$MPICH_PIN" \
+            || echo "setup:   MPICH could not be installed; the MPICH tests will be skipped"
+    fi
 fi
 
 step "the engine"

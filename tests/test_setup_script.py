@@ -56,8 +56,10 @@ def test_the_demo_gets_the_library_only_and_sees_progress(tmp_path):
 
 def test_the_tests_get_their_tools_and_packages(tmp_path):
     out = _bash(f'. "{SETUP}" --test --dry-run', tmp_path).stdout
-    assert "setup: [1/4] system tools for the tests" in out
+    assert "setup: [1/5] system tools for the tests" in out
     assert "chromium" in out and "gcc-aarch64-linux-gnu" in out
+    assert "slurm-wlm" in out and "munge" in out
+    assert "setup: [4/5] MPICH (mpich==5.0.2)" in out
     for pin in ("pyspark==4.3.0", "pytorch-lightning==2.6.6", "pytest==", "ray==", "ruff==",
                 "clang-format=="):
         assert pin in out, pin

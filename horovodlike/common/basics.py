@@ -53,14 +53,14 @@ def start(comm=None, after_start=None):
             raise                      # a bad argument, the same on every rank
         except Exception as exc:
             if under_mpi:
-                mpi_end.watch(rank)
+                mpi_end.watch(rank, launcher)
                 mpi_end.job_failed(rank, f"start-up failed: {exc}")
             raise
         finally:
             if guard is not None:
                 guard.cancel()
         if under_mpi and not _mpi_hooked:
-            mpi_end.watch(rank)
+            mpi_end.watch(rank, launcher)
             engine.on_job_failure.append(lambda why: mpi_end.job_failed(rank, why))
             _mpi_hooked = True
         _topo = topo
@@ -135,7 +135,9 @@ def _notice_ineffective_env(environ):
 
 
 _on_shutdown = []   # callbacks run once the engine has stopped (the layers above use it)
-_MPI_LAUNCHERS = ("mpi", "slurm")   # launches whose job MPI ends (see mpi_end)
+# Launches whose job does not end when one rank fails, only when it exits (see mpi_end):
+# mpirun's (MPI_Abort ends it) and srun's (scancel of the step ends it).
+_MPI_LAUNCHERS = ("mpi", "slurm")
 _mpi_hooked = False
 
 
@@ -274,7 +276,7 @@ def mpi_built():
 
 
 def mpi_enabled():
-    return _topo is not None and _topo.launcher in ("mpi", "slurm")
+    return _topo is not None and _topo.launcher == "mpi"
 
 
 def mpi_threads_supported():

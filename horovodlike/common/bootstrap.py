@@ -3,8 +3,11 @@
 Three ways a process is started, checked in this order:
   horovodlikerun   HOROVOD_RANK/SIZE + HOROVODLIKE_STORE_ADDR: blobs go through the
                    launcher's rendezvous store.
-  mpirun / srun    OpenMPI's OMPI_COMM_WORLD_*, MPICH's PMI_*, Slurm's SLURM_*: blobs go
-                   through an mpi4py allgather.
+  mpirun           OpenMPI's OMPI_COMM_WORLD_*, MPICH's (and srun --mpi=pmi2's) PMI_*:
+                   blobs go through an mpi4py allgather.
+  srun             a task of a job step (SLURM_STEP_ID, SLURM_PROCID): rank 0 serves the
+                   store and blobs go through it, as under horovodlikerun (launch_env).
+                   A batch script or an salloc shell is no task: it runs as one rank.
   plain python     one rank, nothing to exchange.
 The engine never rendezvouses itself; it only hands us an opaque blob and takes all of
 them back (as NCCL's bootstrap does). What crosses the wire is plain bytes with a fixed
@@ -31,7 +34,7 @@ class Topology:
     cross_rank: int
     cross_size: int
     hostname: str
-    launcher: str          # "horovodlikerun", "mpi", "slurm" or "single"
+    launcher: str          # "horovodlikerun", "mpi", "slurm" (srun) or "single"
     homogeneous: bool = True   # every host runs the same number of ranks
 
 
@@ -72,15 +75,21 @@ def detect():
     """(launcher, rank, size) from the environment, before any exchange."""
     # torchrun / Kubeflow / Ray Train / Spark (or bare HOROVOD_*) variables become
     # horovodlikerun's, with rank 0 serving the store (see launch_env).
+    # A task of srun becomes one too (no MPI there to exchange through).
     launch_env.adopt()
     if os.environ.get(contract.STORE_ADDR) and _env_int(contract.SIZE) is not None:
-        return "horovodlikerun", _env_int(contract.RANK), _env_int(contract.SIZE)
+        adopted = launch_env.adopted
+        launcher = "slurm" if adopted is not None and adopted.launcher == "slurm" \
+            else "horovodlikerun"
+        return launcher, _env_int(contract.RANK), _env_int(contract.SIZE)
     mpi_size = _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
     if mpi_size is not None or os.environ.get("PMIX_RANK") is not None:
         return "mpi", _env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"), mpi_size
-    if _env_int("SLURM_NTASKS") is not None and _env_int("SLURM_PROCID") is not None:
-        return "slurm", _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
     return "single", 0, 1
+
+
+# Launches whose blobs go through the rendezvous store (not MPI) when no comm is given.
+STORE_LAUNCHERS = ("horovodlikerun", "slurm")
 
 
 _generation = 0   # init -> shutdown -> init uses fresh store keys
@@ -118,7 +127,7 @@ def job_key(launcher, rank, comm=None):
     global _key
     if _key is not None and launcher != "mpi":
         return _key
-    if launcher == "horovodlikerun":
+    if launcher in STORE_LAUNCHERS and comm is None:
         _key = jobkey.from_env()
         if _key is None:
             raise RuntimeError(f"horovodlike init: {jobkey.ENV} is not set; the launcher "
@@ -150,7 +159,7 @@ def iface_address(spec):
 def _all_local(launcher, size, comm=None):
     if launcher == "single" and comm is None:
         return True
-    if launcher == "horovodlikerun" and comm is None:
+    if launcher in STORE_LAUNCHERS and comm is None:
         return False   # the launcher says so itself, in HOROVODLIKE_BIND_ADDR
     # MPI knows which ranks share this node (a collective call: every rank makes it).
     comm = _mpi_comm(comm)
@@ -239,6 +248,13 @@ def _exchange_mpi(rank, size, payload, comm):
     import numpy as np
     comm = _mpi_comm(comm)
     if comm.Get_size() != size or comm.Get_rank() != rank:
+        if os.environ.get("SLURM_STEP_ID") and comm.Get_size() == 1:
+            raise RuntimeError(
+                f"srun gave this task PMI variables (rank {rank} of {size}: srun --mpi=... "
+                f"or MpiDefault in slurm.conf), but mpi4py's MPI does not speak that PMI "
+                f"and runs alone (Open MPI's wheel needs srun --mpi=pmix with the PMIx it "
+                f"was built with; MPICH speaks --mpi=pmi2). Run srun --mpi=none: "
+                f"horovodlike then meets its peers without MPI")
         raise RuntimeError(
             f"the launcher says this is rank {rank} of {size}, but MPI says rank "
             f"{comm.Get_rank()} of {comm.Get_size()}. mpi4py is probably built against a "
@@ -256,7 +272,7 @@ def exchange(launcher, rank, size, blob, comm=None):
     payload = pack_peer(hostname(), blob)
     if launcher == "single" and comm is None:
         out = [payload]
-    elif launcher == "horovodlikerun" and comm is None:
+    elif launcher in STORE_LAUNCHERS and comm is None:
         out = _exchange_store(rank, size, payload)
     else:
         out = _exchange_mpi(rank, size, payload, comm)

@@ -6,7 +6,9 @@ torchrun (``python -m torch.distributed.run``) sets ``RANK``, ``WORLD_SIZE``,
 Ray Train's TorchTrainer and Spark's TorchDistributor set the same names (through
 torchrun or directly). Horovod's own Gloo workers carry ``HOROVOD_RANK``/``HOROVOD_SIZE``
 (and the local/cross pairs) with the rendezvous in ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` /
-``HOROVOD_GLOO_RENDEZVOUS_PORT``.
+``HOROVOD_GLOO_RENDEZVOUS_PORT``. A task of ``srun`` started without an MPI plugin
+(``SLURM_STEP_ID``, ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, common/slurm.py) has no
+MPI to exchange addresses through: it is adopted the same way.
 
 :func:`detect` reads these into a :class:`LaunchEnv` (who this process is, and where the
 rendezvous is). :func:`adopt` then makes the process look as if horovodlikerun had
@@ -22,6 +24,11 @@ Where the store listens:
     ``HOROVODLIKE_RENDEZVOUS_PORT`` overrides the port when +1 is taken.
   * with ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``_PORT``: exactly there (nothing else
     listens there when horovodlike is used).
+  * under srun: on the step's first host (where task 0 runs), at a port made from the
+    job and step ids (12000-27999, below Linux's ephemeral ports), or
+    ``HOROVODLIKE_RENDEZVOUS_PORT``. A step on one node shares its key through a file
+    (below: the tasks' common parent is the node's slurmstepd); a step on several
+    nodes needs ``HOROVODLIKE_JOB_KEY`` exported before srun, which passes it on.
 Rank 0 runs the store in a background thread for the rest of the process's life, so an
 init after a shutdown rendezvouses again.
 
@@ -32,10 +39,10 @@ The store and the engine authenticate every connection with the job's key
   * ``HOROVODLIKE_JOB_KEY_FILE``: a key file on storage every host shares, owned by
     this user and readable by nobody else.
   * every rank on this host under one parent (torchrun's ranks are children of its
-    agent): rank 0 makes a key and leaves it in a file only this user can read, in a
-    directory only this user can write to whose name the ranks learn from what started
-    them (``key_dir``); the others read it there; rank 0 removes it once every rank
-    has joined, and at exit.
+    agent, srun's of the node's slurmstepd): rank 0 makes a key and leaves it in a
+    file only this user can read, in a directory only this user can write to whose
+    name the ranks learn from what started them (``key_dir``); the others read it
+    there; rank 0 removes it once every rank has joined, and at exit.
   * otherwise (ranks on several hosts with no shared secret): the job refuses to start
     and says how to give it a key. ``HOROVODLIKE_INSECURE_UNAUTHENTICATED_RENDEZVOUS=1``
     runs it anyway with a key derived from the job's public description, which anyone
@@ -51,7 +58,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from . import jobkey
+from . import jobkey, slurm
 from . import launch_contract as contract
 
 # mpirun / srun-with-PMI started us: their variables describe the job, not these.
@@ -60,7 +67,7 @@ _MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
 @dataclass(frozen=True)
 class LaunchEnv:
-    launcher: str              # "torchrun" or "horovod-env"
+    launcher: str              # "torchrun", "horovod-env" or "slurm"
     rank: int
     size: int
     local_rank: Optional[int]
@@ -136,7 +143,32 @@ def detect(environ=None):
             else _int(env, "NODE_RANK"),
             _int(env, "GROUP_WORLD_SIZE"),
             host, port, f"torchrun-{run_id}-{restart}-{host}-{env['MASTER_PORT']}"))
-    return None
+    return _slurm_step(env)
+
+
+# srun without an MPI plugin: the ports rank 0's store may take, one per job step, away
+# from the ephemeral ports Linux hands out (32768 and up).
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 12000, 16000
+
+
+def _slurm_step(env):
+    """A task of srun (started without PMI, so MPI cannot do the exchange): rank 0 of the
+    step serves the store on the step's first host, at a port taken from the job and
+    step ids (HOROVODLIKE_RENDEZVOUS_PORT overrides it)."""
+    task = slurm.step_task(env)
+    if task is None:
+        return None
+    rank, size, local_rank, local_size, node, nodes, first = task
+    if size == 1:
+        return None
+    job, step = _int(env, "SLURM_JOB_ID") or 0, _int(env, "SLURM_STEP_ID") or 0
+    port = _int(env, contract.RENDEZVOUS_PORT)
+    if port is None:
+        port = SLURM_PORT_BASE + (job * 64 + step) % SLURM_PORT_SPAN
+    if nodes == 1:
+        local_rank, local_size = rank, size
+    return _checked(LaunchEnv("slurm", rank, size, local_rank, local_size, node, nodes,
+                              first, port, f"slurm-{job}.{step}"))
 
 
 def _store_port(env):
@@ -207,6 +239,7 @@ def adopt(environ=None):
     """Make a torchrun/Kubeflow/Ray/Spark (or bare HOROVOD_*) process look like a
     horovodlikerun rank; rank 0 starts the store. Returns the LaunchEnv, or None when
     the environment is none of these (nothing is changed then)."""
+    global adopted
     env = os.environ if environ is None else environ
     le = detect(env)
     if le is None:
@@ -219,7 +252,16 @@ def adopt(environ=None):
                                   le.cross_rank, le.cross_size))
     env[contract.STORE_ADDR] = le.rendezvous
     env[contract.JOB_ID] = le.job_id
+    if le.launcher == "slurm" and le.local_size == le.size:
+        # A step on one node: the engines listen on loopback only, as horovodlikerun's
+        # ranks on one host do (the store listens where the step's host name points).
+        env.setdefault(contract.BIND_ADDR, "127.0.0.1")
+    if environ is None:
+        adopted = le
     return le
+
+
+adopted = None     # the LaunchEnv this process adopted, kept after its variables are set
 
 
 # ------------------------------------------------------------------ the job's key

@@ -1,5 +1,9 @@
 """Under mpirun or srun, a rank that cannot go on ends the whole job.
 
+Under srun without MPI (the store rendezvous, launch_env) the same holds, with the job
+step ended by ``scancel --signal=KILL JOB.STEP`` where MPI_Abort would be called: srun,
+like mpirun, waits for a stopped task for ever (unless --kill-on-bad-exit was given).
+
 mpirun and srun end a job when one of its processes exits non-zero, dies or calls
 MPI_Abort, but not while the survivors wait. A rank that is stopped (SIGSTOP) or hung
 keeps its peers waiting for ever: in MPI_Init_thread and the start-up collectives, which
@@ -50,8 +54,10 @@ ABORT_GRACE = 5.0      # seconds a rank that saw the job fail has to exit by its
 STOP_POLL = 0.25       # seconds between looks at a finishing rank's state (at most)
 
 # Run with python -S: no site import, so it starts in ~10 ms.
+# Any further arguments are a command that ends the job (scancel of a Slurm step), run
+# before the kill.
 _WATCHDOG = r"""
-import os, select, signal, sys
+import os, select, signal, subprocess, sys
 pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 try:
     ready, _, _ = select.select([0], [], [], seconds)
@@ -59,6 +65,11 @@ except KeyboardInterrupt:
     sys.exit(0)
 if not ready:
     os.write(2, message.encode("utf-8", "replace") + b"\n")
+    if sys.argv[4:]:
+        try:
+            subprocess.run(sys.argv[4:], timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            pass
     os.kill(pid, signal.SIGKILL)
 """
 
@@ -93,8 +104,8 @@ class Watchdog:
     """SIGKILL this process after `seconds` unless cancel() comes first; with
     stopped=True, once it has been stopped for `seconds` on end."""
 
-    def __init__(self, seconds, message, stopped=False):
-        script, extra = _WATCHDOG, []
+    def __init__(self, seconds, message, stopped=False, end_job=()):
+        script, extra = _WATCHDOG, list(end_job)
         if stopped:
             script, extra = _STOPWATCH, [f"{min(STOP_POLL, max(seconds / 8, 0.02)):.3f}"]
         # A stop watch has a session of its own, so that a stop of this process's group
@@ -129,15 +140,29 @@ _failed = None         # (rank, why) once this rank has seen the job fail
 _backstop = None       # its watchdog, kept for the life of the process (see job_failed)
 _stopwatch = None      # the finishing watchdog, from the engine's shutdown (engine_stopped)
 _hooked = False
+_slurm = False         # launched by srun without MPI: scancel ends the step (watch)
 
 
-def watch(rank):
-    """Once this rank has MPI up: end the job at exit if it failed (see at_exit)."""
-    global _hooked
+def slurm_step_end():
+    """The command that ends this task's Slurm job step, or () outside one."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if not job or not step:
+        return ()
+    return ("scancel", "--quiet", "--signal=KILL", f"{job}.{step}")
+
+
+def _end_job():
+    return slurm_step_end() if _slurm else ()
+
+
+def watch(rank, launcher="mpi"):
+    """Once this rank has MPI up (or is a task of srun without MPI, launcher "slurm"):
+    end the job at exit if it failed (see at_exit)."""
+    global _hooked, _slurm
     with _lock:
         if _hooked:
             return
-        _hooked = True
+        _hooked, _slurm = True, launcher == "slurm"
     # Registered after mpi4py's import, so it runs before MPI is finalized.
     atexit.register(at_exit)
 
@@ -153,7 +178,8 @@ def job_failed(rank, why):
         # Never cancelled: it goes when this process does (its pipe closes then).
         _backstop = Watchdog(ABORT_GRACE, f"[horovodlike rank {rank}] ERROR: the job "
                                           f"failed ({why}) and this rank did not exit "
-                                          f"within {ABORT_GRACE:.0f} s; ending the job")
+                                          f"within {ABORT_GRACE:.0f} s; ending the job",
+                             end_job=_end_job())
 
 
 def engine_stopped(rank, host):
@@ -190,6 +216,9 @@ def at_exit():
     the job failed, since MPI_Finalize would wait for the lost rank for ever."""
     from . import engine
     engine.shutdown()
+    if _failed is not None and _slurm:
+        _scancel_step()
+        return
     mpi = sys.modules.get("mpi4py.MPI")
     if _failed is None or mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
         return
@@ -198,3 +227,21 @@ def at_exit():
     _log.error("[horovodlike rank %s] ERROR: ending the MPI job (MPI_Abort): %s", rank, why)
     sys.stderr.flush()
     mpi.COMM_WORLD.Abort(1)
+
+
+def _scancel_step():
+    """srun's MPI_Abort: end the step, the stopped or hung rank that failed it too."""
+    rank, why = _failed
+    argv = slurm_step_end()
+    if not argv:
+        return
+    sys.stdout.flush()
+    _log.error("[horovodlike rank %s] ERROR: ending the Slurm job step (%s): %s", rank,
+               " ".join(argv), why)
+    sys.stderr.flush()
+    try:
+        subprocess.run(argv, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        _log.error("[horovodlike rank %s] cannot end the Slurm job step (%s): %s; a rank "
+                   "that is stopped or hung keeps it waiting (srun --kill-on-bad-exit=1 "
+                   "ends a step when a task fails)", rank, argv[0], exc)

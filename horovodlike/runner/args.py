@@ -23,6 +23,7 @@ import sys
 import warnings
 
 from ..common import launch_contract as contract
+from ..common import slurm
 from . import config_file
 from .check_build import check_build, version
 
@@ -268,6 +269,8 @@ def finish(parser, args, say=None):
                 args.hosts = parse_hostfile(args.hostfile)
             except OSError as exc:
                 raise ValueError(f"--hostfile {args.hostfile}: {exc.strerror}") from None
+        if not args.hosts and not getattr(args, "host_discovery_script", None):
+            args.hosts = slurm_hosts(say)
         args.hosts = args.hosts or f"localhost:{args.num_proc}"
         args.start_timeout = resolve_start_timeout(args.start_timeout)
         args.shutdown_grace = resolve_shutdown_grace(args)
@@ -369,6 +372,27 @@ def parse_affinity(value):
     if not cores or min(cores) < 0:
         raise ValueError(f"--thread-affinity {value!r}: core ids must be >= 0")
     return cores
+
+
+def slurm_hosts(say, environ=None):
+    """Inside a Slurm allocation (sbatch, salloc) with no -H or --hostfile: its hosts and
+    tasks per node (SLURM_JOB_NODELIST, SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE) as
+    -H, said on stderr. Horovod's horovodrun reads only LSF's allocation; this is the
+    same for Slurm. Ranks on the other hosts start through ssh, as with -H. None
+    outside an allocation."""
+    env = os.environ if environ is None else environ
+    try:
+        hosts = slurm.allocation_hosts(env)
+    except ValueError as exc:
+        raise ValueError(f"cannot read the Slurm allocation: {exc}; give -H "
+                         f"host1:slots,host2:slots") from None
+    if hosts is None:
+        return None
+    spec = ",".join(f"{h}:{n}" for h, n in hosts)
+    say(f"hosts from the Slurm allocation of job {env.get('SLURM_JOB_ID')} "
+        f"(SLURM_JOB_NODELIST={env.get('SLURM_JOB_NODELIST') or env.get('SLURM_NODELIST')}):"
+        f" -H {spec}")
+    return spec
 
 
 def parse_hostfile(path):

@@ -82,17 +82,32 @@ def mpirun_argv(args, env, flavour="openmpi"):
         argv += ["-genv" if simple else "-x", "NCCL_SOCKET_IFNAME=" + ",".join(args.nics)]
     if args.output_filename:
         # Horovod hands this to mpirun. Open MPI 4's --output-filename DIR writes
-        # DIR/<job>/rank.N/stdout; Open MPI 5 spells that --output dir=DIR.
+        # DIR/<job>/rank.N/stdout; Open MPI 5 spells that --output dir=DIR. Hydra's
+        # -outfile-pattern is a file name, not a directory: given DIR alone, every rank
+        # writes into the one file DIR. Its %r is the rank (not zero-padded), and it
+        # makes no directory (a missing one fails the job): run_mpi makes them.
         if flavour == "openmpi5":
             argv += ["--output", "dir=" + args.output_filename]
+        elif simple:
+            argv += ["-outfile-pattern", hydra_output(args.output_filename, "stdout"),
+                     "-errfile-pattern", hydra_output(args.output_filename, "stderr")]
         else:
-            argv += ["-outfile-pattern" if simple else "--output-filename",
-                     args.output_filename]
+            argv += ["--output-filename", args.output_filename]
     if not simple:
         argv += [w for key in sorted(env) if exportable(key) for w in ("-x", key)]
     if args.mpi_args:
         argv += _mpi_words(args.mpi_args, flavour)
     return argv + list(args.command)
+
+
+def hydra_output(directory, stream):
+    """Hydra's file pattern for one rank's stream: DIR/rank.<rank>/<stream>."""
+    return os.path.join(directory, "rank.%r", stream)
+
+
+def hydra_output_dirs(directory, num_proc):
+    """The directories hydra_output's patterns write into, one per rank."""
+    return [os.path.join(directory, f"rank.{r}") for r in range(num_proc)]
 
 
 def run_mpi(args, job_vars):
@@ -109,6 +124,13 @@ def run_mpi(args, job_vars):
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    if args.output_filename and flavour in ("mpich", "intel"):
+        try:
+            for d in hydra_output_dirs(args.output_filename, args.num_proc):
+                os.makedirs(d, exist_ok=True)
+        except OSError as exc:
+            print(f"{PROG}: error: --output-filename: {exc}", file=sys.stderr)
+            return 2
     if args.verbose:
         print(f"{PROG}: " + " ".join(shlex.quote(a) for a in argv), file=sys.stderr)
     sys.stdout.flush()
