@@ -10,6 +10,9 @@ _staging.py); see docs/moving-from-horovod.md for every known difference from Ho
 """
 from horovodlike.common.exceptions import (HorovodInternalError,  # noqa: F401
                                            HostsUpdatedInterrupt, TensorMismatchError)
+# hvd.Topology: the pipeline / tensor / data-parallel layout; also reachable as
+# horovodlike.common.topology.Topology, hvd.pipeline.Topology and hvd.parallel.Topology
+from horovodlike.common.topology import Topology  # noqa: F401
 
 from . import mpi_ops  # noqa: F401
 from . import elastic  # noqa: F401
