@@ -269,6 +269,13 @@ def test_blame_prefers_the_named_rank_then_the_earliest_own_error():
     b.observe(2, b"[horovodlike rank 2] ERROR: stall: 'x' has waited 60 s", 1.0)
     assert b.cause(1, range(4)) == (2, None, "failed first")
     assert Blame().cause(1, range(4)) == (1, None, None)
+    # One verdict on every rank (a deadlock): nobody is singled out, nobody a victim.
+    b = Blame()
+    for r, t in ((0, 1.0), (1, 1.2)):
+        b.observe(r, b"Traceback (most recent call last):", t)
+        b.observe(r, b"HorovodInternalError: deadlock: rank 0 waits in allreduce 'a'", t)
+    assert b.cause(1, range(2)) == (1, None, None)
+    assert b.victims(1, {0, 1}) == []
 
 
 def test_missing_executable_fails_cleanly():

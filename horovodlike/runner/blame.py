@@ -8,10 +8,13 @@ per rank, the first other rank its lines name as the cause, and when its own err
 
 1. the rank the survivors name (the first naming seen, in time), since a rank's engine
    only names a peer whose failure it has seen;
-2. otherwise the rank whose own error came first;
+2. otherwise the rank whose own error came first, unless it is the error the first rank
+   to exit has too (a deadlock or a mismatch is one verdict of every rank's engine,
+   and singles out nobody);
 3. otherwise the rank that exited first.
 
-Every other rank that named the cause, or failed after it, is its victim. Cost: one
+Every other rank that named the cause, or failed after it with another error, is its
+victim. Cost: one
 regular-expression search per output line (the lines are read anyway).
 """
 import re
@@ -66,14 +69,19 @@ class Blame:
             _, reporter, culprit, what = min(named)
             return culprit, reporter, what
         own = [(when, r) for r, when in self.errors.items() if r not in self.named]
-        if own:
+        if own and not self._same_error(min(own)[1], exited):
             return min(own)[1], None, "failed first"
         return exited, None, None
 
+    def _same_error(self, a, b):
+        e = self.exception.get(a)
+        return e is not None and e == self.exception.get(b)
+
     def victims(self, cause, failed):
-        """The ranks, but the cause, that named a rank as their cause or failed: each
-        failed only because `cause` did."""
-        return sorted((set(self.named) | set(failed)) - {cause})
+        """The ranks, but the cause, that named a rank as their cause or failed with an
+        error other than the cause's: each failed only because `cause` did."""
+        return sorted(r for r in (set(self.named) | set(failed)) - {cause}
+                      if r in self.named or not self._same_error(r, cause))
 
 
 def _short(text):

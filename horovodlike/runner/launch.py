@@ -83,12 +83,17 @@ def build_parser():
 
 def parse_args(argv):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(cli.unrecognized(parser, unknown))
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     cli.finish(parser, args)
     if not args.command:
         parser.error("no command given to run")
+    hint = cli.missing_python(args.command, argv)
+    if hint:
+        parser.error(hint)
     try:
         args.host_list = parse_hosts(args.hosts or f"localhost:{args.num_proc}")
         cli.check_nics(args.nics, all(is_local_host(h) for h, _ in args.host_list))
