@@ -27,7 +27,7 @@ PACKAGES = ("horovodlike",)
 COMMON_LAYERS = [
     ["launch_contract"],
     ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule",
-     "serialization"],
+     "serialization", "mpi_init"],
     ["engine", "store"],
     ["launch_env"],
     ["bootstrap", "mpi_end"],

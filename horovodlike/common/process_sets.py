@@ -112,8 +112,23 @@ def _init_sets(process_sets):
         not in ("", "0")
     if process_sets in (None, "dynamic"):
         return
+    everyone = list(range(basics.size()))
     for ps in process_sets:
-        _register(ps if isinstance(ps, ProcessSet) else ProcessSet(ps))
+        ps = ps if isinstance(ps, ProcessSet) else ProcessSet(ps)
+        # As Horovod's init does, a set given again, or one of every rank (the global
+        # set), is ignored: such an entry only takes the id of the set it repeats.
+        same = global_process_set if ps.ranks == everyone else find(ps.ranks)
+        if same is not None:
+            ps.process_set_id = same.process_set_id
+            continue
+        _register(ps)
+
+
+def get_process_sets():
+    """Horovod's {process set id: its ranks}, the global set (id 0) included."""
+    out = {0: list(range(basics.size()))}
+    out.update((sid, list(ps.ranks)) for sid, ps in sorted(_sets.items()))
+    return out
 
 
 def dynamic():
