@@ -9,8 +9,8 @@
 ``horovod.spark``'s estimators (``TorchEstimator``, ``KerasEstimator``,
 ``LightningEstimator``) are not provided; see docs/spark.md.
 
-Needs ``pyspark`` (``pip install horovodlike[spark]``); importing this module without it
-raises ImportError saying so.
+Needs ``pyspark`` (the ``[spark]`` extra: ``pip install ".[spark]"``); importing this
+module without it raises ImportError saying so.
 """
 from .runner import run, run_elastic
 
