@@ -424,15 +424,16 @@ class Job:
         """After the job: the ranks that failed only because the cause did."""
         if self.cause is None:
             return
-        for rank in self.blame.victims(self.cause, self.failed):
-            for t in self.pumps.get(rank, ()):
-                t.join(timeout=1.0)  # its last lines may name the cause
+        deadline = time.monotonic() + 2.0    # every rank has exited: their pipes end
+        for t in [t for ts in self.pumps.values() for t in ts]:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))  # last lines may name it
         victims = self.blame.victims(self.cause, self.failed)
         if victims:
             names = ", ".join(str(r) for r in victims)
+            cause = self.plan[self.cause]
             self.out.say(f"rank{'s' if len(victims) > 1 else ''} {names} failed as "
-                         f"victim{'s' if len(victims) > 1 else ''} of rank {self.cause}'s "
-                         f"failure (each failed after it or named it)")
+                         f"victim{'s' if len(victims) > 1 else ''} of rank {cause.rank} "
+                         f"(host {host_name(cause)}): each failed after it, or named it")
 
     def _reap(self, rank, proc):
         code = proc.wait()
