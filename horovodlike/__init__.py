@@ -15,7 +15,7 @@ from .common.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, all
                          broadcast_async, join, poll, recv, recv_, recv_async, recv_async_,
                          reducescatter, reducescatter_async, send, send_async, synchronize)
 from .common.dynamic_sets import add_process_set, remove_process_set
-from .common.process_sets import ProcessSet, global_process_set
+from .common.process_sets import ProcessSet, get_process_sets, global_process_set
 from .runner.run_fn import run
 
 __version__ = "0.1.0"

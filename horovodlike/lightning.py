@@ -22,7 +22,7 @@ What it does, as Lightning 1.x's did:
     default, or sum/max/min), ``all_gather`` is an allgather, ``broadcast`` a
     ``broadcast_object``, ``barrier`` a barrier.
 
-Needs ``pytorch-lightning`` 2.x (``pip install horovodlike[lightning]``).
+Needs ``pytorch-lightning`` 2.x (the ``[lightning]`` extra: ``pip install ".[lightning]"``).
 """
 import logging
 import signal
@@ -40,7 +40,7 @@ try:
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 except ImportError as exc:          # pragma: no cover - depends on the environment
     raise ImportError("horovodlike.lightning needs PyTorch Lightning 2.x: pip install "
-                      "pytorch-lightning (or pip install horovodlike[lightning])") from exc
+                      "pytorch-lightning (or the horovodlike[lightning] extra)") from exc
 
 import horovodlike.torch as hvd
 

@@ -100,9 +100,30 @@ PY
 if [ -n "$MISSING" ]; then
     echo "setup:   installing $(echo "$MISSING" | wc -l) package(s): $(echo $MISSING)"
     echo "setup:   (a first run downloads a few GB; pip's progress follows)"
-    # torch first and alone, so nothing else can pull a CUDA build in its place.
+    # torch first and alone, so nothing else can pull a CUDA build in its place; on a
+    # machine without CUDA its CPU build (scripts/torch_source.sh decides from where).
     if echo "$MISSING" | grep -q '^torch=='; then
-        run "${PIP[@]}" install --progress-bar on "$(grep '^torch==' "$REQS")"
+        TORCH="$(grep '^torch==' "$REQS")"
+        . "$ROOT/scripts/torch_source.sh"
+        case "$(torch_source "$TORCH" "${PIP[@]}")" in
+            default)
+                echo "setup:   torch: this machine has CUDA: $TORCH from the default index"
+                run "${PIP[@]}" install --progress-bar on "$TORCH" ;;
+            local)
+                echo "setup:   torch: no CUDA here; the CPU build of $TORCH is on this machine"
+                run "${PIP[@]}" install --progress-bar on "$TORCH" ;;
+            cpu-index)
+                echo "setup:   torch: no CUDA here; the CPU build of $TORCH from $TORCH_CPU_INDEX"
+                run "${PIP[@]}" install --progress-bar on --index-url "$TORCH_CPU_INDEX" "$TORCH" ;;
+            *)
+                echo "setup:   torch: no CUDA here, pip finds no CPU build of $TORCH on this" \
+                     "machine, and PyTorch's CPU wheel index ($TORCH_CPU_INDEX) cannot be" \
+                     "reached; the default index would bring the CUDA build (several GB)." \
+                     "Make that index reachable (or set HOROVODLIKE_TORCH_CPU_INDEX to a" \
+                     "mirror of it), or put the CPU wheel where pip finds it (PIP_FIND_LINKS)," \
+                     "or set HOROVODLIKE_TORCH_CUDA=1 to take the CUDA build anyway" >&2
+                [ "$DRY" = 1 ] || exit 1 ;;
+        esac
     fi
     run "${PIP[@]}" install --progress-bar on -r "$REQS"
 else

@@ -302,6 +302,37 @@ def test_missing_config_file_is_named(tmp_path, capsys):
     assert f"--config-file {tmp_path / 'none.yaml'}: " in err and "No such file" in err, err
 
 
+@pytest.mark.parametrize("argv,said", [
+    (["-np", "2", "--verbos", "python", "t.py"], "--verbos (did you mean --verbose?)"),
+    (["--num-proces", "2", "python", "t.py"], "--num-proces (did you mean --num-proc?)"),
+    (["-np", "2", "--start-timeot=3", "python", "t.py"],
+     "--start-timeot=3 (did you mean --start-timeout?)"),
+    (["-np", "2", "--zzzz", "python", "t.py"], "unrecognized arguments: --zzzz\n"),
+])
+def test_a_mistyped_flag_gets_a_did_you_mean(argv, said, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err, err
+
+
+def test_a_python_script_given_as_the_command_gets_the_python_hint(tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["-np", "2", "train.py", "--lr", "0.1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert ("train.py is a Python script, not an executable: run it with python, as in "
+            "`horovodlikerun -np 2 python train.py --lr 0.1`") in err, err
+    # An executable script (with its #! line) runs as it is.
+    (tmp_path / "run.py").write_text("#!/usr/bin/env python3\n")
+    (tmp_path / "run.py").chmod(0o755)
+    assert parse_args(["-np", "2", "./run.py"]).command == ["./run.py"]
+
+
 def test_ssh_port_and_identity_go_into_the_ssh_command():
     args = parse_args(["-np", "1", "-p", "2222", "-i", "/home/u/.ssh/id key", "true"])
     assert args.ssh_command.split()[:5] == ["ssh", "-p", "2222", "-i", "'/home/u/.ssh/id"]

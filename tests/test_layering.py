@@ -27,7 +27,8 @@ PACKAGES = ("horovodlike",)
 COMMON_LAYERS = [
     ["launch_contract"],
     ["exceptions", "jobkey", "compression", "affinity", "pipeline_schedule",
-     "serialization", "slurm"],
+     "serialization", "slurm",
+     "mpi_init"],
     ["engine", "store"],
     ["launch_env"],
     ["bootstrap", "mpi_end"],

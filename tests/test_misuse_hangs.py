@@ -43,6 +43,11 @@ def test_ops_that_never_match_end_the_job_within_seconds(case, warm, np_):
     res = run_ranks(DEADLOCK, np_, "horovodlikerun", args=(case, warm, DEADLINE, *EXPECTED[case]),
                     timeout=60)
     res.assert_ok()
+    # Each rank's engine says it once (rank 0, which finds it, as often as the others).
+    for r in range(np_):
+        said = [line for line in res.stderr.splitlines()
+                if line.startswith(f"[{r}]<stderr>:[horovodlike rank {r}] ERROR: deadlock:")]
+        assert len(said) == 1, (r, said, res.describe())
 
 
 BUSY = rank_program("misuse_hangs_busy")

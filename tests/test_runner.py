@@ -235,6 +235,49 @@ def test_both_launchers_describe_an_exit_alike(code, text, status):
     assert not hasattr(elastic_driver, "_exit_text")
 
 
+def test_launcher_names_the_rank_that_failed_first_not_the_first_to_exit():
+    from harness import run_ranks
+    res = run_ranks(rank_program("runner_cause_exits_last"), 3, timeout=90)
+    assert res.returncode == 1, res.describe()
+    said = [line for line in res.stderr.splitlines() if line.startswith("horovodlikerun:")]
+    host = socket.gethostname()
+    # A victim (rank 0 or 1) exits first; the line names rank 2 and its own error ...
+    assert said and said[0].startswith(
+        f"horovodlikerun: rank 2 (host {host}) failed first (ValueError: rank two's "
+        f"optimizer step failed)"), res.describe()
+    assert "rank 2 (host" not in said[0].split(";", 1)[1], said[0]
+    # ... and the others are listed as its victims.
+    assert f"horovodlikerun: ranks 0, 1 failed as victims of rank 2 (host {host})" in \
+        res.stderr, res.describe()
+
+
+def test_blame_prefers_the_named_rank_then_the_earliest_own_error():
+    from horovodlike.runner.blame import Blame
+    b = Blame()
+    b.observe(0, b"Traceback (most recent call last):", 1.0)
+    b.observe(0, b"horovodlike.common.exceptions.HorovodInternalError: rank 3 (host h) was "
+                 b"lost: its connection closed", 1.1)
+    b.observe(3, b"Traceback (most recent call last):", 0.5)
+    b.observe(3, b"  File \"x.py\", line 1", 0.5)
+    b.observe(3, b"ValueError: bad", 0.6)
+    assert b.cause(0, range(4)) == (3, 0, "was lost")
+    assert b.exception[3] == "ValueError: bad"
+    assert b.victims(3, {0, 1}) == [0, 1]
+    # Nobody names anyone: the earliest own error, not the first to exit.
+    b = Blame()
+    b.observe(1, b"Traceback (most recent call last):", 2.0)
+    b.observe(2, b"[horovodlike rank 2] ERROR: stall: 'x' has waited 60 s", 1.0)
+    assert b.cause(1, range(4)) == (2, None, "failed first")
+    assert Blame().cause(1, range(4)) == (1, None, None)
+    # One verdict on every rank (a deadlock): nobody is singled out, nobody a victim.
+    b = Blame()
+    for r, t in ((0, 1.0), (1, 1.2)):
+        b.observe(r, b"Traceback (most recent call last):", t)
+        b.observe(r, b"HorovodInternalError: deadlock: rank 0 waits in allreduce 'a'", t)
+    assert b.cause(1, range(2)) == (1, None, None)
+    assert b.victims(1, {0, 1}) == []
+
+
 def test_missing_executable_fails_cleanly():
     res = run_launcher(["-np", "2", "/nonexistent/horovodlike-binary"])
     assert res.returncode == 127

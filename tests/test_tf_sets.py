@@ -31,3 +31,10 @@ BODY = rank_program("tf_sets")
 def test_tf_sets_names_errors(launcher, np_):
     run_ranks(BODY, np_, launcher, env=dict(TF_ENV),
               timeout=240).assert_ok()
+
+
+EXISTS = rank_program("tf_set_exists")
+
+
+def test_a_process_set_that_does_not_exist_is_refused_when_the_op_is_made():
+    run_ranks(EXISTS, 1, "python", env=dict(TF_ENV), timeout=120).assert_ok()

@@ -348,3 +348,78 @@ def test_one_string_interner():
     s = Strings()
     assert [s.intern(x) for x in ("a", "b", "a")] == [0, 1, 0]
     assert s.names == ["a", "b"] and s.id("b") == 1 and s.id("c") == -1
+
+
+# ------------------------------------------------------- verdicts, colours, headline
+
+def _write_trace(d, late_us, n=20, jitter_us=5.0):
+    """A saved 2-rank trace of n allreduces 1 ms apart: rank 1 submits each late_us
+    after rank 0; the response reaches both within jitter_us of each other."""
+    rng = __import__("random").Random(1)
+    for r in range(2):
+        events = [{"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"rank {r}"}},
+                  {"name": "thread_name", "ph": "M", "pid": r, "tid": 1,
+                   "args": {"name": "negotiate"}}]
+        for i in range(n):
+            t0 = 1000.0 + 1000.0 * i
+            end = t0 + late_us + 20.0 + (rng.uniform(-jitter_us, jitter_us) if r else 0.0)
+            start = t0 + (late_us if r == 1 else 0.0)
+            events.append({"name": "NEGOTIATE_ALLREDUCE", "ph": "X", "pid": r, "tid": 1,
+                           "ts": start, "dur": end - start,
+                           "args": {"tensor": f"allreduce.g{i % 4}", "bytes": 16}})
+        (d / f"timeline.rank{r}.json").write_text(json.dumps({
+            "otherData": {"rank": r, "size": 2, "hostname": "h", "clock_offset_us": 0.0,
+                          "engine": "horovodlike"}, "traceEvents": events}))
+    return d / "timeline.json"
+
+
+def test_no_straggler_verdict_under_the_traces_noise_floor(tmp_path):
+    # 0.09 ms on every one of 20 ops: under one cross-process wake-up, not a straggler.
+    st = analyze_paths([_write_trace(tmp_path, 90.0)]).stragglers
+    assert st.verdict.slow_rank is None, st.verdict.sentence
+    assert st.verdict.sentence.startswith("no rank stands out"), st.verdict.sentence
+    assert "noise floor" in st.verdict.sentence
+    # 2 ms late on every op is well above it: rank 1 is named.
+    (tmp_path / "late").mkdir()
+    st = analyze_paths([_write_trace(tmp_path / "late", 2000.0)]).stragglers
+    assert st.verdict.slow_rank == 1, st.verdict.sentence
+
+
+def test_every_negotiate_phase_has_a_colour_of_its_own():
+    from horovodlike.timeline_viewer import style
+    ops = ["ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER",
+           "JOIN"]
+    phases = {style.color_for(f"NEGOTIATE_{op}") for op in ops}
+    assert len(phases) == len(ops), phases
+    # ... and none looks like a data-movement entry of the legend
+    others = {style.color_for(n) for n in [*ops, "QUEUE", "MEMCPY_IN_FUSION_BUFFER",
+                                           "ERROR", "STEP", "SHM_ONE_SHOT", "RING_PHASE"]}
+    assert not phases & others, phases & others
+
+
+def test_png_headline_is_whole_and_fits_the_lanes(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+    from horovodlike.timeline_viewer.render_png import render_png
+    rep = analyze_paths([_write_trace(tmp_path, 2000.0)])
+    long = ("rank 1 was last to submit on 100% of tensors, on average 2.00 ms late and "
+            "caused 100% of the waiting; it is the slow rank, " * 3).strip()
+    rep.stragglers.verdict.sentence = long
+    seen = {}
+    save = Figure.savefig
+
+    def keep(fig, *a, **k):
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        seen["text"] = ax.get_title(loc="left")
+        title, = [t for t in fig.findobj(Text) if t.get_text() == seen["text"]]
+        seen["fits"] = title.get_window_extent(renderer).width <= \
+            ax.get_window_extent(renderer).width + 1
+        return save(fig, *a, **k)
+    monkeypatch.setattr(Figure, "savefig", keep)
+    render_png(rep, str(tmp_path / "out.png"))
+    assert " ".join(seen["text"].split()) == long, seen["text"]       # nothing cut
+    assert seen["fits"], seen["text"]

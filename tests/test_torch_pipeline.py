@@ -138,3 +138,10 @@ def test_example_trains_pp2_dp2():
     rows = [ln for ln in lines if ln.startswith("rank ") and "parameter bytes" in ln]
     assert [ln.split()[3] for ln in rows] == ["0", "0", "1", "1"], out    # stage per rank
     assert "cost model bubble (p-1)/(m+p-1) = 11.1%" in out, out
+
+
+FOUND_OPTIMIZER = rank_program("torch_pipeline_found_optimizer")
+
+
+def test_pipeline_finds_the_distributed_optimizer_without_optimizer_argument():
+    run_torch(FOUND_OPTIMIZER, 2, timeout=120)

@@ -304,7 +304,6 @@ static void fail_deadlock(engine_t *e, const uint8_t *in) {
         snprintf(msg + k, sizeof msg - (size_t)k,
                  " Every rank must submit the same ops, with the "
                  "same names, in each process set, and each recv needs its peer's send.");
-    hvdl__log(e, HVDL_LOG_ERROR, "%s", msg);
     /* told first, as stall.c does: a caller woken by the failure may end the process */
     for (int w = 1; w < e->size; w++)
         if (e->peers[w].ctrl.fd >= 0 && !e->peers[w].ctrl.eof)

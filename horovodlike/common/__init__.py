@@ -7,6 +7,7 @@ checks this, function-level imports included):
     exceptions, jobkey, compression, affinity   nothing above launch_contract
     serialization                    state trees as bytes, never pickled (no imports)
     slurm                            Slurm's host lists and a task of srun (no imports)
+    mpi_init                         MPI initialised as Horovod does, when left to us
     engine, store                    the cffi engine; the launcher's rendezvous store
     launch_env, bootstrap            who am I: the launch environment, the blob exchange
     mpi_end                          under mpirun/srun, a failed job ends (MPI_Abort)

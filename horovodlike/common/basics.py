@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 
-from . import affinity, bootstrap, engine, mpi_end
+from . import affinity, bootstrap, engine, mpi_end, mpi_init
 
 _lock = threading.Lock()
 _topo = None
@@ -157,7 +157,7 @@ def _world_subset(ranks):
     """Horovod's init(comm=[ranks]): a communicator of those MPI_COMM_WORLD ranks, in the
     order given. Every world rank takes part in making it; the others are refused."""
     try:
-        from mpi4py import MPI
+        MPI = mpi_init.mpi()      # initialised here if the script left it to us
     except ImportError:
         raise ValueError("init(comm=[ranks]) needs mpi4py and an MPI launch") from None
     world = MPI.COMM_WORLD

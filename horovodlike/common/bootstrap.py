@@ -21,7 +21,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from . import jobkey, launch_env
+from . import jobkey, launch_env, mpi_init
 from . import launch_contract as contract
 
 
@@ -237,7 +237,7 @@ def _exchange_store(rank, size, payload):
 
 def _mpi_comm(comm):
     try:
-        from mpi4py import MPI
+        MPI = mpi_init.mpi()      # initialised here if the script left it to us
     except ImportError:
         raise RuntimeError("horovodlike was started by an MPI launcher but mpi4py is not "
                            "installed; pip install mpi4py, or use horovodlikerun") from None

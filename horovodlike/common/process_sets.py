@@ -72,10 +72,20 @@ def set_id(process_set):
         return 0
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
-    if process_set.process_set_id is None:
+    sid = process_set.process_set_id
+    if sid is None:
         raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=...) "
                          f"or hvd.add_process_set()")
-    return process_set.process_set_id
+    # An id set by hand, or one this engine never gave out, is refused here, when the op
+    # is made (in a TF graph: when it is built), as Horovod refuses it.
+    if sid == 0:
+        if process_set.ranks in ([], list(range(basics.size()))):
+            return 0
+    elif sid in _sets and _sets[sid].ranks == process_set.ranks:
+        return sid
+    raise ValueError(f"{process_set}: no process set with id {sid} and these ranks exists "
+                     f"(registered: {get_process_sets()}); use the ProcessSet that "
+                     f"hvd.init(process_sets=...) or hvd.add_process_set() returned")
 
 
 def _register(ps):
@@ -112,8 +122,23 @@ def _init_sets(process_sets):
         not in ("", "0")
     if process_sets in (None, "dynamic"):
         return
+    everyone = list(range(basics.size()))
     for ps in process_sets:
-        _register(ps if isinstance(ps, ProcessSet) else ProcessSet(ps))
+        ps = ps if isinstance(ps, ProcessSet) else ProcessSet(ps)
+        # As Horovod's init does, a set given again, or one of every rank (the global
+        # set), is ignored: such an entry only takes the id of the set it repeats.
+        same = global_process_set if ps.ranks == everyone else find(ps.ranks)
+        if same is not None:
+            ps.process_set_id = same.process_set_id
+            continue
+        _register(ps)
+
+
+def get_process_sets():
+    """Horovod's {process set id: its ranks}, the global set (id 0) included."""
+    out = {0: list(range(basics.size()))}
+    out.update((sid, list(ps.ranks)) for sid, ps in sorted(_sets.items()))
+    return out
 
 
 def dynamic():

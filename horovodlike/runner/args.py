@@ -16,8 +16,10 @@ mpirun command line, check_build.py answers ``--check-build``.
 """
 
 import argparse
+import difflib
 import os
 import shlex
+import shutil
 import socket
 import sys
 import warnings
@@ -243,6 +245,35 @@ def add_arguments(p):
 def option_strings(parser):
     """Every option string the parser accepts (for tests and the docs' table)."""
     return sorted(s for a in parser._actions for s in a.option_strings)
+
+
+def unrecognized(parser, unknown):
+    """argparse's "unrecognized arguments" message, with the closest flag we take for
+    each mistyped one ("--verbos (did you mean --verbose?)")."""
+    known = option_strings(parser)
+    parts = []
+    for arg in unknown:
+        flag = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7) \
+            if flag.startswith("-") else []
+        parts.append(f"{arg} (did you mean {close[0]}?)" if close else arg)
+    return "unrecognized arguments: " + " ".join(parts)
+
+
+def missing_python(command, argv):
+    """The hint for `horovodlikerun -np 2 train.py`: a Python file given as the command,
+    which is not an executable (None when the command is one, or is not such a file)."""
+    prog = command[0]
+    if not prog.endswith(".py") or shutil.which(prog) is not None:
+        return None
+    if not os.path.isfile(prog):
+        return None
+    before = list(argv[:len(argv) - len(command)])
+    if before[-1:] == ["--"]:
+        before = before[:-1]
+    fixed = shlex.join([PROG, *before, "python", *command])
+    return (f"{prog} is a Python script, not an executable: run it with python, as in "
+            f"`{fixed}`")
 
 
 # ------------------------------------------------------------------ after parsing

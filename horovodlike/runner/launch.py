@@ -36,6 +36,7 @@ from ..common import launch_contract as contract
 from ..common.store import StoreServer
 from . import args as cli
 from . import exits
+from .blame import Blame
 from .job_env import exportable, job_env
 from .rank_output import RankOutput
 
@@ -82,12 +83,17 @@ def build_parser():
 
 def parse_args(argv):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(cli.unrecognized(parser, unknown))
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     cli.finish(parser, args)
     if not args.command:
         parser.error("no command given to run")
+    hint = cli.missing_python(args.command, argv)
+    if hint:
+        parser.error(hint)
     try:
         args.host_list = parse_hosts(args.hosts or f"localhost:{args.num_proc}")
         cli.check_nics(args.nics, all(is_local_host(h) for h, _ in args.host_list))
@@ -351,6 +357,9 @@ class Job:
         self.threads = []
         self.pumps = {}                    # rank -> its output threads
         self.lost = None                   # (culprit, reporting rank, "was lost"/"was late"), the first one named
+        self.blame = Blame()               # who the ranks' lines name as the cause
+        self.cause = None                  # the rank the launcher named as the cause
+        self.failed = set()                # ranks that failed by themselves (not ended by us)
         self.last_output = {}              # rank -> when it last printed a line
         self.finishing = _Finishing(self, shutdown_grace)
         self.settled = set()               # ranks that logged their engine's failure, or exited
@@ -383,6 +392,7 @@ class Job:
 
     def _observe(self, rank, line):
         self.last_output[rank] = time.monotonic()
+        self.blame.observe(rank, line, self.last_output[rank])
         if _VERDICT.match(line):
             self._settle(rank)
         m = _LOST.search(line) if self.lost is None else None
@@ -397,9 +407,33 @@ class Job:
         message, exit_code = describe_exit(self.plan[rank], code)
         if self.lost is not None and self.lost[0] != rank:
             culprit, reporter, what = self.lost
-            message = (f"rank {culprit} (host {host_name(self.plan[culprit])}) {what}, "
-                       f"as rank {reporter} reported; {message}")
-        return message, exit_code
+        else:
+            culprit, reporter, what = self.blame.cause(rank, self.procs)
+        self.cause = culprit
+        exception = self.blame.exception.get(culprit)
+        if culprit == rank:
+            return message + (f" after {exception}" if exception else ""), exit_code
+        detail = ""
+        if exception:     # its own error says more than how the others saw it end
+            what, detail = "failed first", f" ({exception})"
+        by = f", as rank {reporter} reported" if reporter is not None else ""
+        return (f"rank {culprit} (host {host_name(self.plan[culprit])}) {what}{detail}{by}; "
+                f"{message}"), exit_code
+
+    def _say_victims(self):
+        """After the job: the ranks that failed only because the cause did."""
+        if self.cause is None:
+            return
+        deadline = time.monotonic() + 2.0    # every rank has exited: their pipes end
+        for t in [t for ts in self.pumps.values() for t in ts]:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))  # last lines may name it
+        victims = self.blame.victims(self.cause, self.failed)
+        if victims:
+            names = ", ".join(str(r) for r in victims)
+            cause = self.plan[self.cause]
+            self.out.say(f"rank{'s' if len(victims) > 1 else ''} {names} failed as "
+                         f"victim{'s' if len(victims) > 1 else ''} of rank {cause.rank} "
+                         f"(host {host_name(cause)}): each failed after it, or named it")
 
     def _reap(self, rank, proc):
         code = proc.wait()
@@ -487,6 +521,8 @@ class Job:
             if event[0] == "exit":
                 _, rank, code = event
                 pending.discard(rank)
+                if code != 0 and rank not in killed and not stopping:
+                    self.failed.add(rank)
                 if stopping or rank in killed:
                     continue
                 if code == 0:
@@ -513,6 +549,7 @@ class Job:
                              f"forwarding to {len(pending)} rank(s)")
                 self.signal_all(sig)
             stopping, deadline = True, time.monotonic() + GRACE_SECONDS
+        self._say_victims()
         return exit_code
 
     def _kill(self, rank):

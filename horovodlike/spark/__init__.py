@@ -9,18 +9,32 @@
 ``horovod.spark``'s estimators (``TorchEstimator``, ``KerasEstimator``,
 ``LightningEstimator``) are not provided; see docs/spark.md.
 
-Needs ``pyspark`` (``pip install horovodlike[spark]``); importing this module without it
-raises ImportError saying so.
+Needs ``pyspark`` (the ``[spark]`` extra: ``pip install ".[spark]"``); importing this
+module without it raises ImportError saying so.
 """
 from .runner import run, run_elastic
 
 __all__ = ["run", "run_elastic"]
 
 
+_ESTIMATORS = ("TorchEstimator", "KerasEstimator", "LightningEstimator")
+
+
+class EstimatorsNotProvided(ImportError, NotImplementedError):
+    """horovod.spark's estimators are not carried. An ImportError, so that
+    ``from horovodlike.spark.torch import TorchEstimator`` fails as a missing module does,
+    and a NotImplementedError, as the attribute access has always raised."""
+
+
+def estimators_not_provided(what):
+    """The error for a use of horovod.spark's estimators (`what` names it)."""
+    return EstimatorsNotProvided(
+        f"{what} is not provided: horovod.spark's estimators stand on Petastorm and "
+        f"horovod.spark.common.store, which horovodlike does not carry; train inside "
+        f"horovodlike.spark.run instead (see docs/spark.md)")
+
+
 def __getattr__(name):
-    if name in ("TorchEstimator", "KerasEstimator", "LightningEstimator"):
-        raise NotImplementedError(
-            f"horovodlike.spark.{name} is not provided: horovod.spark's estimators stand on "
-            f"Petastorm and horovod.spark.common.store, which horovodlike does not carry; "
-            f"train inside horovodlike.spark.run instead (see docs/spark.md)")
+    if name in _ESTIMATORS:
+        raise estimators_not_provided(f"horovodlike.spark.{name}")
     raise AttributeError(f"module 'horovodlike.spark' has no attribute {name!r}")

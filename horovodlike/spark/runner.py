@@ -47,7 +47,7 @@ try:
     from pyspark import cloudpickle
 except ImportError as exc:          # pragma: no cover - depends on the environment
     raise ImportError("horovodlike.spark needs PySpark: pip install pyspark "
-                      "(or pip install horovodlike[spark])") from exc
+                      "(or the horovodlike[spark] extra)") from exc
 
 from horovodlike.common import jobkey
 from horovodlike.common import launch_contract as contract

@@ -24,7 +24,8 @@ from .functions import (allgather_object, broadcast_, broadcast_object, broadcas
                         broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
-                      allgather, allreduce, alltoall, barrier, broadcast, global_process_set,
+                      allgather, allreduce, alltoall, barrier, broadcast, get_process_sets,
+                      global_process_set,
                       grouped_allgather, grouped_allreduce, grouped_broadcast,
                       grouped_reducescatter, join, local_rank_op, local_size_op,
                       process_set_included_op, rank_op, reducescatter, remove_process_set,

@@ -25,7 +25,8 @@ from horovodlike.common.api import (ccl_built, cross_rank, cross_size,  # noqa: 
                                     shutdown, size, start_timeline, stop_timeline)
 from horovodlike.common.dynamic_sets import (add_process_set,  # noqa: F401
                                              remove_process_set)
-from horovodlike.common.process_sets import ProcessSet, global_process_set  # noqa: F401
+from horovodlike.common.process_sets import (ProcessSet, get_process_sets,  # noqa: F401
+                                             global_process_set)
 
 from . import _graph, _kernels, _tensors
 from .compression import Compression

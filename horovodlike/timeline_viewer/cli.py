@@ -47,7 +47,7 @@ def main(argv=None):
     if args.png and not _have_matplotlib():
         # Said before the traces are read, which can take a while.
         print("horovodlike-timeline: --png needs matplotlib, which is not installed "
-              "(pip install matplotlib, or pip install horovodlike[viewer]); --html "
+              "(pip install matplotlib, or the horovodlike[viewer] extra); --html "
               "needs nothing more", file=sys.stderr)
         return 2
     from .analyses import analyze

@@ -4,6 +4,8 @@ step marks, and below it each rank's time split into moving data / waiting / idl
 Events narrower than a pixel are merged with their neighbours before drawing, so a
 trace of millions of events still draws in about the time of a few thousand.
 """
+import textwrap
+
 import numpy as np
 
 from .fmt import fmt_ms
@@ -33,6 +35,20 @@ def _rows(tl, collapse):
         else:
             rows.extend((r, (t,), f"rank {r} {rt.lane_label(t)}") for t in lanes)
     return rows
+
+
+def fit_title(fig, ax, text, fontsize=10):
+    """The headline above the lanes, whole: wrapped onto as many lines as it needs to
+    fit the lanes' width, never cut."""
+    title = ax.set_title(text, fontsize=fontsize, loc="left")
+    renderer = fig.canvas.get_renderer()
+    room = ax.get_window_extent(renderer).width            # the lanes' width
+    cols = len(text)
+    while cols > 20 and title.get_window_extent(renderer).width > room:
+        # characters per line in proportion to the room, then one less until it fits
+        cols = min(cols - 1, int(cols * room / title.get_window_extent(renderer).width))
+        title.set_text(textwrap.fill(text, max(cols, 20)))
+    return title
 
 
 def render_png(rep, path, width_px=WIDTH_PX):
@@ -104,8 +120,7 @@ def render_png(rep, path, width_px=WIDTH_PX):
     ax.set_xlabel(f"time ({unit}) since the first event, all ranks aligned")
     ax.grid(axis="x", color="#dddddd", lw=0.5)
     ax.set_axisbelow(True)
-    title = st.verdict.sentence
-    ax.set_title(title if len(title) < 160 else title[:157] + "...", fontsize=10, loc="left")
+    fit_title(fig, ax, st.verdict.sentence)
     handles = [Patch(color=c, label=n) for n, c in list(used.items())[:16]]
     if handles:
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1),

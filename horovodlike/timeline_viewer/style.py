@@ -1,4 +1,6 @@
-"""Colours shared by the PNG and HTML renderers: one per kind of event."""
+"""Colours shared by the PNG and HTML renderers: one per kind of event, so no two
+legend entries look alike. Negotiation (NEGOTIATE_<OP>) takes warm colours, one per op;
+data movement cool ones."""
 
 _BY_NAME = {
     "QUEUE": "#9e9e9e",
@@ -18,6 +20,17 @@ _BY_NAME = {
 }
 _ALGO = ["#4db6ac", "#00897b", "#80cbc4", "#26a69a", "#009688", "#b2dfdb"]
 NEGOTIATE_COLOR = "#f5b041"
+# One per op the engine negotiates (engine/core/exec.c names them NEGOTIATE_<OP>).
+_NEGOTIATE = {
+    "NEGOTIATE_ALLREDUCE": NEGOTIATE_COLOR,
+    "NEGOTIATE_ALLGATHER": "#d35400",
+    "NEGOTIATE_BROADCAST": "#f7dc6f",
+    "NEGOTIATE_ALLTOALL": "#a0522d",
+    "NEGOTIATE_REDUCESCATTER": "#ff8a65",
+    "NEGOTIATE_BARRIER": "#c8a27c",
+    "NEGOTIATE_JOIN": "#e59866",
+}
+_NEGOTIATE_OTHER = ["#ffcc80", "#bf7a30", "#ffab40", "#8d6e63"]   # an op added later
 LATE_COLOR = "#d62728"
 
 
@@ -26,11 +39,17 @@ def color_for(name):
     if c:
         return c
     if name.startswith("NEGOTIATE_"):
-        return NEGOTIATE_COLOR
+        return _NEGOTIATE.get(name) or _pick(name, _NEGOTIATE_OTHER)
     if name.startswith("MEMCPY"):
         return "#8e6cc2"
     # Algorithm sub-phases and anything else: a stable pick from a teal family.
+    return _pick(name, _ALGO)
+
+
+def _pick(name, family):
+    """A stable choice from `family` by the name's hash (not Python's, which varies
+    from run to run)."""
     h = 0
     for ch in name:
         h = (h * 31 + ord(ch)) & 0xFFFFFF
-    return _ALGO[h % len(_ALGO)]
+    return family[h % len(family)]

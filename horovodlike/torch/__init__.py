@@ -10,6 +10,9 @@ _staging.py); see docs/moving-from-horovod.md for every known difference from Ho
 """
 from horovodlike.common.exceptions import (HorovodInternalError,  # noqa: F401
                                            HostsUpdatedInterrupt, TensorMismatchError)
+# hvd.Topology: the pipeline / tensor / data-parallel layout; also reachable as
+# horovodlike.common.topology.Topology, hvd.pipeline.Topology and hvd.parallel.Topology
+from horovodlike.common.topology import Topology  # noqa: F401
 
 from . import mpi_ops  # noqa: F401
 from . import elastic  # noqa: F401
@@ -31,8 +34,8 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
                       recv, recv_, recv_async, recv_async_, reducescatter, reducescatter_async,
                       rocm_built, send, send_async, shutdown, size,
                       sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
-from .mpi_ops import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
-                      remove_process_set)
+from .mpi_ops import (ProcessSet, add_process_set, get_process_sets,  # noqa: F401
+                      global_process_set, remove_process_set)
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .powersgd import PowerSGD  # noqa: F401
 from .sharded import ShardedDistributedOptimizer  # noqa: F401

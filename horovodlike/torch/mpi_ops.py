@@ -19,6 +19,6 @@ from ._collectives import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F40
                            grouped_reducescatter_async, join, poll, recv, recv_, recv_async,
                            recv_async_, reducescatter_async, send, send_async,
                            sparse_allreduce_async, synchronize)
-from ._process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
-                            remove_process_set)
+from ._process_sets import (ProcessSet, add_process_set, get_process_sets,  # noqa: F401
+                            global_process_set, remove_process_set)
 from .compression import Compression  # noqa: F401

@@ -8,6 +8,7 @@ accumulated and starts that gradient's allreduce at once; step() waits for all o
 and then runs the wrapped optimizer's step.
 """
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -29,6 +30,30 @@ _IN_FLIGHT_MSG = ("optimizer.zero_grad() was called after loss.backward() but be
 _TOO_MANY_MSG = ("Gradients were computed more than backward_passes_per_step times before "
                  "call to step(). Increase backward_passes_per_step to accumulate gradients "
                  "locally.")
+
+
+# The attribute by which a parameter names the optimizer whose hooks reduce its gradient
+# (a weak reference), so a pipeline schedule given no optimizer= can find it.
+_REDUCER_ATTR = "_horovodlike_reducer"
+
+
+def mark_reduced(params, optimizer):
+    """Record on each parameter that `optimizer`'s hooks reduce its gradient."""
+    ref = weakref.ref(optimizer)
+    for p in params:
+        setattr(p, _REDUCER_ATTR, ref)
+
+
+def reducers_of(params):
+    """The live optimizers (DistributedOptimizer, ShardedDistributedOptimizer) whose
+    hooks reduce the gradients of `params`, in first-seen order."""
+    found = []
+    for p in params:
+        ref = getattr(p, _REDUCER_ATTR, None)
+        opt = ref() if ref is not None else None
+        if opt is not None and all(opt is not f for f in found):
+            found.append(opt)
+    return found
 
 
 def check_named_parameters(named_parameters, param_groups):
@@ -151,6 +176,7 @@ class _DistributedOptimizer:
                 grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 self._hook_handles.append(grad_acc.register_hook(hook))
                 self._hook_handles.append(grad_acc)
+        mark_reduced(trainable, self)
 
     # ------------------------------------------------------------- reductions
 

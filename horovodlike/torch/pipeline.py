@@ -36,7 +36,9 @@ import torch
 from torch import nn
 
 from horovodlike.common import pipeline_schedule as S
+from horovodlike.common.topology import Topology  # noqa: F401 (hvd.pipeline.Topology)
 from . import _collectives as C
+from .optimizer import reducers_of
 
 
 class LayerSpec:
@@ -236,8 +238,39 @@ class _Schedule:
         # backward passes per train_batch on this rank: one per micro-batch, and one
         # that hands the tied weights' summed gradients to their parameters
         self.backward_passes = microbatches + (1 if pipe.has_tied else 0)
-        if optimizer is not None and hasattr(optimizer, "set_backward_passes_per_step"):
+        self.optimizer = None
+        self._explicit = optimizer is not None
+        if optimizer is not None:
+            self._wire(optimizer)
+        else:
+            self._find_optimizer()
+
+    def _wire(self, optimizer):
+        """Tell the optimizer that one train_batch is backward_passes backward passes,
+        so it reduces once per batch rather than refusing the second pass."""
+        if hasattr(optimizer, "set_backward_passes_per_step"):
             optimizer.set_backward_passes_per_step(self.backward_passes)
+        self.optimizer = optimizer
+
+    def _find_optimizer(self):
+        """Given no optimizer=, find the DistributedOptimizer (or sharded one) whose hooks
+        reduce this stage's gradients and wire it. Run at construction and before each
+        train_batch, so an optimizer made after the schedule is found too. With none
+        (one data-parallel replica, or plain torch.optim) there is nothing to wire."""
+        found = reducers_of(self.pipe.parameters())
+        if not found or (len(found) == 1 and found[0] is self.optimizer):
+            return
+        name = type(self).__name__
+        if len(found) > 1:
+            raise ValueError(f"{name}: this stage's parameters are reduced by "
+                             f"{len(found)} distributed optimizers "
+                             f"({', '.join(type(o).__name__ for o in found)}); "
+                             f"pass optimizer= to {name} to say which one steps them")
+        if not hasattr(found[0], "set_backward_passes_per_step"):
+            raise ValueError(f"{name}: the optimizer reducing this stage's gradients "
+                             f"cannot be told the {self.backward_passes} backward passes "
+                             f"of a batch; pass optimizer= to {name}")
+        self._wire(found[0])
 
     # ------------------------------------------------------------ arguments
 
@@ -305,6 +338,8 @@ class _Schedule:
         if train and pipe.loss_fn is None:
             raise ValueError(f"{type(self).__name__}: train_batch needs "
                              f"PipelineModule(loss_fn=...)")
+        if train and not self._explicit:
+            self._find_optimizer()
         t0 = time.perf_counter()
         self.last_wait_s = 0.0
         step = pipe._next_step()

@@ -17,7 +17,8 @@ from horovodlike.common import arguments, basics
 from .. import _collectives as C
 from .._process_sets import global_process_set, resolve
 from ..compression import Compression
-from ..optimizer import _IN_FLIGHT_MSG, _DistributedOptimizer, check_named_parameters
+from ..optimizer import (_IN_FLIGHT_MSG, _DistributedOptimizer, check_named_parameters,
+                         mark_reduced)
 from .gradients import GradientPipeline
 from .layout import Layout, partition_ranks, set_of
 from .state import StateDicts
@@ -125,6 +126,7 @@ class ShardedDistributedOptimizer(GradientPipeline, StateDicts, torch.optim.Opti
         self._should_synchronize = True
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(p))
                               for b in self._buckets for p, *_ in b.entries]
+        mark_reduced([p for b in self._buckets for p, *_ in b.entries], self)
         if optimizer.state:               # e.g. loaded from a checkpoint before wrapping
             self.load_state_dict(optimizer.state_dict())
 

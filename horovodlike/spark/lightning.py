@@ -1,0 +1,4 @@
+"""horovod.spark.lightning (TorchEstimator) is not provided: importing it says so (docs/spark.md)."""
+from . import estimators_not_provided
+
+raise estimators_not_provided("horovodlike.spark.lightning (horovod.spark.lightning.TorchEstimator)")
