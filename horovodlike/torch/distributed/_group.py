@@ -498,16 +498,17 @@ class ProcessGroupHorovodlike(dist.ProcessGroup):
                          "matches a message by (source, destination, name); pass src=")
 
     # ---------------------------------------------------------------- sub-groups
-    def new_group(self, ranks, timeout=None, pg_options=None, group_name=None,
-                  group_desc=None):
-        """dist.new_group delegates here on every rank of the default group: the group's
-        ranks become an engine process set (registered by every rank, same order)."""
-        from . import _startup
-        return _startup.new_group(self, list(ranks), timeout, group_name)
+    # new_group (dist.new_group delegates to it) is attached by _startup.py, which makes
+    # groups: this file then needs nothing of the start-up (no import cycle).
 
     def shutdown(self):
-        from . import _startup
-        _startup.destroy(self)
+        """This rank's part of the group ends (teardown is per rank): the engine's own
+        shutdown only where this backend started the engine."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_engine and basics.is_initialized():
+            basics.shutdown()
 
     def abort(self):
         self.shutdown()

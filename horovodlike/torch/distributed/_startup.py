@@ -174,13 +174,14 @@ def new_group(default, ranks, timeout, group_name):
     return pg
 
 
-def destroy(pg):
-    """Group.shutdown(): this rank's part of the group ends (teardown is per rank)."""
-    if pg._closed:
-        return
-    pg._closed = True
-    if pg._owns_engine and basics.is_initialized():
-        basics.shutdown()
+def _new_group_method(self, ranks, timeout=None, pg_options=None, group_name=None,
+                      group_desc=None):
+    """dist.new_group delegates here on every rank of the default group: the group's
+    ranks become an engine process set (registered by every rank, same order)."""
+    return new_group(self, list(ranks), timeout, group_name)
+
+
+ProcessGroupHorovodlike.new_group = _new_group_method
 
 
 # ------------------------------------------------------------------ the gloo fallback
