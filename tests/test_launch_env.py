@@ -277,12 +277,16 @@ def free_port():
 
 
 def free_port_pair():
-    """A MASTER_PORT whose next port (rank 0's rendezvous store) is free too."""
-    for _ in range(100):
-        port = free_port()
+    """A MASTER_PORT whose next port (rank 0's rendezvous store) is free too. Drawn below
+    Linux's ephemeral range (32768 and up), so that no other test's outgoing connection
+    can take either port between this check and the launch."""
+    import random
+    for _ in range(200):
+        port = random.randrange(28000, 32700)
         try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
             return port
         except OSError:
             continue

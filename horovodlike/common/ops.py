@@ -158,6 +158,12 @@ def wait(handle, timeout):
     return engine.wait(_entry(handle)[0], timeout)
 
 
+def declare_wait(handle):
+    """The calling thread waits on `handle` until it is done, or (None) no longer: the
+    engine's deadlock check then counts it as blocked in it (engine.wait_done)."""
+    engine.lib.hvdl_waits_until_done(_entry(handle)[0] if handle is not None else 0)
+
+
 def synchronize(handle):
     """Wait for the op, free its handle and return its output (or raise its error).
 

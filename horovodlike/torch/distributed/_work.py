@@ -117,19 +117,31 @@ class Work(dist.Work):
         import time
         deadline = None if limit is None else time.monotonic() + limit
         for h in _engine_handles(self._handles):
-            while True:
-                try:
-                    step = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
-                    if _ops.wait(h, step):
-                        break
-                except ValueError:
-                    return                      # already collected, or the engine stopped
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError_(
-                        f"horovodlike: {self._what} did not finish within {limit:g} s "
-                        f"(the timeout of the call or of its process group); the op goes "
-                        f"on in the engine, which names a lost or stalled rank when it "
-                        f"finds one")
+            declared = False
+            try:
+                while True:
+                    try:
+                        step = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+                        if _ops.wait(h, step):
+                            break
+                        if not declared:
+                            # Blocked until the op ends (or the group's timeout, meant for a
+                            # lost rank): the deadlock check may count this thread as
+                            # blocked, so ranks that submit different ops (a shape that
+                            # differs) are named within seconds rather than hang.
+                            _ops.declare_wait(h)
+                            declared = True
+                    except ValueError:
+                        return                      # already collected, or the engine stopped
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TimeoutError_(
+                            f"horovodlike: {self._what} did not finish within {limit:g} s "
+                            f"(the timeout of the call or of its process group); the op goes "
+                            f"on in the engine, which names a lost or stalled rank when it "
+                            f"finds one")
+            finally:
+                if declared:
+                    _ops.declare_wait(None)
 
     def _complete(self):
         with self._lock:
