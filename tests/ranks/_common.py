@@ -171,6 +171,21 @@ def wait_for(*whats, timeout=60):
         time.sleep(0.005)
 
 
+def check_deadlock_verdict(cycle, deadline, expect):
+    """Run `cycle` (ops no rank can complete): it must raise HorovodInternalError within
+    `deadline` seconds, its message holding every text of `expect`."""
+    t0 = time.monotonic()
+    try:
+        cycle()
+        fail("the op of the cycle", "returned")
+    except hvd.HorovodInternalError as e:
+        took = time.monotonic() - t0
+        print(f"took {took:.1f}", flush=True)
+        check(took < deadline, "the error comes within seconds", f"{took:.1f} s")
+        for needle in expect:
+            check(needle in str(e), "the deadlock message", f"{str(e)!r} lacks {needle!r}")
+
+
 class watchdog:
     """`with watchdog(stage, seconds, detail):` ends this rank (exit 3), naming the stage,
     if the block runs longer than `seconds`: a hang then fails in seconds, naming where
