@@ -14,6 +14,7 @@ start-up dominates on a 2-core machine; a failing rank lists every failing case.
 """
 import importlib.util
 import json
+import os
 import time
 
 import pytest
@@ -183,8 +184,11 @@ HANG = rank_program("collectives_hang")
                                                           ("mpirun", 2)]))
 def test_harness_kills_a_hung_job_on_timeout(launcher, np_):
     """The harness itself: a stalled job is killed, whole tree, and reported."""
+    # The ranks print their pids at once; a loaded machine running the engine under the
+    # sanitizers needs longer than 5 s to start two ranks at all.
+    timeout = 15 if os.environ.get("HOROVODLIKE_TEST_SANITIZED") else 5
     with pytest.raises(RankTimeout) as info:
-        run_ranks(HANG, np_, launcher, timeout=5)
+        run_ranks(HANG, np_, launcher, timeout=timeout)
     assert "timeout" in str(info.value) and "pid=" in str(info.value)
     pids = [int(line.rsplit("pid=", 1)[1].split()[0])
             for line in str(info.value).splitlines() if "pid=" in line]

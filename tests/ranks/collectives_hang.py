@@ -2,13 +2,17 @@
 test_harness_kills_a_hung_job_on_timeout."""
 import os
 import time
-import numpy as np
-import horovodlike as hvd
+
+# The pid comes first, before the imports: under the sanitizers an import of numpy and
+# the engine takes seconds, and the test must learn every rank's pid within its timeout.
+print("pid=%d" % os.getpid(), flush=True)
+
+import numpy as np  # noqa: E402
+import horovodlike as hvd  # noqa: E402
 
 
 def main():
     hvd.init()
-    print("pid=%d" % os.getpid(), flush=True)
     if hvd.rank() == 0:
         hvd.allreduce(np.ones(3), name="never")     # the other ranks never submit it
     else:
