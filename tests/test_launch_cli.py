@@ -420,13 +420,13 @@ def test_network_interface_reaches_the_ranks_and_a_missing_one_is_refused():
 def test_hostfile_and_notices_on_a_real_launch(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost slots=2\n")
-    res = launch(["-np", "2", "-hostfile", str(hosts), "--autotune", "--num-nccl-streams",
+    res = launch(["-np", "2", "-hostfile", str(hosts), "--num-nccl-streams",
                   "2", "--disable-cache", "--jsrun", sys.executable, str(ALLREDUCE)])
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("sum [3.0, 3.0, 3.0, 3.0]") == 2
     notices = [l for l in res.stderr.splitlines() if " ignored: " in l]
     assert [l.split()[1] for l in notices] == [
-        "--num-nccl-streams", "--autotune", "--jsrun", "--disable-cache"], res.stderr
+        "--num-nccl-streams", "--jsrun", "--disable-cache"], res.stderr
 
 
 LATE_RANK = rank_program("launch_cli_late_rank")

@@ -1,5 +1,6 @@
 #include "config.h"
 #include "log.h"
+#include "horovodlike.h"
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -116,6 +117,43 @@ void hvdl__config_log(const struct engine *e, const config_t *c, int rank) {
               rank, (long long)c->fusion_threshold, c->cycle_time * 1e3, c->cache_capacity,
               c->stall_check, c->stall_warning, c->stall_shutdown, c->peer_timeout,
               (long long)c->chunk_bytes, c->shm, (long long)c->shm_chunk_bytes);
+}
+
+/* The autotuner's knobs. Fusion and the cycle need no agreement (rank 0, or the rank
+ * that completes a segment's round, fuses, and the response says what it fused); the
+ * algorithms do, which is why they change only as a tune op runs (exec.c), between the
+ * same two ops on every rank. A value is an integer code or a size; NaN is refused. */
+#define TUNE_MAX_FUSION (1ll << 40)
+#define TUNE_MAX_CYCLE_MS 10000.0
+static int tune_alg_ok(double a, int allgather) {
+    return a == ALG_AUTO || a == ALG_RING || a == ALG_HIER || (!allgather && a == ALG_RD);
+}
+
+const char *hvdl__tune_problem(const double *v) {
+    for (int i = 0; i < HVDL_TUNE_VALUES; i++)
+        if (v[i] != v[i]) return "a value is NaN";
+    if (v[HVDL_TUNE_FUSION_BYTES] > (double)TUNE_MAX_FUSION)
+        return "the fusion threshold is over 1 TiB";
+    if (v[HVDL_TUNE_CYCLE_MS] > TUNE_MAX_CYCLE_MS) return "the cycle time is over 10 s";
+    if (v[HVDL_TUNE_ALLREDUCE] >= 0 && !tune_alg_ok(v[HVDL_TUNE_ALLREDUCE], 0))
+        return "the allreduce algorithm is not 0 (auto), 2 (ring), 3 (rd) or 4 (hier)";
+    if (v[HVDL_TUNE_ALLGATHER] >= 0 && !tune_alg_ok(v[HVDL_TUNE_ALLGATHER], 1))
+        return "the allgather algorithm is not 0 (auto), 2 (ring) or 4 (hier)";
+    return NULL;
+}
+
+void hvdl__config_tune(config_t *c, const double *v) {
+    if (hvdl__tune_problem(v)) return;       /* checked at the root's enqueue */
+    if (v[HVDL_TUNE_FUSION_BYTES] >= 0) c->fusion_threshold = (int64_t)v[HVDL_TUNE_FUSION_BYTES];
+    if (v[HVDL_TUNE_CYCLE_MS] >= 0) c->cycle_time = v[HVDL_TUNE_CYCLE_MS] / 1000.0;
+    if (v[HVDL_TUNE_ALLREDUCE] >= 0) {
+        c->algorithm = (int)v[HVDL_TUNE_ALLREDUCE];
+        c->flat_allreduce = c->algorithm != ALG_AUTO && c->algorithm != ALG_HIER;
+    }
+    if (v[HVDL_TUNE_ALLGATHER] >= 0) {
+        c->allgather_algorithm = (int)v[HVDL_TUNE_ALLGATHER];
+        c->flat_allgather = c->allgather_algorithm == ALG_RING;
+    }
 }
 
 void hvdl__config_agreed(const config_t *c, agreed_t *out) {

@@ -93,5 +93,9 @@ struct engine;
 void hvdl__config_log(const struct engine *e, const config_t *c, int rank);
 void hvdl__config_agreed(const config_t *c, agreed_t *out);
 /* 0 if a and b agree; else writes "VARIABLE (x here, y there)" to msg and returns 1. */
+/* HVDL_TUNE (horovodlike.h): what is wrong with a tune op's values, or NULL; and the
+ * values made this rank's knobs (a negative or unusable value keeps its knob). */
+const char *hvdl__tune_problem(const double *v);
+void hvdl__config_tune(config_t *c, const double *v);
 int hvdl__config_disagree(const agreed_t *a, const agreed_t *b, char *msg, size_t cap);
 #endif

@@ -62,6 +62,7 @@ typedef struct op {
     int cache_id;            /* this rank's cache entry for the name, or -1 */
     double enqueued_at;
     int caller_waits;        /* HVDL_CALLER_WAITS on one node: enqueue did not wake the loop */
+    int tunes;               /* HVDL_TUNE: its values become the knobs once it has run */
     atomic_int done;         /* written under engine.mu, read lock-free by spinners */
     int status;
     char *msg;               /* error text, malloc'd, or NULL */
@@ -81,7 +82,9 @@ typedef struct engine {
      * off the pointers has owners of its own: the peers' control buffers, the
      * segment's negotiation state and ctx's scratch buffers are drive's, a peer's
      * p2p_fd the p2p thread's. */
-    config_t cfg;
+    config_t cfg;            /* but for the knobs a tune op changes (fusion_threshold,
+                                cycle_time, algorithm, allgather_algorithm, flat_*):
+                                drive's, read and written only under it (config.c) */
     int rank, size;
     char host[128];
     uint64_t nonce;

@@ -435,8 +435,11 @@ int hvdl__execute(engine_t *e, response_t *r) {
         rc = dispatch(e, g, r, s);
         if (!rc && TL_ON(e)) trace_response(e, g, r, s, t_exec, hvdl_now());
         /* On failure hvdl__fail has completed every op; touch none of them again. */
-        for (int i = 0; !rc && i < r->ntensors; i++)
+        for (int i = 0; !rc && i < r->ntensors; i++) {
+            /* A tune op's values become the knobs before the next op is chosen (config.c) */
+            if (s[i].op && s[i].op->tunes) hvdl__config_tune(&e->cfg, (const double *)s[i].out);
             if (s[i].op) hvdl__complete(e, s[i].op, HVDL_OK, NULL);
+        }
     }
     for (int i = 0; i < r->ntensors; i++)
         if (!s[i].op) free(s[i].out);

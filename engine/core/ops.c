@@ -168,6 +168,18 @@ int hvdl__handle_new(engine_t *e, op_t *o) {
     return HVDL_OK;
 }
 
+/* HVDL_TUNE: the one op it fits, and at the root, values the knobs can take. */
+static int check_tune(const engine_t *e, const hvdl_request *q) {
+    if (q->op != HVDL_OP_BROADCAST || q->dtype != HVDL_FLOAT64 || q->ndim != 1 ||
+        q->shape[0] < HVDL_TUNE_VALUES || q->process_set != 0 || q->root_rank != 0)
+        return hvdl__err(HVDL_ERR_INVALID,
+                         "'%s': HVDL_TUNE is a broadcast from rank 0 on the global set of at "
+                         "least %d float64",
+                         q->name, HVDL_TUNE_VALUES);
+    const char *why = e->rank == 0 ? hvdl__tune_problem((const double *)q->input) : NULL;
+    return why ? hvdl__err(HVDL_ERR_INVALID, "'%s': HVDL_TUNE: %s", q->name, why) : HVDL_OK;
+}
+
 int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     if (!q || !handle) return hvdl__err(HVDL_ERR_INVALID, "NULL request or handle pointer");
     if (e) hvdl__caller_posts(hvdl__caller(e)); /* this thread may submit (deadlock.c) */
@@ -179,6 +191,7 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     int64_t nbytes = 0;
     pthread_mutex_lock(&e->mu);
     int rc = check_request(e, q, &nbytes);
+    if (!rc && (q->flags & HVDL_TUNE)) rc = check_tune(e, q);
     int set_size = rc ? 0 : e->sets[q->process_set]->n;
     pthread_mutex_unlock(&e->mu);
     if (rc) return rc;
@@ -212,6 +225,7 @@ int hvdl__engine_enqueue(engine_t *e, const hvdl_request *q, int64_t *handle) {
     o->nbytes = nbytes;
     o->enqueued_at = hvdl_now();
     o->caller_waits = e->negotiation->callers_drive && (q->flags & HVDL_CALLER_WAITS);
+    o->tunes = (q->flags & HVDL_TUNE) != 0;
 
     pthread_mutex_lock(&e->mu);
     if (e->failed) rc = hvdl__err(e->fail_status, "%s", e->fail_msg);

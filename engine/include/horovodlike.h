@@ -124,19 +124,33 @@ enum hvdl_request_flags {
      * waited for may not start until another op is enqueued or waited for). */
     HVDL_CALLER_WAITS = 1,
     /* A recv into the caller's output buffer (recv_), described by dtype/ndim/shape. */
-    HVDL_RECV_INTO = 2
+    HVDL_RECV_INTO = 2,
+    /* A broadcast from rank 0 on the global set of at least HVDL_TUNE_VALUES float64 (enum
+     * hvdl_tune_value, then the caller's own; a negative value keeps the knob as it is):
+     * once it has run, its first values are this rank's knobs. Every rank executes ops in one order, so every rank
+     * changes them between the same two ops, and an algorithm choice stays agreed. The
+     * autotuner (horovodlike/common/autotune.py) is its user. */
+    HVDL_TUNE = 4
+};
+
+enum hvdl_tune_value {
+    HVDL_TUNE_FUSION_BYTES = 0,  /* HOROVOD_FUSION_THRESHOLD */
+    HVDL_TUNE_CYCLE_MS = 1,      /* HOROVOD_CYCLE_TIME */
+    HVDL_TUNE_ALLREDUCE = 2, /* HOROVODLIKE_ALLREDUCE_ALGORITHM: 0 auto, 2 ring, 3 rd, 4 hier */
+    HVDL_TUNE_ALLGATHER = 3, /* HOROVODLIKE_ALLGATHER_ALGORITHM: 0 auto, 2 ring, 4 hier */
+    HVDL_TUNE_VALUES = 4
 };
 
 /* What a finished op produced (filled by hvdl_release). */
 typedef struct hvdl_result {
-    void *data;              /* allgather/alltoall: engine-allocated output, hvdl_free it
+    void *data; /* allgather/alltoall: engine-allocated output, hvdl_free it
                                 (NULL when the allgather wrote the caller's output) */
-    int64_t nbytes;          /* bytes at data */
-    int64_t first_dim;       /* allgather/alltoall: the first dimension of the output */
-    int64_t *recv_splits;    /* alltoall: rows received from each member; hvdl_free it */
+    int64_t nbytes; /* bytes at data */
+    int64_t first_dim; /* allgather/alltoall: the first dimension of the output */
+    int64_t *recv_splits; /* alltoall: rows received from each member; hvdl_free it */
     int nsplits;
-    int64_t value;           /* join: the last rank to join */
-    int dtype;               /* recv: the message's dtype, ndim and shape, and its sender */
+    int64_t value; /* join: the last rank to join */
+    int dtype; /* recv: the message's dtype, ndim and shape, and its sender */
     int ndim;
     int64_t shape[8];
     int peer;

@@ -96,11 +96,8 @@ def _quiet_interrupt(rank):
 
 # Horovod variables that change nothing here, by prefix or name: why. horovodlikerun
 # says so of its flags (runner/args.py); a variable set directly gets this one notice.
-_AUTOTUNE = ("there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME "
-             "by hand")
 _GPU_OPS = "collectives run in horovodlike's own engine (no NCCL, Gloo, MPI or oneCCL paths)"
 INEFFECTIVE_ENV = {
-    "HOROVOD_AUTOTUNE": _AUTOTUNE,
     "HOROVOD_CONTROLLER": "the engine has one controller of its own (TCP, shared memory)",
     "HOROVOD_CPU_OPERATIONS": _GPU_OPS,
     "HOROVOD_GPU_": _GPU_OPS,
@@ -123,8 +120,7 @@ def _notice_ineffective_env(environ):
     found = []
     for var in sorted(environ):
         why = next((w for key, w in INEFFECTIVE_ENV.items()
-                    if var == key or (key.endswith("_") and var.startswith(key))
-                    or (key == "HOROVOD_AUTOTUNE" and var.startswith("HOROVOD_AUTOTUNE"))),
+                    if var == key or (key.endswith("_") and var.startswith(key))),
                    None)
         if why is not None:
             found.append(f"{var} ({why})")

@@ -150,15 +150,16 @@ def _fill(req, op, name, dtype, shape, reduce_op, root_rank, prescale, postscale
 
 def enqueue(op, name, dtype=0, shape=(), input_ptr=0, output_ptr=0, reduce_op=SUM,
             root_rank=0, prescale=1.0, postscale=1.0, process_set=0, splits=None,
-            caller_waits=False, recv_into=False) -> int:
+            caller_waits=False, recv_into=False, tune=False) -> int:
     """Queue one request; pointers are integer addresses of contiguous buffers that the
     caller keeps alive until the handle is released. caller_waits: this thread waits for
     it at once (the engine then lets the waiting thread start it). recv_into: a recv
-    writes output_ptr, described by dtype and shape (recv_)."""
+    writes output_ptr, described by dtype and shape (recv_). tune: a broadcast whose
+    values become the engine's knobs as it runs (HVDL_TUNE, the autotuner's)."""
     _check_request(name, shape)
     req = _scratch.req
     flags = (lib.HVDL_CALLER_WAITS if caller_waits else 0) | \
-        (lib.HVDL_RECV_INTO if recv_into else 0)
+        (lib.HVDL_RECV_INTO if recv_into else 0) | (lib.HVDL_TUNE if tune else 0)
     keep = _fill(req, op, name, dtype, shape, reduce_op, root_rank, prescale, postscale,
                  process_set, splits, flags)
     req.input = ffi.cast("void *", input_ptr)

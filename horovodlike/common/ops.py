@@ -281,6 +281,20 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
     return synchronize(h)
 
 
+def tune(values):
+    """The autotuner's agreed step (autotune.py): every rank takes part in a broadcast of
+    rank 0's float64 `values`, whose first ones become each rank's engine knobs as the
+    op runs (HVDL_TUNE); returns rank 0's values."""
+    x = np.ascontiguousarray(values, dtype=np.float64)
+    req = request.broadcast(0, "horovodlike.autotune", None)
+    out = np.empty_like(x)
+    with waiting:
+        h = submit((x, out), lambda _: out, tune=True,
+                   **req.fields(dtype_code(x.dtype, "broadcast"), x.shape, engine.address(x),
+                                engine.address(out)))
+    return synchronize(h)
+
+
 def barrier(process_set=None):
     with waiting:
         h = submit((), lambda _: None, **request.barrier(process_set).fields())

@@ -35,18 +35,10 @@ LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
 
 # Flags of features horovodlike does not have: dest -> why the value is ignored.
 _NCCL = "horovodlike runs collectives on the CPU in its own engine; there is no NCCL"
-_AUTOTUNE = ("horovodlike has no autotuner; set --fusion-threshold-mb and --cycle-time-ms "
-             "(or HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME) by hand")
 IGNORED = {
     "torus_allreduce": _NCCL + " (hierarchical allreduce is the nearest: "
                                "--hierarchical-allreduce)",
     "num_nccl_streams": _NCCL,
-    "autotune": _AUTOTUNE,
-    "autotune_log_file": _AUTOTUNE,
-    "autotune_warmup_samples": _AUTOTUNE,
-    "autotune_steps_per_sample": _AUTOTUNE,
-    "autotune_bayes_opt_max_samples": _AUTOTUNE,
-    "autotune_gaussian_process_noise": _AUTOTUNE,
     "mpi_threads_disable": "the engine never calls MPI (mpi4py is only used for the "
                            "address exchange in hvd.init under mpirun)",
     "use_jsrun": "there is no jsrun (LSF) launcher here; the job runs with horovodlikerun's "
@@ -158,17 +150,22 @@ def add_arguments(p):
     _pair(g, ["--torus-allreduce"], ["--no-torus-allreduce"], "torus_allreduce",
           "accepted and ignored: NCCL's torus allreduce does not exist here")
 
-    g = p.add_argument_group("autotune arguments (accepted and ignored: no autotuner)")
-    _pair(g, ["--autotune"], ["--no-autotune"], "autotune", "ignored")
-    g.add_argument("--autotune-log-file", dest="autotune_log_file", help="ignored")
+    g = p.add_argument_group("autotune arguments (the search: docs/moving-from-horovod.md)")
+    _pair(g, ["--autotune"], ["--no-autotune"], "autotune",
+          "search the fusion threshold, cycle time, bucket cap and allreduce algorithm "
+          "while the job trains, and keep the best")
+    g.add_argument("--autotune-log-file", dest="autotune_log_file",
+                   help="rank 0 writes one CSV row per sample here")
     g.add_argument("--autotune-warmup-samples", dest="autotune_warmup_samples", type=int,
-                   help="ignored")
+                   help="samples not scored at the start (default 3)")
     g.add_argument("--autotune-steps-per-sample", dest="autotune_steps_per_sample",
-                   type=int, help="ignored")
+                   type=int, help="training steps per sample (default 10)")
     g.add_argument("--autotune-bayes-opt-max-samples",
-                   dest="autotune_bayes_opt_max_samples", type=int, help="ignored")
+                   dest="autotune_bayes_opt_max_samples", type=int,
+                   help="samples of the Bayesian search (default 20)")
     g.add_argument("--autotune-gaussian-process-noise",
-                   dest="autotune_gaussian_process_noise", type=float, help="ignored")
+                   dest="autotune_gaussian_process_noise", type=float,
+                   help="the Gaussian process's noise on normalised scores (default 0.8)")
 
     add_elastic_args(p.add_argument_group("elastic arguments"))
 

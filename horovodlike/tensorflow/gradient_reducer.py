@@ -9,7 +9,7 @@ untouched, as Horovod does, so a 1-rank run equals a plain TensorFlow run bit fo
 """
 import tensorflow as tf
 
-from horovodlike.common import arguments, request
+from horovodlike.common import arguments, autotune, request
 from horovodlike.common.process_sets import global_process_set
 
 from . import _errors, _graph
@@ -57,6 +57,7 @@ class GradientReducer:
         self.groups = args.groups
         self.scale_local_gradients = scale_local_gradients
         self.local = set()
+        autotune.not_driven(what)
 
     def register_local(self, var):
         self.local.add(var_key(var))

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-from horovodlike.common import arguments
+from horovodlike.common import arguments, autotune
 from horovodlike.common.exceptions import TensorMismatchError
 from horovodlike.common.objects import allgather_object, broadcast_object
 from horovodlike.common.request import split_list
@@ -131,6 +131,7 @@ class _DistributedOptimizer:
         self._group_counts = {}
         self._buckets, self._bucket_of = [], {}
         self._densified = set()     # sparse gradients reduced as dense (sparse_as_dense)
+        self._tuner = None          # the autotuner, when it counts this optimizer's steps
 
         ps, _ = resolve(process_set)
         if ps.included() and ps.size() > 1:
@@ -140,6 +141,12 @@ class _DistributedOptimizer:
 
     def _name(self, p):
         return self._parameter_names.get(p)
+
+    def _replan(self, cap):
+        """The autotuner's new bucket cap (every rank, between the same two steps)."""
+        if self._buckets:
+            self._buckets, self._bucket_of = _buckets.plan(
+                self._trainable, self._name, min(self._first_cap, cap), cap)
 
     def _register_hooks(self):
         trainable = [p for group in self.param_groups for p in group["params"]
@@ -166,6 +173,12 @@ class _DistributedOptimizer:
         if self._groups is None and cap > 0:
             self._buckets, self._bucket_of = _buckets.plan(trainable, self._name,
                                                            first_cap, cap)
+            self._trainable, self._first_cap = trainable, first_cap
+        # The autotuner (HOROVOD_AUTOTUNE) counts this optimizer's steps when it reduces
+        # over every rank; it may change the bucket cap between two steps.
+        if resolve(self.process_set)[1] == 0:
+            self._tuner = autotune.tuner(cap if self._buckets else None,
+                                         self._replan if self._buckets else None)
 
         for p in trainable:
             self._requires_update.add(p)
@@ -298,6 +311,8 @@ class _DistributedOptimizer:
         finally:
             if psgd is not None:
                 psgd.iter += 1
+        if self._tuner is not None:
+            self._tuner.step()
 
     def _synchronize_powersgd(self):
         """synchronize() once PowerSGD compresses: sparse gradients on their own,
