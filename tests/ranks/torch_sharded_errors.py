@@ -27,7 +27,11 @@ def main():
     check_raises(ValueError, wrap(adam, shard_size=P + 1), f"shard_size={P + 1} does not "
                  f"divide the process set's size {P}", what="shard_size not dividing")
     check_raises(ValueError, wrap(adam, shard_size=0), "positive int", what="shard_size 0")
-    check_raises(ValueError, wrap(adam, stage=3), "stage must be 1", what="stage 3")
+    check_raises(ValueError, wrap(adam, stage=4), "stage must be 1", what="stage 4")
+    check_raises(ValueError, wrap(adam, stage=3), "stage=3 needs model=",
+                 what="stage 3 without its model")
+    check_raises(ValueError, wrap(adam, stage=2, model=model), "for stage=3 only",
+                 what="model= at stage 2")
     check_raises(ValueError, wrap(adam, op=thvd.Max), "only supports Average and Sum",
                  what="op=Max")
     check_raises(NotImplementedError, wrap(adam, op=thvd.Adasum), "Adasum", what="Adasum")

@@ -17,6 +17,8 @@ optimizer on it alone. The package, one job per module:
                   across replicas, all-gather of the updated parameters, clipping (with
                   the cost model of one step)
     state.py      state dicts: save, consolidate, load and reshard, broadcast
+    units.py      stage 3: the units of a model, gathered around their forwards and
+                  backwards and freed between (parameter sharding)
     optimizer.py  the class: arguments, set-up, the torch.optim.Optimizer API
 
 State crosses ranks through horovodlike.common.serialization (never pickled).

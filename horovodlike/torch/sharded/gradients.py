@@ -125,6 +125,8 @@ class GradientPipeline:
         b.pending = (handle, ctx, compressed)
         b.staging, b.staged = None, set()
         self._launched.add(b.index)
+        if self.stage == 3:               # its gradients have left: the unit goes too
+            self._free_unit(b)
         for other in self._buckets:       # free the staging of reductions already done
             if other.pending is not None and (other.pending[0] is None
                                               or C.poll(other.pending[0])):
@@ -307,5 +309,5 @@ class GradientPipeline:
         else:
             for g in shards:
                 g.mul_(coef.to(g.dtype))
-        dtype = next(iter(self._flat), torch.float32)
+        dtype = next(iter(self._shard_grad), torch.float32)
         return total.to(dtype)

@@ -22,6 +22,7 @@ from ..optimizer import (_IN_FLIGHT_MSG, _DistributedOptimizer, check_named_para
 from .gradients import GradientPipeline
 from .layout import Layout, partition_ranks, set_of
 from .state import StateDicts
+from .units import Stage3, UnitLayout
 
 # Optimizers whose update of every element reads only that element's gradient and state
 # (plus per-tensor scalars such as the step count, equal over a tensor's slices).
@@ -34,7 +35,7 @@ DEFAULT_BUCKET_CAP_MB = 4.0
 _instances = itertools.count()     # numbers optimizers in creation order, same on all ranks
 
 
-class ShardedDistributedOptimizer(GradientPipeline, StateDicts, torch.optim.Optimizer):
+class ShardedDistributedOptimizer(Stage3, GradientPipeline, StateDicts, torch.optim.Optimizer):
     """Wrap an element-wise torch.optim optimizer so that its state (stage 1) and the
     reduced gradients (stage 2) are sharded over partition groups of shard_size ranks,
     and replicated across them.
@@ -43,7 +44,12 @@ class ShardedDistributedOptimizer(GradientPipeline, StateDicts, torch.optim.Opti
         or ASGD (others are refused: their updates need whole tensors).
     named_parameters: (name, parameter) pairs, usually model.named_parameters().
     stage: 1 shards the optimizer state and leaves the averaged gradients in p.grad after
-        synchronize(); 2 (default) keeps only this rank's reduced gradient shard.
+        synchronize(); 2 (default) keeps only this rank's reduced gradient shard; 3 also
+        shards the parameters: each unit of `model` is gathered only while it computes
+        (units.py).
+    model: stage 3 only, the module whose parameters these are (it gets the hooks).
+    units: stage 3 only, the modules to gather as one (default: every module holding
+        parameters of its own), e.g. one per transformer block.
     shard_size: ranks per partition group; must divide the set's size. Default: the whole
         set (ZeRO). hvd.local_size() shards inside each node and replicates across nodes.
     compression: hvd.Compression.none or .fp16 for the gradients' transfers.
@@ -60,11 +66,17 @@ class ShardedDistributedOptimizer(GradientPipeline, StateDicts, torch.optim.Opti
 
     def __init__(self, optimizer, named_parameters=None, stage=2, shard_size=None,
                  compression=Compression.none, op=C.Average, backward_passes_per_step=1,
-                 process_set=global_process_set, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB):
+                 process_set=global_process_set, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB,
+                 model=None, units=None):
         _check_optimizer(optimizer)
-        if stage not in (1, 2) or isinstance(stage, bool):
-            raise ValueError(f"stage must be 1 (shard optimizer state) or 2 (also "
-                             f"gradients), got {stage!r}")
+        if stage not in (1, 2, 3) or isinstance(stage, bool):
+            raise ValueError(f"stage must be 1 (shard optimizer state), 2 (also "
+                             f"gradients) or 3 (also parameters), got {stage!r}")
+        if stage == 3 and not isinstance(model, torch.nn.Module):
+            raise ValueError("stage=3 needs model=, the nn.Module whose parameters the "
+                             "optimizer holds: its units are gathered around their forwards")
+        if stage != 3 and (model is not None or units is not None):
+            raise ValueError("model= and units= are for stage=3 only")
         args = arguments.gradient_args(op, compression,
                                        backward_passes_per_step=backward_passes_per_step,
                                        sum_or_average=True)
@@ -109,14 +121,19 @@ class ShardedDistributedOptimizer(GradientPipeline, StateDicts, torch.optim.Opti
             if p.device.type != "cpu" or p.is_sparse:
                 raise ValueError(f"ShardedDistributedOptimizer: parameter {self._name(p)!r} "
                                  f"is not a dense CPU tensor")
-        layout = Layout(self._params, self._group_of, shard_size,
-                        int(bucket_cap_mb * (1 << 20)))
+        if stage == 3:
+            layout = UnitLayout(model, units, self._params, self._group_of, shard_size,
+                                self._name)
+        else:
+            layout = Layout(self._params, self._group_of, shard_size,
+                            int(bucket_cap_mb * (1 << 20)))
+        self._units_layout = layout
         self._buckets, self._flat, self._bucket_of = layout.buckets, layout.flat, \
             layout.bucket_of
         self._pieces = layout.pieces(self.shard_rank)   # this rank's slices, in order
         self._shard_grad = {d: torch.zeros(sum(b.chunk for b in self._buckets
                                                if b.dtype == d), dtype=d)
-                            for d in self._flat}
+                            for d in {b.dtype for b in self._buckets}}
         self._inner = self._make_inner(optimizer)
 
         self._passes = 0                  # backward passes reduced since the last step
@@ -127,6 +144,8 @@ class ShardedDistributedOptimizer(GradientPipeline, StateDicts, torch.optim.Opti
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(p))
                               for b in self._buckets for p, *_ in b.entries]
         mark_reduced([p for b in self._buckets for p, *_ in b.entries], self)
+        if stage == 3:
+            self._setup_units()
         if optimizer.state:               # e.g. loaded from a checkpoint before wrapping
             self.load_state_dict(optimizer.state_dict())
 
@@ -140,8 +159,10 @@ class ShardedDistributedOptimizer(GradientPipeline, StateDicts, torch.optim.Opti
         groups = [dict(g, params=[]) for g in self.param_groups]
         for pc in self._pieces:
             b = self._buckets[pc["bucket"]]
-            t = self._flat[b.dtype][b.base + pc["start"]:b.base + pc["end"]]
             g0 = b.shard_off + pc["start"] - self.shard_rank * b.chunk
+            t = self._units_layout.shard[b.dtype][g0:g0 + pc["end"] - pc["start"]] \
+                if self.stage == 3 else self._flat[b.dtype][b.base + pc["start"]:
+                                                           b.base + pc["end"]]
             t.grad = self._shard_grad[b.dtype][g0:g0 + pc["end"] - pc["start"]]
             groups[pc["group"]]["params"].append(t)
         if not any(g["params"] for g in groups):
@@ -181,7 +202,8 @@ class ShardedDistributedOptimizer(GradientPipeline, StateDicts, torch.optim.Opti
         for outer, inner in zip(self.param_groups, self._inner.param_groups):
             inner.update({k: v for k, v in outer.items() if k != "params"})
         self._inner.step()
-        self._gather_parameters()
+        if self.stage != 3:               # stage 3 gathers each unit when it runs
+            self._gather_parameters()
         return loss
 
     def zero_grad(self, set_to_none=True):
