@@ -166,6 +166,8 @@ class GradientPipeline:
             self._launch(b)
         self._launched = set()
         self._passes += 1
+        if self.stage == 3:
+            self._pass_ended()
 
     def _flush_pass(self):
         """A pass out of p.grad as it stands (no backward ran since the last step, or

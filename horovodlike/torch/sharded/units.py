@@ -4,8 +4,8 @@ of a partition group keeps only its own contiguous 1/S of it (its shard).
 
 Units. By default every module that holds parameters of its own is a unit; units=[...]
 names modules instead (one per transformer block, say), and a unit then holds every
-parameter under its module that no nested named unit holds. Parameters no unit holds
-form a unit of the model itself. A parameter reachable from two units (tied weights)
+parameter under its module that no nested named unit holds; outside the named units,
+each module holding parameters of its own is a unit, as by default. A parameter reachable from two units (tied weights)
 merges them into one unit, gathered whenever either module runs.
 
 One step, for a unit of B bytes in a partition group of S ranks:
@@ -53,8 +53,11 @@ def find_units(model, units):
         for m in chosen:
             if not isinstance(m, torch.nn.Module) or m not in names:
                 raise ValueError(f"units: {m!r} is not a module of the model")
-        if model not in chosen:
-            chosen.append(model)          # what no named unit holds
+        # what no named unit holds: each module holding parameters of its own outside
+        # them is a unit, as by default (so that no unit spans the whole forward)
+        under = {d for u in chosen for d in u.modules()}
+        chosen += [m for m in model.modules() if m not in under and
+                   any(p.requires_grad for p in m.parameters(recurse=False))]
     chosen_set = set(chosen)
     order = [m for m in model.modules() if m in chosen_set]
 
@@ -101,6 +104,7 @@ class Unit(Bucket):
         self.name, self.modules = name, modules
         self.full = torch.zeros(self.padded, dtype=dtype)
         self.gathered = True
+        self.fetching = None              # its all-gather's handle while in flight
         self.users = 0                    # forwards of its modules under way
 
 
@@ -171,6 +175,11 @@ class Stage3:
             self._hook_handles.append(m.register_forward_hook(self._after_forward))
         for b in self._buckets:
             self._free_unit(b)
+        # Prefetch: the order units ran in (indices), recorded in each forward and
+        # followed in the next: while unit k computes, unit k+1's gather runs on the
+        # engine's thread (in backward, unit k-1's).
+        self._order, self._seen, self._new_pass = [], [], False
+        self._prefetching = True
 
     @contextlib.contextmanager
     def full_parameters(self, writeback=True):
@@ -202,24 +211,52 @@ class Stage3:
         return sum(s.numel() * s.element_size() for s in self._units_layout.shard.values()) + \
             (self._gathered_bytes() if self.partition_set is not None else 0)
 
-    def _gather_unit(self, b):
+    def _start_gather(self, b):
+        """Refill b's storage and start its all-gather, unless it is there or coming."""
         if b.gathered:
             return
         b.full.untyped_storage().resize_(b.padded * b.full.element_size())
-        _ops.synchronize(_allgather_into(self._units_layout.own(b), b.full,
-                                         f"{self._uid}.unit.{b.index}", self.partition_set))
+        b.fetching = _allgather_into(self._units_layout.own(b), b.full,
+                                     f"{self._uid}.unit.{b.index}", self.partition_set)
         b.gathered = True
+
+    def _gather_unit(self, b):
+        self._start_gather(b)
+        if b.fetching is not None:
+            handle, b.fetching = b.fetching, None
+            _ops.synchronize(handle)
 
     def _free_unit(self, b):
         if self.partition_set is None or not b.gathered or b.users:
             return
+        if b.fetching is not None:     # the engine is writing into it: let it finish
+            handle, b.fetching = b.fetching, None
+            _ops.synchronize(handle)
         b.full.untyped_storage().resize_(0)
         b.gathered = False
 
+    def _prefetch(self, k):
+        """Start gathering the unit at position k of the recorded forward order."""
+        if self._prefetching and 0 <= k < len(self._order):
+            b = self._buckets[self._order[k]]
+            if b.index not in self._launched:
+                self._start_gather(b)
+
+    def _pass_ended(self):
+        """A backward pass has ended: the next forward records the order afresh."""
+        self._new_pass = True
+
     def _before_forward(self, module, args):
+        if self._new_pass:                # the previous pass's order is the one to follow
+            self._new_pass = False
+            self._order, self._seen = self._seen or self._order, []
         for b in self._unit_of_module[module]:
+            if b.index not in self._seen:
+                self._seen.append(b.index)
             self._gather_unit(b)
             b.users += 1
+        if self._order[:len(self._seen)] == self._seen:   # the order holds so far
+            self._prefetch(len(self._seen))
 
     def _after_forward(self, module, args, output):
         units = self._unit_of_module[module]
@@ -238,5 +275,9 @@ class Stage3:
             for b in units:
                 if b.index not in self._launched:
                     self._gather_unit(b)
+            # backward runs the forward order backwards: the unit before comes next
+            at = min(self._order.index(b.index) for b in units
+                     if b.index in self._order) if self._order else -1
+            self._prefetch(at - 1)
             return grad
         return hook
