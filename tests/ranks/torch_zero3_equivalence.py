@@ -2,7 +2,7 @@
 ShardedDistributedOptimizer(stage=3) against one process training the global batch,
 in float64, for Adam and AdamW, backward_passes_per_step 1 and 2, shard_size the world
 (ZeRO-3) and 2 (MiCS, at 4 ranks), units by module and by block; and the resident
-parameter bytes between steps and during forward."""
+parameter bytes between steps and during forward. The model ties two layers' weights."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -18,13 +18,17 @@ class Net(nn.Module):
         self.emb = nn.Linear(5, 16)
         self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh())
                                     for _ in range(3))
+        self.tie_a = nn.Linear(16, 16)             # tied weights: one unit, used twice
+        self.tie_b = nn.Linear(16, 16, bias=False)
+        self.tie_b.weight = self.tie_a.weight
         self.head = nn.Linear(16, 3)
 
     def forward(self, x):
         x = torch.tanh(self.emb(x))
+        x = x + torch.tanh(self.tie_a(x))
         for b in self.blocks:
             x = x + b(x)
-        return self.head(x)
+        return self.head(x + self.tie_b(x))
 
 
 def fresh():
@@ -68,6 +72,9 @@ def main():
                     shard_size=S, backward_passes_per_step=passes, model=model,
                     units=units)
                 total = sum(p.numel() * 8 for p in fresh().parameters())
+                tied = [b for b in opt._buckets if len(b.modules) > 1]
+                if len(tied) != 1 or {m for m in tied[0].modules} != {model.tie_a, model.tie_b}:
+                    failures.append(f"{what}: the tied layers are not one unit")
                 largest = sorted(b.padded * 8 for b in opt._buckets)[-2:]
                 peak = [0]
 

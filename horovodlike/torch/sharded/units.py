@@ -36,6 +36,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from horovodlike.common import ops as _ops
+from horovodlike.common.exceptions import HorovodInternalError
 
 from .gradients import _allgather_into
 from .layout import Bucket, Layout
@@ -217,21 +218,30 @@ class Stage3:
             return
         b.full.untyped_storage().resize_(b.padded * b.full.element_size())
         b.fetching = _allgather_into(self._units_layout.own(b), b.full,
-                                     f"{self._uid}.unit.{b.index}", self.partition_set)
+                                     f"{self._uid}.unit.{b.name}.{b.index}", self.partition_set)
         b.gathered = True
+
+    def _wait_gather(self, b):
+        if b.fetching is None:
+            return
+        handle, b.fetching = b.fetching, None
+        try:
+            _ops.synchronize(handle)
+        except HorovodInternalError as e:
+            raise HorovodInternalError(
+                f"ShardedDistributedOptimizer (stage 3), gathering unit {b.name!r}: {e} "
+                f"Every rank of the partition group must run the same units in the same "
+                f"order: a forward that skips a unit on some ranks, or runs them in "
+                f"another order, cannot be sharded") from e
 
     def _gather_unit(self, b):
         self._start_gather(b)
-        if b.fetching is not None:
-            handle, b.fetching = b.fetching, None
-            _ops.synchronize(handle)
+        self._wait_gather(b)
 
     def _free_unit(self, b):
         if self.partition_set is None or not b.gathered or b.users:
             return
-        if b.fetching is not None:     # the engine is writing into it: let it finish
-            handle, b.fetching = b.fetching, None
-            _ops.synchronize(handle)
+        self._wait_gather(b)           # the engine may be writing into it: let it finish
         b.full.untyped_storage().resize_(0)
         b.gathered = False
 
