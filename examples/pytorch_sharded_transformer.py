@@ -41,6 +41,16 @@ class TransformerLM(nn.Module):
         return self.head(self.norm(h))
 
 
+def model_args(ap, steps):
+    """The model's and the run's flags (examples/pytorch_zero3_transformer.py too)."""
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=8192)
+
+
 def tensor_bytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
@@ -69,12 +79,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shard-size", type=int, default=None)
     ap.add_argument("--stage", type=int, default=2, choices=[1, 2])
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--vocab", type=int, default=8192)
+    model_args(ap, steps=4)
     args = ap.parse_args()
 
     hvd.init(process_sets="dynamic")

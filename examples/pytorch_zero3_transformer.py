@@ -17,18 +17,13 @@ import torch
 import torch.nn.functional as F
 
 import horovodlike.torch as hvd
-from pytorch_sharded_transformer import TransformerLM
+from pytorch_sharded_transformer import TransformerLM, model_args
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shard-size", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--vocab", type=int, default=8192)
+    model_args(ap, steps=3)
     args = ap.parse_args()
 
     hvd.init(process_sets="dynamic")

@@ -1,9 +1,11 @@
 """ShardedDistributedOptimizer(stage=3): parameter sharding (ZeRO-3, and MiCS with
 partition groups) against one process training the global batch, in float64, with the
 resident parameter bytes counted from the storages."""
+import re
+
 import pytest
 
-from harness import launcher_matrix, rank_program, run_ranks
+from harness import REPO, launcher_matrix, rank_program, run_ranks
 
 EQUIVALENCE = rank_program("torch_zero3_equivalence")
 
@@ -30,3 +32,22 @@ def test_ranks_that_run_other_units_fail(case):
         assert "gathering unit 'blocks." in failed[0], failed[0]
         assert "must run the same units in the same order" in failed[0], failed[0]
         assert "rank 0" in failed[0] and "rank 1" in failed[0], failed[0]
+
+
+EXAMPLE = REPO / "examples" / "pytorch_zero3_transformer.py"
+
+
+@pytest.mark.timeout(200)
+def test_the_example_holds_a_quarter_per_rank_at_4_ranks():
+    res = run_ranks(EXAMPLE, 4, timeout=150,
+                    args=["--layers", "2", "--d-model", "64", "--vocab", "512", "--steps", "2"])
+    assert res.returncode == 0, res.describe()
+    lines = res.rank_lines()
+    for r in range(4):
+        held = [re.search(r"resident parameter bytes (\d+) of (\d+) \((\d+)%\)", x)
+                for x in lines.get(r, [])]
+        held = [m for m in held if m]
+        assert len(held) == 2, res.describe()
+        for m in held:
+            mine, full = int(m.group(1)), int(m.group(2))
+            assert full / 4 <= mine <= full / 4 * 1.01, m.group(0)
