@@ -131,6 +131,11 @@ class GradientPipeline:
             if other.pending is not None and (other.pending[0] is None
                                               or C.poll(other.pending[0])):
                 self._collect(other)
+        if self.stage == 3:               # at most two units' gradients in flight: the
+            self._inflight = [x for x in getattr(self, "_inflight", []) if x.pending]
+            self._inflight.append(b)      # memory bound of units.py
+            while len(self._inflight) > 2:
+                self._collect(self._inflight.pop(0))
 
     def _collect(self, b):
         """Wait for b's reduce-scatter and add its result into the gradient shard."""

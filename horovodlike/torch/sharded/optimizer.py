@@ -50,6 +50,9 @@ class ShardedDistributedOptimizer(Stage3, GradientPipeline, StateDicts, torch.op
     model: stage 3 only, the module whose parameters these are (it gets the hooks).
     units: stage 3 only, the modules to gather as one (default: every module holding
         parameters of its own), e.g. one per transformer block.
+    init: stage 3 only, for a model built on the meta device: a function initialising a
+        module, as model.apply(init) would (default: each module's reset_parameters());
+        each rank initialises one unit at a time and keeps its shard (materialize.py).
     shard_size: ranks per partition group; must divide the set's size. Default: the whole
         set (ZeRO). hvd.local_size() shards inside each node and replicates across nodes.
     compression: hvd.Compression.none or .fp16 for the gradients' transfers.
@@ -67,7 +70,7 @@ class ShardedDistributedOptimizer(Stage3, GradientPipeline, StateDicts, torch.op
     def __init__(self, optimizer, named_parameters=None, stage=2, shard_size=None,
                  compression=Compression.none, op=C.Average, backward_passes_per_step=1,
                  process_set=global_process_set, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB,
-                 model=None, units=None):
+                 model=None, units=None, init=None):
         _check_optimizer(optimizer)
         if stage not in (1, 2, 3) or isinstance(stage, bool):
             raise ValueError(f"stage must be 1 (shard optimizer state), 2 (also "
@@ -75,8 +78,8 @@ class ShardedDistributedOptimizer(Stage3, GradientPipeline, StateDicts, torch.op
         if stage == 3 and not isinstance(model, torch.nn.Module):
             raise ValueError("stage=3 needs model=, the nn.Module whose parameters the "
                              "optimizer holds: its units are gathered around their forwards")
-        if stage != 3 and (model is not None or units is not None):
-            raise ValueError("model= and units= are for stage=3 only")
+        if stage != 3 and (model is not None or units is not None or init is not None):
+            raise ValueError("model=, units= and init= are for stage=3 only")
         args = arguments.gradient_args(op, compression,
                                        backward_passes_per_step=backward_passes_per_step,
                                        sum_or_average=True)
@@ -118,12 +121,13 @@ class ShardedDistributedOptimizer(Stage3, GradientPipeline, StateDicts, torch.op
         self._group_of = {id(p): gi for gi, g in enumerate(self.param_groups)
                           for p in g["params"]}
         for p in self._params:
-            if p.device.type != "cpu" or p.is_sparse:
+            if (p.device.type != "cpu" and not (stage == 3 and p.is_meta)) or p.is_sparse:
                 raise ValueError(f"ShardedDistributedOptimizer: parameter {self._name(p)!r} "
                                  f"is not a dense CPU tensor")
         if stage == 3:
             layout = UnitLayout(model, units, self._params, self._group_of, shard_size,
-                                self._name)
+                                self.shard_rank, self._name, init)
+            self._adopt(layout.replaced)
         else:
             layout = Layout(self._params, self._group_of, shard_size,
                             int(bucket_cap_mb * (1 << 20)))
@@ -153,6 +157,17 @@ class ShardedDistributedOptimizer(Stage3, GradientPipeline, StateDicts, torch.op
 
     def _name(self, p):
         return self._names.get(id(p), f"param.{self._group_of.get(id(p))}")
+
+    def _adopt(self, replaced):
+        """Stage 3 built the parameters of a meta model: they take the meta ones' place
+        in the param groups, the names and the group map."""
+        if not replaced:
+            return
+        for g in self.param_groups:
+            g["params"] = [replaced.get(id(p), p) for p in g["params"]]
+        for old, new in replaced.items():
+            self._names[id(new)] = self._names.pop(old, None) or self._name(new)
+            self._group_of[id(new)] = self._group_of.pop(old)
 
     def _make_inner(self, optimizer):
         """The wrapped optimizer's class over this rank's slices, with its hyperparams."""

@@ -38,6 +38,7 @@ import torch.utils._pytree as pytree
 from horovodlike.common import ops as _ops
 from horovodlike.common.exceptions import HorovodInternalError
 
+from . import materialize
 from .gradients import _allgather_into
 from .layout import Bucket, Layout
 
@@ -103,8 +104,8 @@ class Unit(Bucket):
     def __init__(self, index, dtype, name, modules, entries, shard_size):
         super().__init__(index, dtype, 0, entries, shard_size)
         self.name, self.modules = name, modules
-        self.full = torch.zeros(self.padded, dtype=dtype)
-        self.gathered = True
+        self.full = None                  # made at its first filling (UnitLayout.refill)
+        self.gathered = False
         self.fetching = None              # its all-gather's handle while in flight
         self.users = 0                    # forwards of its modules under way
 
@@ -112,10 +113,14 @@ class Unit(Bucket):
 class UnitLayout(Layout):
     """Layout's fields (buckets, bucket_of, pieces) with one bucket per unit and dtype,
     each over a buffer of its own; the owned chunks live in `shard` (per dtype, laid out
-    as the gradient shard: bucket after bucket)."""
+    as the gradient shard: bucket after bucket). Units are filled one at a time, from
+    the parameters' values or, for a model built on the meta device, by initialising
+    them (materialize.py), so that at most a unit is in full at once."""
 
-    def __init__(self, model, units, params, group_of, shard_size, name_of):
+    def __init__(self, model, units, params, group_of, shard_size, shard_rank, name_of,
+                 init=None):
         self.params, self.group_of, self.shard_size = params, group_of, shard_size
+        self.shard_rank = shard_rank
         index = {id(p): j for j, p in enumerate(params)}
         self.buckets, self.bucket_of, self.flat = [], {}, {}
         for name, mods, ps in find_units(model, units):
@@ -134,9 +139,8 @@ class UnitLayout(Layout):
                     off += p.numel()
                 self.buckets.append(Unit(len(self.buckets), dtype, name, mods, entries,
                                          shard_size))
-        missing = [name_of(p) for p in params
-                   if p.requires_grad and not any(id(p) == id(e[0]) for b in self.buckets
-                                                  for e in b.entries)]
+        held = {id(e[0]) for b in self.buckets for e in b.entries}
+        missing = [name_of(p) for p in params if p.requires_grad and id(p) not in held]
         if missing:
             raise ValueError(f"stage 3: parameters {missing} belong to no module of the "
                              f"model; stage 3 shards the model's own parameters")
@@ -144,17 +148,36 @@ class UnitLayout(Layout):
         for b in self.buckets:
             b.shard_off = offs.get(b.dtype, 0)
             offs[b.dtype] = b.shard_off + b.chunk
-            with torch.no_grad():
-                for p, j, off, numel in b.entries:
-                    view = b.full[off:off + numel]
-                    view.copy_(p.detach().reshape(-1))
-                    p.data = view.view(p.shape)
-                    self.bucket_of[id(p)] = (b, off)
         self.shard = {d: torch.zeros(n, dtype=d) for d, n in offs.items()}
+        self.replaced = materialize.fill(model, self, init)  # {id(meta param): new}
+        for b in self.buckets:
+            for p, j, off, numel in b.entries:
+                self.bucket_of[id(p)] = (b, off)
 
     def own(self, b):
         """Bucket b's chunk of this layout's shard."""
         return self.shard[b.dtype][b.shard_off:b.shard_off + b.chunk]
+
+    def refill(self, b):
+        """b's buffer in full again (its contents undefined), the same tensor each time
+        so that the parameters stay views of it."""
+        if b.full is None:
+            b.full = torch.empty(b.padded, dtype=b.dtype)
+        else:
+            b.full.untyped_storage().resize_(b.padded * b.full.element_size())
+        b.gathered = True
+
+    def drop(self, b):
+        b.full.untyped_storage().resize_(0)
+        b.gathered = False
+
+    @torch.no_grad()
+    def keep_own(self, b):
+        """The unit is filled: keep this member's chunk of it, and free it."""
+        r = self.shard_rank
+        self.own(b).copy_(b.full[r * b.chunk:(r + 1) * b.chunk])
+        b.full.untyped_storage().resize_(0)
+        b.gathered = False
 
 
 class Stage3:
@@ -162,11 +185,6 @@ class Stage3:
     and freeing (a mixin; it uses _units_layout, _buckets, partition_set, shard_rank, _uid)."""
 
     def _setup_units(self):
-        layout = self._units_layout
-        for b in self._buckets:                      # the shards from the full values
-            with torch.no_grad():
-                layout.own(b).copy_(b.full[self.shard_rank * b.chunk:
-                                           (self.shard_rank + 1) * b.chunk])
         self._unit_of_module = {}
         for b in self._buckets:
             for m in b.modules:
@@ -174,8 +192,6 @@ class Stage3:
         for m in self._unit_of_module:
             self._hook_handles.append(m.register_forward_pre_hook(self._before_forward))
             self._hook_handles.append(m.register_forward_hook(self._after_forward))
-        for b in self._buckets:
-            self._free_unit(b)
         # Prefetch: the order units ran in (indices), recorded in each forward and
         # followed in the next: while unit k computes, unit k+1's gather runs on the
         # engine's thread (in backward, unit k-1's).
@@ -205,21 +221,25 @@ class Stage3:
                 self._free_unit(b)
 
     def _gathered_bytes(self):
-        return sum(b.full.untyped_storage().nbytes() for b in self._buckets)
+        return sum(b.full.untyped_storage().nbytes() for b in self._buckets
+                   if b.full is not None)
 
     def parameter_bytes(self):
         """Parameter bytes this rank holds now: its shards, and the units in full."""
         return sum(s.numel() * s.element_size() for s in self._units_layout.shard.values()) + \
-            (self._gathered_bytes() if self.partition_set is not None else 0)
+            self._gathered_bytes()
 
     def _start_gather(self, b):
         """Refill b's storage and start its all-gather, unless it is there or coming."""
         if b.gathered:
             return
-        b.full.untyped_storage().resize_(b.padded * b.full.element_size())
+        self._units_layout.refill(b)
+        if self.partition_set is None:     # a partition group of one: the shard is all
+            with torch.no_grad():
+                b.full.copy_(self._units_layout.own(b))
+            return
         b.fetching = _allgather_into(self._units_layout.own(b), b.full,
                                      f"{self._uid}.unit.{b.name}.{b.index}", self.partition_set)
-        b.gathered = True
 
     def _wait_gather(self, b):
         if b.fetching is None:
@@ -228,6 +248,8 @@ class Stage3:
         try:
             _ops.synchronize(handle)
         except HorovodInternalError as e:
+            if "deadlock" not in str(e):
+                raise
             raise HorovodInternalError(
                 f"ShardedDistributedOptimizer (stage 3), gathering unit {b.name!r}: {e} "
                 f"Every rank of the partition group must run the same units in the same "
@@ -239,7 +261,7 @@ class Stage3:
         self._wait_gather(b)
 
     def _free_unit(self, b):
-        if self.partition_set is None or not b.gathered or b.users:
+        if not b.gathered or b.users:
             return
         self._wait_gather(b)           # the engine may be writing into it: let it finish
         b.full.untyped_storage().resize_(0)
