@@ -59,7 +59,6 @@
 #define TICK_S 0.5          /* how often a rank looks at its callers */
 #define BLOCKED_S 2.0       /* every caller blocked this long, with nothing posted since */
 #define STABLE_S 1.5        /* the same deadlock seen this long is the verdict */
-#define MAX_NAME 4096       /* longest name a report carries */
 
 struct deadlock {
     double next_tick;
@@ -134,7 +133,7 @@ static int snapshot(engine_t *e, double now, wait_report_t *w) {
         op_t *o = e->slots[i];
         if (!o || atomic_load(&o->done)) continue;
         wait_entry_t *x = &w->ops[w->n];
-        if (strlen(o->name) > MAX_NAME || !(x->name = strdup(o->name))) {
+        if (strlen(o->name) > HVDL_MAX_NAME || !(x->name = strdup(o->name))) {
             w->partial = 1;
             break;
         }

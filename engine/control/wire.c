@@ -38,12 +38,15 @@ int hvdl__write_requests(buf_t *msg, const uint64_t *bits, int nwords, int nfull
            buf_put_u32(msg, (uint32_t)nfull) || buf_put(msg, full->data, full->len);
 }
 
-/* A name from the wire: 1..4096 bytes without NUL (as enqueue requires), or NULL. */
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a number's digits, for a reason that must be a literal */
+
+/* A name from the wire: 1..HVDL_MAX_NAME bytes without NUL (as enqueue requires), or NULL. */
 static char *rd_name(reader_t *r) {
     char *name = rd_str(r);
-    if (name && (!*name || strlen(name) > 4096)) {
+    if (name && (!*name || strlen(name) > HVDL_MAX_NAME)) {
         free(name);
-        rd_fail(r, "a name that is empty or longer than 4096 bytes");
+        rd_fail(r, "a name that is empty or longer than " STR(HVDL_MAX_NAME) " bytes");
         return NULL;
     }
     return name;

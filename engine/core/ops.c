@@ -24,8 +24,9 @@
  * the process-set table). */
 static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
     if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every request needs a name");
-    if (strlen(q->name) > 4096)
-        return hvdl__err(HVDL_ERR_INVALID, "name longer than 4096 bytes: '%.64s...'", q->name);
+    if (strlen(q->name) > HVDL_MAX_NAME)
+        return hvdl__err(HVDL_ERR_INVALID, "name longer than %d bytes: '%.64s...'", HVDL_MAX_NAME,
+                         q->name);
     if (q->name_len && (int64_t)strlen(q->name) != q->name_len)
         return hvdl__err(HVDL_ERR_INVALID,
                          "the name '%s...' contains a NUL byte; names must be text "

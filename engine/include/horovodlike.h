@@ -33,6 +33,9 @@
 #define HVDL_BLOB_BYTES 320
 #define HVDL_MSG_BYTES 1024
 #define HVDL_KEY_MAX 64
+/* The longest request name, in bytes (without its NUL): enqueue refuses a longer one,
+ * and no frame carries one. */
+#define HVDL_MAX_NAME 4096
 
 /* Status codes: one table for the whole engine (names in hvdl_status_name()). */
 enum hvdl_status {
@@ -112,7 +115,8 @@ typedef struct hvdl_request {
                                 alltoall: NULL, the engine allocates the result */
     const int64_t *splits;   /* alltoall: rows for each member of the process set, in
                                 set order (NULL: even split); copied at enqueue */
-    const char *name;        /* unique among in-flight requests; required */
+    const char *name;        /* unique among in-flight requests; required, at most
+                                HVDL_MAX_NAME bytes */
     int64_t name_len;        /* bytes of name when known (0: up to its NUL); a name with
                                 a NUL byte inside is refused */
     int flags;               /* enum hvdl_request_flags, or 0 */

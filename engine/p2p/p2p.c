@@ -174,9 +174,9 @@ static int post_now(engine_t *e, op_t *o) {
 static int check_p2p(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
     const char *what = q->op == HVDL_OP_SEND ? "send" : "recv";
     if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every %s needs a name", what);
-    if (strlen(q->name) > P2P_MAX_NAME)
+    if (strlen(q->name) > HVDL_MAX_NAME)
         return hvdl__err(HVDL_ERR_INVALID, "%s: name longer than %d bytes: '%.64s...'", what,
-                         P2P_MAX_NAME, q->name);
+                         HVDL_MAX_NAME, q->name);
     if (q->name_len && (int64_t)strlen(q->name) != q->name_len)
         return hvdl__err(HVDL_ERR_INVALID, "%s: the name '%s...' contains a NUL byte", what,
                          q->name);
