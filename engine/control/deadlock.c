@@ -174,27 +174,8 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
 
 /* ---- rank 0: the analysis ---- */
 
-/* Every op kind; the collectives are those before HVDL_OP_SEND. */
-static const char *const OPS[] = {[HVDL_OP_ALLREDUCE] = "allreduce",
-                                  [HVDL_OP_ALLGATHER] = "allgather",
-                                  [HVDL_OP_BROADCAST] = "broadcast",
-                                  [HVDL_OP_BARRIER] = "barrier",
-                                  [HVDL_OP_ALLTOALL] = "alltoall",
-                                  [HVDL_OP_REDUCESCATTER] = "reducescatter",
-                                  [HVDL_OP_JOIN] = "join",
-                                  [HVDL_OP_SEND] = "send",
-                                  [HVDL_OP_RECV] = "recv"};
-static const char *const A_OPS[] = {[HVDL_OP_ALLREDUCE] = "an allreduce",
-                                    [HVDL_OP_ALLGATHER] = "an allgather",
-                                    [HVDL_OP_BROADCAST] = "a broadcast",
-                                    [HVDL_OP_BARRIER] = "a barrier",
-                                    [HVDL_OP_ALLTOALL] = "an alltoall",
-                                    [HVDL_OP_REDUCESCATTER] = "a reducescatter",
-                                    [HVDL_OP_JOIN] = "a join",
-                                    [HVDL_OP_SEND] = "a send",
-                                    [HVDL_OP_RECV] = "a recv"};
-_Static_assert(sizeof OPS / sizeof OPS[0] == HVDL_OP_RECV + 1, "an op without a name");
-_Static_assert(sizeof A_OPS / sizeof A_OPS[0] == HVDL_OP_RECV + 1, "an op without a name");
+/* "an allreduce", "a send": the article an op kind's name takes */
+static const char *article(int op) { return strchr("aeiou", hvdl_op_name(op)[0]) ? "an" : "a"; }
 
 static int p2p(const wait_entry_t *x) { return x->op >= HVDL_OP_SEND; }
 
@@ -202,7 +183,8 @@ static int p2p(const wait_entry_t *x) { return x->op >= HVDL_OP_SEND; }
  * send or recv), with "@set<id>" on a process set's ops (request.py). Into out, without
  * the set suffix. */
 static const char *user_name(const wait_entry_t *x, char *out, size_t cap) {
-    const char *dot = strchr(x->name, '.'), *kind = strstr(x->name, p2p(x) ? "p2p" : OPS[x->op]);
+    const char *dot = strchr(x->name, '.'),
+               *kind = strstr(x->name, p2p(x) ? "p2p" : hvdl_op_name(x->op));
     const char *s = dot && kind && kind < dot ? dot + 1 : x->name;
     size_t n = strlen(s);
     const char *at = strrchr(s, '@');
@@ -216,8 +198,8 @@ static const char *user_name(const wait_entry_t *x, char *out, size_t cap) {
 static void describe(const wait_entry_t *x, char *out, size_t cap) {
     char u[256];
     user_name(x, u, sizeof u);
-    int k = strcmp(u, OPS[x->op]) ? snprintf(out, cap, "%s '%s'", OPS[x->op], u)
-                                  : snprintf(out, cap, "%s", OPS[x->op]);
+    int k = strcmp(u, hvdl_op_name(x->op)) ? snprintf(out, cap, "%s '%s'", hvdl_op_name(x->op), u)
+                                           : snprintf(out, cap, "%s", hvdl_op_name(x->op));
     if (p2p(x) && k < (int)cap)
         k += snprintf(out + k, cap - (size_t)k, " %s rank %d",
                       x->op == HVDL_OP_SEND ? "to" : "from", x->peer);
@@ -296,8 +278,9 @@ static void fail_deadlock(engine_t *e, const uint8_t *in) {
                         strcmp(user_name(x, ux, sizeof ux), user_name(y, uy, sizeof uy)))
                         continue;
                     k += snprintf(msg + k, sizeof msg - (size_t)k,
-                                  " '%s' is %s on rank %d and %s on rank %d.", ux, A_OPS[x->op], r,
-                                  A_OPS[y->op], m);
+                                  " '%s' is %s %s on rank %d and %s %s on rank %d.", ux,
+                                  article(x->op), hvdl_op_name(x->op), r, article(y->op),
+                                  hvdl_op_name(y->op), m);
                 }
     if (k < (int)sizeof msg - 120)
         snprintf(msg + k, sizeof msg - (size_t)k,

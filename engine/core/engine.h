@@ -205,6 +205,8 @@ int hvdl__engine_run(engine_t *e, const hvdl_request *q, const void *input, void
 int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n);
 int hvdl__engine_set_remove(engine_t *e, int id);
 int hvdl__err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* names.c: an op's name in the timeline ("ALLREDUCE"), from hvdl_op_name's table */
+const char *hvdl__op_trace_name(int op);
 void hvdl__wake(engine_t *e);
 
 /* inject.c: failure injection for tests (HOROVODLIKE_TEST_INJECT=site[:rank[:nth]]).

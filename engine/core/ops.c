@@ -107,9 +107,7 @@ static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
          q->op == HVDL_OP_REDUCESCATTER) &&
         q->ndim < 1)
         return hvdl__err(HVDL_ERR_INVALID, "'%s': %s needs at least one dimension", q->name,
-                         q->op == HVDL_OP_ALLGATHER  ? "allgather"
-                         : q->op == HVDL_OP_ALLTOALL ? "alltoall"
-                                                     : "reducescatter");
+                         hvdl_op_name(q->op));
     if (q->op == HVDL_OP_ALLTOALL) {
         int64_t sum = 0;
         for (int i = 0; q->splits && i < g->n; i++) {

@@ -214,7 +214,12 @@ int hvdl_timeline_stop(void);
 
 /* The message of the last failed call made on this thread. */
 const char *hvdl_last_error(void);
+/* The names of a status, an op kind (enum hvdl_op_type: "allreduce", "send") and a dtype
+ * ("float32"), as every message of the engine spells them (core/names.c); "UNKNOWN" or
+ * "?" for a value out of range. */
 const char *hvdl_status_name(int status);
+const char *hvdl_op_name(int op);
+const char *hvdl_dtype_name(int dtype);
 /* Failure injection for tests (HOROVODLIKE_TEST_INJECT=site[:rank[:nth]]): the name of
  * site i, from 1 while i is below the number of sites, then NULL. */
 const char *hvdl_inject_site(int i);

@@ -172,7 +172,7 @@ static int post_now(engine_t *e, op_t *o) {
 
 /* Local checks of a send or recv; called with e->mu held. */
 static int check_p2p(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
-    const char *what = q->op == HVDL_OP_SEND ? "send" : "recv";
+    const char *what = hvdl_op_name(q->op);
     if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every %s needs a name", what);
     if (strlen(q->name) > HVDL_MAX_NAME)
         return hvdl__err(HVDL_ERR_INVALID, "%s: name longer than %d bytes: '%.64s...'", what,
