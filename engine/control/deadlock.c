@@ -179,25 +179,11 @@ static const char *article(int op) { return strchr("aeiou", hvdl_op_name(op)[0])
 
 static int p2p(const wait_entry_t *x) { return x->op >= HVDL_OP_SEND; }
 
-/* The name the user gave: the bindings negotiate "<kind>.<name>" ("p2p.<name>" for a
- * send or recv), with "@set<id>" on a process set's ops (request.py). Into out, without
- * the set suffix. */
-static const char *user_name(const wait_entry_t *x, char *out, size_t cap) {
-    const char *dot = strchr(x->name, '.'),
-               *kind = strstr(x->name, p2p(x) ? "p2p" : hvdl_op_name(x->op));
-    const char *s = dot && kind && kind < dot ? dot + 1 : x->name;
-    size_t n = strlen(s);
-    const char *at = strrchr(s, '@');
-    if (at && !strncmp(at, "@set", 4) && x->set) n = (size_t)(at - s);
-    snprintf(out, cap, "%.*s", (int)n, s);
-    return out;
-}
-
 /* "allreduce 'a'", "allreduce 'a' in process set 1", "barrier" (its name is its kind),
  * "recv 'x' from rank 1", "send 'x' to rank 0" */
 static void describe(const wait_entry_t *x, char *out, size_t cap) {
     char u[256];
-    user_name(x, u, sizeof u);
+    hvdl__user_name(x->name, x->op, x->set, u, sizeof u);
     int k = strcmp(u, hvdl_op_name(x->op)) ? snprintf(out, cap, "%s '%s'", hvdl_op_name(x->op), u)
                                            : snprintf(out, cap, "%s", hvdl_op_name(x->op));
     if (p2p(x) && k < (int)cap)
@@ -275,7 +261,8 @@ static void fail_deadlock(engine_t *e, const uint8_t *in) {
                     const wait_entry_t *x = &rep[r].ops[i], *y = &rep[m].ops[j];
                     char ux[256], uy[256];
                     if (x->op == y->op || p2p(x) || p2p(y) ||
-                        strcmp(user_name(x, ux, sizeof ux), user_name(y, uy, sizeof uy)))
+                        strcmp(hvdl__user_name(x->name, x->op, x->set, ux, sizeof ux),
+                               hvdl__user_name(y->name, y->op, y->set, uy, sizeof uy)))
                         continue;
                     k += snprintf(msg + k, sizeof msg - (size_t)k,
                                   " '%s' is %s %s on rank %d and %s %s on rank %d.", ux,
