@@ -67,25 +67,10 @@ void hvdl__coordinator_free(engine_t *e) {
 
 /* ---- agreement ---- */
 
-/* The tables are indexed by their enums (designated) and sized by them, checked at
- * compile time; a value skipped in the middle is NULL, which name_of shows as "?". */
-enum { NUM_COLLECTIVES = HVDL_OP_JOIN + 1 };   /* the op types rank 0 coordinates */
-static const char *const OP_NAMES[] = {
-    [HVDL_OP_ALLREDUCE] = "allreduce", [HVDL_OP_ALLGATHER] = "allgather",
-    [HVDL_OP_BROADCAST] = "broadcast", [HVDL_OP_BARRIER] = "barrier",
-    [HVDL_OP_ALLTOALL] = "alltoall",   [HVDL_OP_REDUCESCATTER] = "reducescatter",
-    [HVDL_OP_JOIN] = "join",
-};
-_Static_assert(sizeof OP_NAMES / sizeof OP_NAMES[0] == NUM_COLLECTIVES,
-               "a collective without a name");
-static const char *const DTYPE_NAMES[] = {
-    [HVDL_UINT8] = "uint8",       [HVDL_INT8] = "int8",       [HVDL_INT16] = "int16",
-    [HVDL_INT32] = "int32",       [HVDL_INT64] = "int64",     [HVDL_FLOAT16] = "float16",
-    [HVDL_BFLOAT16] = "bfloat16", [HVDL_FLOAT32] = "float32", [HVDL_FLOAT64] = "float64",
-    [HVDL_BOOL] = "bool",
-};
-_Static_assert(sizeof DTYPE_NAMES / sizeof DTYPE_NAMES[0] == HVDL_NUM_DTYPES,
-               "a dtype without a name");
+/* The reduce ops' names, as Horovod's Python spells them (hvdl_op_name and
+ * hvdl_dtype_name, core/names.c, give the others). Indexed by the enum and sized by it,
+ * checked at compile time; a value skipped in the middle is NULL, which name_of shows as
+ * "?". */
 static const char *const REDUCE_NAMES[] = {
     [HVDL_SUM] = "Sum", [HVDL_AVERAGE] = "Average", [HVDL_MIN] = "Min",
     [HVDL_MAX] = "Max", [HVDL_PRODUCT] = "Product", [HVDL_ADASUM] = "Adasum",
@@ -113,8 +98,8 @@ enum {
 
 static void describe_value(const meta_t *m, int field, char *out, size_t cap) {
     switch (field) {
-    case FIELD_OP: snprintf(out, cap, "%s", NAME_OF(OP_NAMES, m->op)); break;
-    case FIELD_DTYPE: snprintf(out, cap, "%s", NAME_OF(DTYPE_NAMES, m->dtype)); break;
+    case FIELD_OP: snprintf(out, cap, "%s", hvdl_op_name(m->op)); break;
+    case FIELD_DTYPE: snprintf(out, cap, "%s", hvdl_dtype_name(m->dtype)); break;
     case FIELD_SHAPE: {
         int n = snprintf(out, cap, "[");
         for (int d = 0; d < m->ndim && n < (int)cap; d++)
@@ -170,7 +155,7 @@ static int check_agreement(engine_t *e, const pending_t *p, char *msg) {
         char val[256];
         describe_value(ref, f, val, sizeof val);
         int n = snprintf(msg, (size_t)cap, "%s '%s': ranks disagree on %s: rank %d has %s",
-                         NAME_OF(OP_NAMES, ref->op), p->name, FIELD_NAMES[f], p->ref, val);
+                         hvdl_op_name(ref->op), p->name, FIELD_NAMES[f], p->ref, val);
         for (int r = 0, shown = 0; r < e->size && n < cap - 64; r++) {
             if (!p->have[r] || !field_differs(ref, &p->metas[r], f)) continue;
             if (++shown > 6) {
@@ -234,7 +219,7 @@ static void maybe_ready(engine_t *e, pending_t *p) {
         snprintf(msg, sizeof msg,
                  "%s '%s': ranks [%s] have called join(); only allreduce can run until every "
                  "rank has joined",
-                 NAME_OF(OP_NAMES, m->op), p->name, joined_missing);
+                 hvdl_op_name(m->op), p->name, joined_missing);
     } else {
         bad = check_agreement(e, p, msg);
     }

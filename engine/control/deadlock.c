@@ -59,7 +59,6 @@
 #define TICK_S 0.5          /* how often a rank looks at its callers */
 #define BLOCKED_S 2.0       /* every caller blocked this long, with nothing posted since */
 #define STABLE_S 1.5        /* the same deadlock seen this long is the verdict */
-#define MAX_NAME 4096       /* longest name a report carries */
 
 struct deadlock {
     double next_tick;
@@ -134,7 +133,7 @@ static int snapshot(engine_t *e, double now, wait_report_t *w) {
         op_t *o = e->slots[i];
         if (!o || atomic_load(&o->done)) continue;
         wait_entry_t *x = &w->ops[w->n];
-        if (strlen(o->name) > MAX_NAME || !(x->name = strdup(o->name))) {
+        if (strlen(o->name) > HVDL_MAX_NAME || !(x->name = strdup(o->name))) {
             w->partial = 1;
             break;
         }
@@ -175,50 +174,18 @@ int hvdl__deadlock_take(engine_t *e, int from, const uint8_t *p, int64_t len) {
 
 /* ---- rank 0: the analysis ---- */
 
-/* Every op kind; the collectives are those before HVDL_OP_SEND. */
-static const char *const OPS[] = {[HVDL_OP_ALLREDUCE] = "allreduce",
-                                  [HVDL_OP_ALLGATHER] = "allgather",
-                                  [HVDL_OP_BROADCAST] = "broadcast",
-                                  [HVDL_OP_BARRIER] = "barrier",
-                                  [HVDL_OP_ALLTOALL] = "alltoall",
-                                  [HVDL_OP_REDUCESCATTER] = "reducescatter",
-                                  [HVDL_OP_JOIN] = "join",
-                                  [HVDL_OP_SEND] = "send",
-                                  [HVDL_OP_RECV] = "recv"};
-static const char *const A_OPS[] = {[HVDL_OP_ALLREDUCE] = "an allreduce",
-                                    [HVDL_OP_ALLGATHER] = "an allgather",
-                                    [HVDL_OP_BROADCAST] = "a broadcast",
-                                    [HVDL_OP_BARRIER] = "a barrier",
-                                    [HVDL_OP_ALLTOALL] = "an alltoall",
-                                    [HVDL_OP_REDUCESCATTER] = "a reducescatter",
-                                    [HVDL_OP_JOIN] = "a join",
-                                    [HVDL_OP_SEND] = "a send",
-                                    [HVDL_OP_RECV] = "a recv"};
-_Static_assert(sizeof OPS / sizeof OPS[0] == HVDL_OP_RECV + 1, "an op without a name");
-_Static_assert(sizeof A_OPS / sizeof A_OPS[0] == HVDL_OP_RECV + 1, "an op without a name");
+/* "an allreduce", "a send": the article an op kind's name takes */
+static const char *article(int op) { return strchr("aeiou", hvdl_op_name(op)[0]) ? "an" : "a"; }
 
 static int p2p(const wait_entry_t *x) { return x->op >= HVDL_OP_SEND; }
-
-/* The name the user gave: the bindings negotiate "<kind>.<name>" ("p2p.<name>" for a
- * send or recv), with "@set<id>" on a process set's ops (request.py). Into out, without
- * the set suffix. */
-static const char *user_name(const wait_entry_t *x, char *out, size_t cap) {
-    const char *dot = strchr(x->name, '.'), *kind = strstr(x->name, p2p(x) ? "p2p" : OPS[x->op]);
-    const char *s = dot && kind && kind < dot ? dot + 1 : x->name;
-    size_t n = strlen(s);
-    const char *at = strrchr(s, '@');
-    if (at && !strncmp(at, "@set", 4) && x->set) n = (size_t)(at - s);
-    snprintf(out, cap, "%.*s", (int)n, s);
-    return out;
-}
 
 /* "allreduce 'a'", "allreduce 'a' in process set 1", "barrier" (its name is its kind),
  * "recv 'x' from rank 1", "send 'x' to rank 0" */
 static void describe(const wait_entry_t *x, char *out, size_t cap) {
     char u[256];
-    user_name(x, u, sizeof u);
-    int k = strcmp(u, OPS[x->op]) ? snprintf(out, cap, "%s '%s'", OPS[x->op], u)
-                                  : snprintf(out, cap, "%s", OPS[x->op]);
+    hvdl__user_name(x->name, x->op, x->set, u, sizeof u);
+    int k = strcmp(u, hvdl_op_name(x->op)) ? snprintf(out, cap, "%s '%s'", hvdl_op_name(x->op), u)
+                                           : snprintf(out, cap, "%s", hvdl_op_name(x->op));
     if (p2p(x) && k < (int)cap)
         k += snprintf(out + k, cap - (size_t)k, " %s rank %d",
                       x->op == HVDL_OP_SEND ? "to" : "from", x->peer);
@@ -294,11 +261,13 @@ static void fail_deadlock(engine_t *e, const uint8_t *in) {
                     const wait_entry_t *x = &rep[r].ops[i], *y = &rep[m].ops[j];
                     char ux[256], uy[256];
                     if (x->op == y->op || p2p(x) || p2p(y) ||
-                        strcmp(user_name(x, ux, sizeof ux), user_name(y, uy, sizeof uy)))
+                        strcmp(hvdl__user_name(x->name, x->op, x->set, ux, sizeof ux),
+                               hvdl__user_name(y->name, y->op, y->set, uy, sizeof uy)))
                         continue;
                     k += snprintf(msg + k, sizeof msg - (size_t)k,
-                                  " '%s' is %s on rank %d and %s on rank %d.", ux, A_OPS[x->op], r,
-                                  A_OPS[y->op], m);
+                                  " '%s' is %s %s on rank %d and %s %s on rank %d.", ux,
+                                  article(x->op), hvdl_op_name(x->op), r, article(y->op),
+                                  hvdl_op_name(y->op), m);
                 }
     if (k < (int)sizeof msg - 120)
         snprintf(msg + k, sizeof msg - (size_t)k,

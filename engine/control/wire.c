@@ -19,6 +19,7 @@
  * it as such (loop.c), never as a malformed frame.
  */
 #include "wire.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,12 +39,15 @@ int hvdl__write_requests(buf_t *msg, const uint64_t *bits, int nwords, int nfull
            buf_put_u32(msg, (uint32_t)nfull) || buf_put(msg, full->data, full->len);
 }
 
-/* A name from the wire: 1..4096 bytes without NUL (as enqueue requires), or NULL. */
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a number's digits, for a reason that must be a literal */
+
+/* A name from the wire: 1..HVDL_MAX_NAME bytes without NUL (as enqueue requires), or NULL. */
 static char *rd_name(reader_t *r) {
     char *name = rd_str(r);
-    if (name && (!*name || strlen(name) > 4096)) {
+    if (name && (!*name || strlen(name) > HVDL_MAX_NAME)) {
         free(name);
-        rd_fail(r, "a name that is empty or longer than 4096 bytes");
+        rd_fail(r, "a name that is empty or longer than " STR(HVDL_MAX_NAME) " bytes");
         return NULL;
     }
     return name;
@@ -315,6 +319,21 @@ int hvdl__read_node_close(reader_t *r, node_close_t *out) {
 }
 
 /* ---- a rank's wait report (MSG_WAITS, deadlock.c) ---- */
+
+/* The bindings negotiate a request as "<kind>.<name>" ("p2p.<name>" for a send or recv),
+ * with "@set<id>" on a process set's ops (horovodlike/common/request.py, engine_name):
+ * the one place the engine reads that form. The set is its own field (a report's entries
+ * carry it, as a request's metadata does), so only a set's suffix is cut, never parsed. */
+const char *hvdl__user_name(const char *name, int op, int set, char *out, size_t cap) {
+    const char *dot = strchr(name, '.');
+    const char *kind = strstr(name, op >= HVDL_OP_SEND ? "p2p" : hvdl_op_name(op));
+    const char *s = dot && kind && kind < dot ? dot + 1 : name;
+    size_t n = strlen(s);
+    const char *at = strrchr(s, '@');
+    if (at && !strncmp(at, "@set", 4) && set) n = (size_t)(at - s);
+    snprintf(out, cap, "%.*s", (int)n, s);
+    return out;
+}
 
 int hvdl__put_waits(buf_t *b, const wait_report_t *w) {
     uint8_t partial = (uint8_t)w->partial;

@@ -46,4 +46,7 @@ int hvdl__put_waits(buf_t *b, const wait_report_t *w);
  * tests: then any peer but `from` below 1 << 20 is taken). */
 int hvdl__read_waits(engine_t *e, reader_t *r, int from, wait_report_t *out);
 void hvdl__waits_clear(wait_report_t *w);
+/* A request's name as its user gave it, without what the binding added to the name it
+ * negotiates (its kind, and the set's suffix when set is not 0), into out. */
+const char *hvdl__user_name(const char *name, int op, int set, char *out, size_t cap);
 #endif

@@ -27,26 +27,6 @@ static engine_t *g_engine;     /* the only global: the engine Python talks to */
 static pthread_mutex_t g_lifecycle = PTHREAD_MUTEX_INITIALIZER;
 static __thread char tls_error[HVDL_MSG_BYTES];
 
-static const char *const STATUS_NAMES[] = {
-    [HVDL_OK] = "OK",
-    [HVDL_ERR_INVALID] = "INVALID_ARGUMENT",
-    [HVDL_ERR_DUPLICATE_NAME] = "DUPLICATE_NAME",
-    [HVDL_ERR_MISMATCH] = "MISMATCH",
-    [HVDL_ERR_PEER_LOST] = "PEER_LOST",
-    [HVDL_ERR_NOT_INITIALIZED] = "NOT_INITIALIZED",
-    [HVDL_ERR_SHUT_DOWN] = "SHUT_DOWN",
-    [HVDL_ERR_SYSTEM] = "SYSTEM_ERROR",
-    [HVDL_ERR_TIMEOUT] = "TIMEOUT",
-    [HVDL_ERR_NOT_IMPLEMENTED] = "NOT_IMPLEMENTED",
-    [HVDL_ERR_STALLED] = "STALLED",
-};
-_Static_assert(sizeof STATUS_NAMES / sizeof STATUS_NAMES[0] == HVDL_NUM_STATUSES,
-               "a status without a name");
-
-const char *hvdl_status_name(int s) {
-    return s >= 0 && s < HVDL_NUM_STATUSES && STATUS_NAMES[s] ? STATUS_NAMES[s] : "UNKNOWN";
-}
-
 /* Every error has a message: one that would be empty (a site that recorded no cause) is
  * replaced by the status's name, so that nothing surfaces as a bare error type. */
 int hvdl__err(int status, const char *fmt, ...) {

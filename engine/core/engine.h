@@ -204,10 +204,26 @@ int hvdl__engine_wait(engine_t *e, int64_t handle, double timeout_s);
 int hvdl__engine_release(engine_t *e, int64_t handle, char *msg, hvdl_result *result);
 int hvdl__engine_run(engine_t *e, const hvdl_request *q, const void *input, void *output,
                      double timeout_s, int64_t *handle, char *msg, hvdl_result *result);
+/* What hvdl__check_common (ops.c) checks of a request, and how its messages name it. */
+typedef struct request_rules {
+    const char *what; /* NULL: a collective ("'x': ..."); "send", "recv": "send 'x': ..." */
+    int shaped; /* it carries data: its dtype, shape and buffer are checked */
+    int64_t max_bytes; /* the most data it may carry */
+    const void *buf; /* the buffer that holds the data (or takes it) */
+    const char *buf_what; /* that buffer in a message: "input", "output" */
+} request_rules_t;
+/* The checks every request takes, collective or point-to-point: a name (present, at most
+ * HVDL_MAX_NAME bytes, no NUL inside), a process set that exists and has this rank, and,
+ * when shaped, a dtype, at most HVDL_MAX_DIMS dimensions, none negative, at most
+ * max_bytes in all, and a buffer for them. Sets *nbytes (0 when not shaped). With mu held. */
+int hvdl__check_common(engine_t *e, const hvdl_request *q, const request_rules_t *k,
+                       int64_t *nbytes);
 /* process_sets.c */
 int hvdl__engine_set_add(engine_t *e, int id, const int *ranks, int n);
 int hvdl__engine_set_remove(engine_t *e, int id);
 int hvdl__err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* names.c: an op's name in the timeline ("ALLREDUCE"), from hvdl_op_name's table */
+const char *hvdl__op_trace_name(int op);
 void hvdl__wake(engine_t *e);
 
 /* inject.c: failure injection for tests (HOROVODLIKE_TEST_INJECT=site[:rank[:nth]]).

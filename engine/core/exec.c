@@ -20,17 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The collectives are the op types before HVDL_OP_SEND (the point-to-point ones). */
-static const char *const UPPER[] = {[HVDL_OP_ALLREDUCE] = "ALLREDUCE",
-                                    [HVDL_OP_ALLGATHER] = "ALLGATHER",
-                                    [HVDL_OP_BROADCAST] = "BROADCAST",
-                                    [HVDL_OP_BARRIER] = "BARRIER",
-                                    [HVDL_OP_ALLTOALL] = "ALLTOALL",
-                                    [HVDL_OP_REDUCESCATTER] = "REDUCESCATTER",
-                                    [HVDL_OP_JOIN] = "JOIN"};
-_Static_assert(sizeof UPPER / sizeof UPPER[0] == HVDL_OP_SEND,
-               "a collective op type without a trace name");
-
 /* One tensor's buffers as the algorithms see them. */
 typedef struct slot {
     op_t *op;                /* NULL when this rank joined and contributes zeros */
@@ -339,7 +328,7 @@ static void put_fmt(buf_t *a, const char *fmt, long long v1, double v2) {
 static void trace_response(engine_t *e, const group_t *g, const response_t *r, const slot_t *s,
                            double t_exec, double t_done) {
     char name[64];
-    snprintf(name, sizeof name, "NEGOTIATE_%s", UPPER[r->meta.op]);
+    snprintf(name, sizeof name, "NEGOTIATE_%s", hvdl__op_trace_name(r->meta.op));
     buf_t a = {0};
     int64_t total = 0;
     for (int i = 0; i < r->ntensors; i++) {
@@ -378,7 +367,8 @@ static void trace_response(engine_t *e, const group_t *g, const response_t *r, c
         put_fmt(&a, ", \"fusion_threshold\": %lld", (long long)e->cfg.fusion_threshold, 0);
         buf_put(&a, ", \"algorithm\": ", 15);
         hvdl__json_str(&a, hvdl__alg_name(r->alg));
-        hvdl__tl_span(e, TL_COLLECTIVE, UPPER[r->meta.op], t_exec, t_done, buf_cstr(&a));
+        hvdl__tl_span(e, TL_COLLECTIVE, hvdl__op_trace_name(r->meta.op), t_exec, t_done,
+                      buf_cstr(&a));
     }
     buf_free(&a);
 }

@@ -12,6 +12,7 @@
 #include "p2p.h"
 #include "callers.h"
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,54 +21,89 @@
 
 /* ---- enqueue ---- */
 
-/* Everything that can be checked without the other ranks. Called with mu held (it reads
- * the process-set table). */
-static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
-    if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every request needs a name");
-    if (strlen(q->name) > 4096)
-        return hvdl__err(HVDL_ERR_INVALID, "name longer than 4096 bytes: '%.64s...'", q->name);
+/* A refusal that names the request as its kind's messages do: "'x': why" for a
+ * collective, "send 'x': why" for a point-to-point op. */
+static int refuse(const request_rules_t *k, const hvdl_request *q, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int refuse(const request_rules_t *k, const hvdl_request *q, int status, const char *fmt,
+                  ...) {
+    char why[HVDL_MSG_BYTES];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return k->what ? hvdl__err(status, "%s '%s': %s", k->what, q->name, why)
+                   : hvdl__err(status, "'%s': %s", q->name, why);
+}
+
+/* The checks every request takes, collective or point-to-point (p2p.c), spelled once:
+ * its name, its process set and this rank's place in it, and the data it carries. Called
+ * with mu held (it reads the process-set table). */
+int hvdl__check_common(engine_t *e, const hvdl_request *q, const request_rules_t *k,
+                       int64_t *nbytes) {
+    /* until the name is known good, a message names the kind alone ("send: name ...") */
+    const char *kind = k->what ? k->what : "", *colon = k->what ? ": " : "";
+    if (!q->name || !*q->name)
+        return hvdl__err(HVDL_ERR_INVALID, "every %s needs a name", k->what ? k->what : "request");
+    if (strlen(q->name) > HVDL_MAX_NAME)
+        return hvdl__err(HVDL_ERR_INVALID, "%s%sname longer than %d bytes: '%.64s...'", kind, colon,
+                         HVDL_MAX_NAME, q->name);
     if (q->name_len && (int64_t)strlen(q->name) != q->name_len)
         return hvdl__err(HVDL_ERR_INVALID,
-                         "the name '%s...' contains a NUL byte; names must be text "
+                         "%s%sthe name '%s...' contains a NUL byte; names must be text "
                          "without NUL characters",
-                         q->name);
-    if (q->op < 0 || q->op > HVDL_OP_JOIN)
-        return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown op %d", q->name, q->op);
+                         kind, colon, q->name);
     group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set]
                                                                        : NULL;
     if (!g || g->removed)
-        return hvdl__err(HVDL_ERR_INVALID,
-                         "'%s': process set %d does not exist (was it added on every "
-                         "rank, or removed?)",
-                         q->name, q->process_set);
+        return refuse(k, q, HVDL_ERR_INVALID,
+                      "process set %d does not exist (was it added on every rank, or removed?)",
+                      q->process_set);
     if (g->me < 0)
-        return hvdl__err(HVDL_ERR_INVALID, "'%s': rank %d is not a member of process set %d",
-                         q->name, e->rank, q->process_set);
+        return refuse(k, q, HVDL_ERR_INVALID, "rank %d is not a member of process set %d", e->rank,
+                      q->process_set);
+    *nbytes = 0;
+    if (!k->shaped) return HVDL_OK;
+    if (!hvdl_dtype_size(q->dtype))
+        return refuse(k, q, HVDL_ERR_INVALID, "unknown dtype %d", q->dtype);
+    if (q->ndim < 0 || q->ndim > HVDL_MAX_DIMS)
+        return refuse(k, q, HVDL_ERR_INVALID, "%d dimensions; at most %d are supported", q->ndim,
+                      HVDL_MAX_DIMS);
+    int64_t n = hvdl_dtype_size(q->dtype);
+    for (int d = 0; d < q->ndim; d++) {
+        if (q->shape[d] < 0)
+            return refuse(k, q, HVDL_ERR_INVALID, "negative dimension %lld",
+                          (long long)q->shape[d]);
+        if (q->shape[d] && n > k->max_bytes / q->shape[d])
+            return k->max_bytes == INT64_MAX
+                       ? refuse(k, q, HVDL_ERR_INVALID, "size overflows 64 bits")
+                       : refuse(k, q, HVDL_ERR_INVALID, "more than %lld bytes",
+                                (long long)k->max_bytes);
+        n *= q->shape[d];
+    }
+    if (n && !k->buf) return refuse(k, q, HVDL_ERR_INVALID, "%s buffer is NULL", k->buf_what);
+    *nbytes = n;
+    return HVDL_OK;
+}
+
+/* Everything that can be checked without the other ranks: hvdl__check_common's checks,
+ * then a collective's own. Called with mu held (it reads the process-set table). */
+static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
+    /* barrier and join move no data: their dtype and shape are never looked at */
+    request_rules_t k = {NULL, q->op != HVDL_OP_BARRIER && q->op != HVDL_OP_JOIN, INT64_MAX,
+                         q->input, "input"};
+    int rc = hvdl__check_common(e, q, &k, nbytes);
+    if (rc) return rc;
+    if (q->op < 0 || q->op > HVDL_OP_JOIN)
+        return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown op %d", q->name, q->op);
     if (q->op == HVDL_OP_JOIN && q->process_set != 0)
         return hvdl__err(HVDL_ERR_NOT_IMPLEMENTED,
                          "'%s': join() on a process set other than the "
                          "global one is not implemented",
                          q->name);
-    if (q->op == HVDL_OP_BARRIER || q->op == HVDL_OP_JOIN) {
-        *nbytes = 0;
-        return HVDL_OK;
-    }
-    if (!hvdl_dtype_size(q->dtype))
-        return hvdl__err(HVDL_ERR_INVALID, "'%s': unknown dtype %d", q->name, q->dtype);
-    if (q->ndim < 0 || q->ndim > HVDL_MAX_DIMS)
-        return hvdl__err(HVDL_ERR_INVALID, "'%s': %d dimensions; at most %d are supported", q->name,
-                         q->ndim, HVDL_MAX_DIMS);
-    int64_t n = hvdl_dtype_size(q->dtype);
-    for (int d = 0; d < q->ndim; d++) {
-        if (q->shape[d] < 0)
-            return hvdl__err(HVDL_ERR_INVALID, "'%s': negative dimension %lld", q->name,
-                             (long long)q->shape[d]);
-        if (q->shape[d] && n > INT64_MAX / q->shape[d])
-            return hvdl__err(HVDL_ERR_INVALID, "'%s': size overflows 64 bits", q->name);
-        n *= q->shape[d];
-    }
-    *nbytes = n;
-    if (n && !q->input) return hvdl__err(HVDL_ERR_INVALID, "'%s': input buffer is NULL", q->name);
+    if (!k.shaped) return HVDL_OK;
+    const group_t *g = e->sets[q->process_set];
+    int64_t n = *nbytes;
     if (q->op == HVDL_OP_ALLREDUCE || q->op == HVDL_OP_REDUCESCATTER) {
         if (q->reduce_op == HVDL_ADASUM)
             return hvdl__err(HVDL_ERR_NOT_IMPLEMENTED,
@@ -106,9 +142,7 @@ static int check_request(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
          q->op == HVDL_OP_REDUCESCATTER) &&
         q->ndim < 1)
         return hvdl__err(HVDL_ERR_INVALID, "'%s': %s needs at least one dimension", q->name,
-                         q->op == HVDL_OP_ALLGATHER  ? "allgather"
-                         : q->op == HVDL_OP_ALLTOALL ? "alltoall"
-                                                     : "reducescatter");
+                         hvdl_op_name(q->op));
     if (q->op == HVDL_OP_ALLTOALL) {
         int64_t sum = 0;
         for (int i = 0; q->splits && i < g->n; i++) {

@@ -33,6 +33,9 @@
 #define HVDL_BLOB_BYTES 320
 #define HVDL_MSG_BYTES 1024
 #define HVDL_KEY_MAX 64
+/* The longest request name, in bytes (without its NUL): enqueue refuses a longer one,
+ * and no frame carries one. */
+#define HVDL_MAX_NAME 4096
 
 /* Status codes: one table for the whole engine (names in hvdl_status_name()). */
 enum hvdl_status {
@@ -112,7 +115,8 @@ typedef struct hvdl_request {
                                 alltoall: NULL, the engine allocates the result */
     const int64_t *splits;   /* alltoall: rows for each member of the process set, in
                                 set order (NULL: even split); copied at enqueue */
-    const char *name;        /* unique among in-flight requests; required */
+    const char *name;        /* unique among in-flight requests; required, at most
+                                HVDL_MAX_NAME bytes */
     int64_t name_len;        /* bytes of name when known (0: up to its NUL); a name with
                                 a NUL byte inside is refused */
     int flags;               /* enum hvdl_request_flags, or 0 */
@@ -224,7 +228,12 @@ int hvdl_timeline_stop(void);
 
 /* The message of the last failed call made on this thread. */
 const char *hvdl_last_error(void);
+/* The names of a status, an op kind (enum hvdl_op_type: "allreduce", "send") and a dtype
+ * ("float32"), as every message of the engine spells them (core/names.c); "UNKNOWN" or
+ * "?" for a value out of range. */
 const char *hvdl_status_name(int status);
+const char *hvdl_op_name(int op);
+const char *hvdl_dtype_name(int dtype);
 /* Failure injection for tests (HOROVODLIKE_TEST_INJECT=site[:rank[:nth]]): the name of
  * site i, from 1 while i is below the number of sites, then NULL. */
 const char *hvdl_inject_site(int i);

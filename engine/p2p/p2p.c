@@ -170,16 +170,16 @@ static int post_now(engine_t *e, op_t *o) {
     return HVDL_OK;
 }
 
-/* Local checks of a send or recv; called with e->mu held. */
+/* Local checks of a send or recv: hvdl__check_common's (ops.c), then its peer's. Called
+ * with e->mu held. */
 static int check_p2p(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
-    const char *what = q->op == HVDL_OP_SEND ? "send" : "recv";
-    if (!q->name || !*q->name) return hvdl__err(HVDL_ERR_INVALID, "every %s needs a name", what);
-    if (strlen(q->name) > P2P_MAX_NAME)
-        return hvdl__err(HVDL_ERR_INVALID, "%s: name longer than %d bytes: '%.64s...'", what,
-                         P2P_MAX_NAME, q->name);
-    if (q->name_len && (int64_t)strlen(q->name) != q->name_len)
-        return hvdl__err(HVDL_ERR_INVALID, "%s: the name '%s...' contains a NUL byte", what,
-                         q->name);
+    const char *what = hvdl_op_name(q->op);
+    int into = q->op == HVDL_OP_RECV && (q->flags & HVDL_RECV_INTO);
+    /* a recv not into a buffer takes the message's dtype and shape, whatever they are */
+    request_rules_t k = {what, q->op == HVDL_OP_SEND || into, P2P_MAX_BYTES,
+                         into ? q->output : q->input, into ? "output" : "input"};
+    int rc = hvdl__check_common(e, q, &k, nbytes);
+    if (rc) return rc;
     int peer = q->root_rank;
     const char *role = q->op == HVDL_OP_SEND ? "destination" : "source";
     if (peer < 0 || peer >= e->size)
@@ -188,39 +188,12 @@ static int check_p2p(engine_t *e, const hvdl_request *q, int64_t *nbytes) {
     if (peer == e->rank)
         return hvdl__err(HVDL_ERR_INVALID, "%s '%s': rank %d cannot %s itself", what, q->name,
                          e->rank, q->op == HVDL_OP_SEND ? "send to" : "receive from");
-    group_t *g = q->process_set >= 0 && q->process_set < HVDL_MAX_SETS ? e->sets[q->process_set]
-                                                                       : NULL;
-    if (!g || g->removed)
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': process set %d does not exist", what, q->name,
-                         q->process_set);
+    const group_t *g = e->sets[q->process_set];
     int member = 0;
     for (int i = 0; i < g->n; i++) member |= g->ranks[i] == peer;
-    if (g->me < 0)
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': rank %d is not a member of process set %d",
-                         what, q->name, e->rank, q->process_set);
     if (!member)
         return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %s rank %d is not a member of process set %d",
                          what, q->name, role, peer, q->process_set);
-    *nbytes = 0;
-    int into = q->op == HVDL_OP_RECV && (q->flags & HVDL_RECV_INTO);
-    if (q->op == HVDL_OP_RECV && !into) return HVDL_OK;
-    if (!hvdl_dtype_size(q->dtype))
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': unknown dtype %d", what, q->name, q->dtype);
-    if (q->ndim < 0 || q->ndim > HVDL_MAX_DIMS)
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': %d dimensions; at most %d are supported", what,
-                         q->name, q->ndim, HVDL_MAX_DIMS);
-    int64_t n = hvdl_dtype_size(q->dtype);
-    for (int d = 0; d < q->ndim; d++) {
-        if (q->shape[d] < 0)
-            return hvdl__err(HVDL_ERR_INVALID, "%s '%s': negative dimension", what, q->name);
-        if (q->shape[d] && n > P2P_MAX_BYTES / q->shape[d])
-            return hvdl__err(HVDL_ERR_INVALID, "%s '%s': more than %lld bytes", what, q->name,
-                             (long long)P2P_MAX_BYTES);
-        n *= q->shape[d];
-    }
-    if (n && !(into ? q->output : q->input))
-        return hvdl__err(HVDL_ERR_INVALID, "%s '%s': buffer is NULL", what, q->name);
-    *nbytes = n;
     return HVDL_OK;
 }
 

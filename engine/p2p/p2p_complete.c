@@ -28,8 +28,7 @@ void hvdl__p2p_finish(engine_t *e, pmsg_t *m, int status, const char *msg) {
             if (full) {
                 snprintf(full, (size_t)b.len + sizeof args + 16, "\"name\": %.*s, %s", (int)b.len,
                          (const char *)b.data, args);
-                hvdl__tl_span(e, TL_P2P, o->meta.op == HVDL_OP_SEND ? "SEND" : "RECV", m->started,
-                              now, full);
+                hvdl__tl_span(e, TL_P2P, hvdl__op_trace_name(o->meta.op), m->started, now, full);
                 free(full);
             }
         }
@@ -71,7 +70,7 @@ void hvdl__p2p_finish_closed(engine_t *e, pmsg_t *m, int over) {
         snprintf(why, sizeof why,
                  "%s '%.200s' on rank %d %s rank %d: rank %d (host %s) shut down or exited "
                  "without %s it",
-                 send ? "send" : "recv", m->op->name, e->rank, send ? "to" : "from", m->peer,
+                 hvdl_op_name(m->op->meta.op), m->op->name, e->rank, send ? "to" : "from", m->peer,
                  m->peer, host, send ? "receiving" : "sending");
     hvdl__p2p_finish(e, m, over ? HVDL_ERR_SHUT_DOWN : HVDL_ERR_PEER_LOST, why);
 }

@@ -40,7 +40,7 @@ const char *hvdl__p2p_header_problem(const void *hdr) {
                        : "ring size out of range";
         return h->nbytes ? "a ring answer with a size" : NULL;
     }
-    if (h->name_len < 1 || h->name_len > P2P_MAX_NAME) return "name length out of range";
+    if (h->name_len < 1 || h->name_len > HVDL_MAX_NAME) return "name length out of range";
     if (!hvdl_dtype_size(h->dtype)) return "unknown dtype";
     if (h->ndim < 0 || h->ndim > HVDL_MAX_DIMS) return "dimensions out of range";
     int64_t n = hvdl_dtype_size(h->dtype);

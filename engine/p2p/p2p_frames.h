@@ -5,7 +5,7 @@
  * variants, as tests/c/test_frames.c does for the control frames (wire.c).
  *
  * Frame (p2p_hdr_t, 88 bytes, then the name, then nbytes of payload):
- *   magic, name_len (1..4096), dtype, ndim (0..8), shape[8], nbytes.
+ *   magic, name_len (1..HVDL_MAX_NAME), dtype, ndim (0..8), shape[8], nbytes.
  * Every field is range-checked before anything is trusted (hvdl__p2p_header_problem),
  * nbytes must equal the shape's size and is bounded by P2P_MAX_BYTES, and a peer that
  * breaks this is named by the loop thread as lost (hvdl__p2p_tend), which tells the job.
@@ -43,7 +43,6 @@
 #define F_FIN 0x4e494648u     /* the receiver has read an RTSA's payload: the send is done */
 #define F_CREDIT 0x44524348u  /* eager credit given back, nbytes of it (p2p_credit.c) */
 #define F_BYE 0x45594248u     /* in send order: this rank has shut down (p2p_read.c, "Leaving") */
-#define P2P_MAX_NAME 4096
 #define P2P_MAX_BYTES ((int64_t)1 << 40)  /* a longer message is malformed */
 /* The offers' sizes: a ring's slot, a mailbox's bytes. */
 #define RING_MIN_SLOT 4096

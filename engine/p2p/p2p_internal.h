@@ -144,7 +144,7 @@ typedef struct ppeer {
     /* mrx is mapped and the peer's F_SWITCH has come: callers may poll it (set under
      * rmu once mrx is mapped, cleared when the peer broke its protocol; read lock-free) */
     atomic_int mrx_live;
-    char mb_name[P2P_MAX_NAME + 1];
+    char mb_name[HVDL_MAX_NAME + 1];
     plist_t recvs;           /* posted, not matched yet */
     plist_t unexpected;      /* arrived whole (or announced, RTS), no recv yet */
     plist_t awaiting;        /* recvs cleared to come (CTS sent), FIFO per name */
@@ -158,7 +158,7 @@ typedef struct ppeer {
     int rx_state;            /* 0 header, 1 name, 2 payload */
     int64_t rx_got;
     p2p_hdr_t rx_hdr;
-    char rx_name[P2P_MAX_NAME + 1];
+    char rx_name[HVDL_MAX_NAME + 1];
     pmsg_t *rx_into;         /* the recv or unexpected message the payload goes to */
     uint8_t *rx_dst;         /* where the payload goes (NULL: discarded) */
 } ppeer_t;

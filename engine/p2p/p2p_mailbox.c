@@ -199,7 +199,7 @@ int hvdl__p2p_mb_put(ppeer_t *q, pmsg_t *m, int cma, int *bell) {
 void hvdl__p2p_offer_mbox(engine_t *e, int peer) {
     ppeer_t *q = &e->p2p->peers[peer];
     q->mb_state = MB_OFF;
-    int64_t rec = (int64_t)hvdl__p2p_record_bytes(P2P_MAX_NAME, e->cfg.p2p_eager_bytes);
+    int64_t rec = (int64_t)hvdl__p2p_record_bytes(HVDL_MAX_NAME, e->cfg.p2p_eager_bytes);
     int64_t cap = (2 * rec + 4095) & ~(int64_t)4095;
     cap = cap < 4 * MBOX_MIN ? 4 * MBOX_MIN : cap;
     if (!e->cfg.p2p_mailbox || cap > MBOX_MAX || strcmp(e->peers[peer].host, e->host)) return;

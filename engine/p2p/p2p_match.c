@@ -13,17 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const DTYPE_NAMES[] = {[HVDL_UINT8] = "uint8",       [HVDL_INT8] = "int8",
-                                          [HVDL_INT16] = "int16",       [HVDL_INT32] = "int32",
-                                          [HVDL_INT64] = "int64",       [HVDL_FLOAT16] = "float16",
-                                          [HVDL_BFLOAT16] = "bfloat16", [HVDL_FLOAT32] = "float32",
-                                          [HVDL_FLOAT64] = "float64",   [HVDL_BOOL] = "bool"};
-_Static_assert(sizeof DTYPE_NAMES / sizeof DTYPE_NAMES[0] == HVDL_NUM_DTYPES,
-               "a dtype without a name");
-static const char *dtype_name(int d) {
-    return d >= 0 && d < HVDL_NUM_DTYPES ? DTYPE_NAMES[d] : "?";
-}
-
 static void shape_str(const p2p_hdr_t *h, char *out, size_t cap) {
     size_t k = (size_t)snprintf(out, cap, "[");
     for (int d = 0; d < h->ndim && k < cap; d++)
@@ -48,8 +37,8 @@ int hvdl__p2p_accept_into(engine_t *e, pmsg_t *r, const p2p_hdr_t *h, uint8_t **
         char mine[200], theirs[200];
         if (h->dtype != o->meta.dtype) {
             field = "dtype";
-            snprintf(theirs, sizeof theirs, "%s", dtype_name(h->dtype));
-            snprintf(mine, sizeof mine, "%s", dtype_name(o->meta.dtype));
+            snprintf(theirs, sizeof theirs, "%s", hvdl_dtype_name(h->dtype));
+            snprintf(mine, sizeof mine, "%s", hvdl_dtype_name(o->meta.dtype));
         } else if (h->nbytes != o->nbytes) {
             p2p_hdr_t b = {.ndim = o->meta.ndim};
             memcpy(b.shape, o->meta.shape, sizeof b.shape);

@@ -135,7 +135,7 @@ int hvdl__p2p_start(engine_t *e) {
     pthread_mutex_init(&p->mu, NULL);
     atomic_store(&p->lost_peer, -1);
     p->budget = hvdl__credit_budget(e->cfg.p2p_unexpected_bytes, e->cfg.p2p_announced_bytes,
-                                    e->cfg.p2p_eager_bytes, P2P_MAX_NAME);
+                                    e->cfg.p2p_eager_bytes, HVDL_MAX_NAME);
     p->wake_fd = hvdl_wakefd_open();
     p->ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event w = {.events = EPOLLIN, .data.u32 = WAKE_EV};

@@ -69,9 +69,9 @@ static void test_named(void) {
         CHECK(hvdl__p2p_named_frame(m), "%s is a frame with a name", what);
         ACCEPTS(frame(m, 5, HVDL_FLOAT32, 2, s34, 48), what);
         ACCEPTS(frame(m, 1, HVDL_UINT8, 0, NULL, 1), what);           /* a scalar */
-        ACCEPTS(frame(m, P2P_MAX_NAME, HVDL_INT64, 1, (int64_t[8]){0}, 0), what); /* empty */
+        ACCEPTS(frame(m, HVDL_MAX_NAME, HVDL_INT64, 1, (int64_t[8]){0}, 0), what); /* empty */
         REFUSES(frame(m, 0, HVDL_FLOAT32, 2, s34, 48), "name length out of range", what);
-        REFUSES(frame(m, P2P_MAX_NAME + 1, HVDL_FLOAT32, 2, s34, 48), "name length out of range",
+        REFUSES(frame(m, HVDL_MAX_NAME + 1, HVDL_FLOAT32, 2, s34, 48), "name length out of range",
                 what);
         REFUSES(frame(m, UINT32_MAX, HVDL_FLOAT32, 2, s34, 48), "name length out of range", what);
         REFUSES(frame(m, 5, -1, 2, s34, 48), "unknown dtype", what);
@@ -215,7 +215,7 @@ static void test_names_and_records(void) {
           (unsigned long long)hvdl__p2p_record_bytes(5, 48));
     CHECK(hvdl__p2p_record_bytes(8, 0) == 96 && hvdl__p2p_record_bytes(1, 0) == 96,
           "a record without payload");
-    CHECK(hvdl__p2p_record_bytes(P2P_MAX_NAME, 0) % 8 == 0, "records are padded to 8 bytes");
+    CHECK(hvdl__p2p_record_bytes(HVDL_MAX_NAME, 0) % 8 == 0, "records are padded to 8 bytes");
     const int64_t s34[HVDL_MAX_DIMS] = {3, 4};
     wire_t eager = frame(P2P_MAGIC, 5, HVDL_FLOAT32, 2, s34, 48);
     wire_t rtsa = frame(F_RTSA, 5, HVDL_FLOAT32, 2, s34, 48);

@@ -42,75 +42,17 @@
  *
  * Negotiation decides, execution executes: the log says what runs next, and exec.c runs
  * it (hvdl__execute for rank 0's responses, hvdl__execute_cached for ids agreed here).
- *
- * The log is a ring of NEG_LOG entries; an entry is written only once every rank has
- * executed the one NEG_LOG before it. A rank that finds no room keeps the entry
- * (deferred) and publishes it when there is room, never blocking: the ranks it waits
- * for may be waiting for it in a collective.
+ * The log itself, its ring and the entries waiting for room, is negotiate_shm_log.c's.
  */
 #include "loop.h"
 #include "fail.h"
 #include "wire.h"
 #include "shm.h"
 #include "negotiation.h"
+#include "negotiate_shm.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define LINE 64
-#define NEG_IDS HVDL_NEG_IDS   /* cache ids negotiated here; higher ones go through rank 0 */
-#define NEG_LOG 4096           /* entries in the response log */
-#define NEG_MAX_IDS 28         /* tensors one entry fuses (an entry is two cache lines) */
-/* An arrival word (negotiation.h): the posted ranks' bits, the round (how many times the
- * id completed here, so that a stall scan can tell a stuck round from a new one) and
- * CLOSED (rank 0 has the id: posts go through it). */
-#define MASK HVDL_NEG_MASK
-#define ROUND_ONE (1ull << HVDL_NEG_MAX_RANKS)
-#define ROUND (((1ull << 63) - 1) & ~MASK)
-#define CLOSED HVDL_NEG_CLOSED
-enum { NEG_CACHED = 1, NEG_COORD = 2 };
-
-typedef struct neg_rank {      /* one cache line per local rank */
-    _Atomic uint64_t consumed; /* log entries this rank has executed */
-    _Atomic int32_t sleeping;  /* its loop sleeps: ring its doorbell */
-    _Atomic int32_t pid, tid;  /* where the doorbell rings (0: no loop running) */
-    char pad[LINE - 20];
-} neg_rank_t;
-
-typedef struct neg_entry {
-    _Atomic uint64_t stamp;    /* sequence number + 1, once published */
-    int32_t kind;              /* NEG_CACHED: n cache ids; NEG_COORD: a planned response */
-    int32_t n;                 /* NEG_CACHED: how many ids; NEG_COORD: its process set */
-    union {
-        int32_t ids[NEG_MAX_IDS];
-        uint64_t members;      /* NEG_COORD: the ranks rank 0 sent the response to */
-    } u;
-} neg_entry_t;
-
-typedef struct deferred {
-    uint64_t seq;
-    neg_entry_t ent;
-} deferred_t;
-
-struct neg {
-    neg_rank_t *ranks;
-    _Atomic uint64_t *tail;    /* entries claimed */
-    _Atomic uint64_t *arrive;  /* per cache id: posted ranks' bits | CLOSED */
-    neg_entry_t *log;
-    double *posted_at;         /* per cache id and rank: when it last posted (the trace) */
-    int nlocal, me;
-    uint64_t next;             /* the next entry this rank executes */
-    response_t *q;             /* responses from rank 0 awaiting their place in the log */
-    int qhead, qlen, qcap;
-    deferred_t *defer;         /* claimed entries waiting for room */
-    int ndefer, capdefer;
-    words_scan_t scan;         /* rank 0: each word as the stall scan first saw it, and when */
-    int join_closed;           /* rank 0: a join closed every word */
-    sigset_t sleep_mask;
-    int loop_asleep;           /* the loop thread waits (and has let go of e->drive) */
-    int64_t fast, planned;     /* tensors agreed here; responses planned by rank 0 */
-    int64_t by_callers;        /* entries executed by a waiting caller (loop.c, hvdl__drive) */
-};
 
 size_t hvdl__neg_bytes(int nlocal) {
     return (size_t)LINE * (size_t)(nlocal + 1) + 8 * (size_t)NEG_IDS +
@@ -178,69 +120,6 @@ static void thread_end(engine_t *e) {
               e->rank, (long long)n->fast, (long long)n->planned, (long long)n->by_callers);
 }
 
-/* ---- the log ---- */
-
-static void ring_sleepers(struct neg *n) {
-    for (int q = 0; q < n->nlocal; q++) {
-        neg_rank_t *r = &n->ranks[q];
-        if (q != n->me && atomic_load(&r->sleeping) && atomic_exchange(&r->sleeping, 0))
-            hvdl_doorbell_ring(atomic_load(&r->pid), atomic_load(&r->tid));
-    }
-}
-
-/* Whether entry seq may be written: every rank has executed the entry of its slot. */
-static int room_for(struct neg *n, uint64_t seq) {
-    for (int q = 0; q < n->nlocal; q++)
-        if (atomic_load(&n->ranks[q].consumed) + NEG_LOG <= seq) return 0;
-    return 1;
-}
-
-static void write_entry(struct neg *n, uint64_t seq, const neg_entry_t *src) {
-    neg_entry_t *d = &n->log[seq % NEG_LOG];
-    d->kind = src->kind;
-    d->n = src->n;
-    d->u = src->u;
-    atomic_store(&d->stamp, seq + 1);      /* seq_cst: read before any sleeper's flag */
-}
-
-static void publish_deferred(struct neg *n) {
-    int k = 0;
-    while (k < n->ndefer && room_for(n, n->defer[k].seq)) {
-        write_entry(n, n->defer[k].seq, &n->defer[k].ent);
-        k++;
-    }
-    if (!k) return;
-    memmove(n->defer, n->defer + k, sizeof *n->defer * (size_t)(n->ndefer - k));
-    n->ndefer -= k;
-    ring_sleepers(n);
-}
-
-/* Room for one more element in a doubling array *p of *cap elements holding n. */
-static int grow(engine_t *e, void **p, int *cap, int n, size_t elem, const char *what) {
-    if (n < *cap) return 0;
-    int want = *cap ? 2 * *cap : 16;
-    void *q = HVDL_INJECT(e, INJ_LOG_ALLOC) ? NULL : realloc(*p, elem * (size_t)want);
-    if (!q) return hvdl__oom(e, what, (int64_t)(elem * (size_t)want));
-    *p = q;
-    *cap = want;
-    return 0;
-}
-
-static int append(engine_t *e, const neg_entry_t *ent) {
-    struct neg *n = e->neg;
-    uint64_t seq = atomic_fetch_add(n->tail, 1);
-    if (!n->ndefer && room_for(n, seq)) {
-        write_entry(n, seq, ent);
-        ring_sleepers(n);
-        return 0;
-    }
-    if (grow(e, (void **)&n->defer, &n->capdefer, n->ndefer, sizeof *n->defer,
-             "negotiation log entry"))
-        return -1;
-    n->defer[n->ndefer++] = (deferred_t){seq, *ent};
-    return 0;
-}
-
 /* ---- announcing ---- */
 
 static int post(engine_t *e, int id) {
@@ -273,7 +152,7 @@ static int complete(engine_t *e, const int *ids, int k, took_t *t) {
         while (i < k && ent.n < NEG_MAX_IDS &&
                hvdl__fuses(e, first, &e->cache[ids[i]].meta, &bytes))
             ent.u.ids[ent.n++] = ids[i++];
-        if (append(e, &ent)) return -1;
+        if (hvdl__neg_shm_append(e, &ent)) return -1;
     }
     return 0;
 }
@@ -332,7 +211,7 @@ static int order(engine_t *e, const response_t *r) {
     const group_t *g = e->sets[r->meta.process_set];
     neg_entry_t ent = {.kind = NEG_COORD, .n = r->meta.process_set};
     for (int i = 0; g && i < g->n; i++) ent.u.members |= 1ull << g->ranks[i];
-    return append(e, &ent);
+    return hvdl__neg_shm_append(e, &ent);
 }
 
 /* A word stuck partly set: rank 0 takes it over, dated from when it first saw it. */
@@ -353,7 +232,8 @@ static int watches(engine_t *e) { return e->rank == 0; }
 static int queue(engine_t *e, response_t *r) {
     struct neg *n = e->neg;
     if (n->qhead == n->qlen) n->qhead = n->qlen = 0;
-    if (grow(e, (void **)&n->q, &n->qcap, n->qlen, sizeof *n->q, "response queue")) return -1;
+    if (hvdl__neg_shm_grow(e, (void **)&n->q, &n->qcap, n->qlen, sizeof *n->q, "response queue"))
+        return -1;
     n->q[n->qlen++] = *r;
     memset(r, 0, sizeof *r);             /* the queue owns it now */
     return 0;
@@ -381,7 +261,7 @@ static const neg_entry_t *next_entry(engine_t *e) {
 static int run_until(engine_t *e, uint64_t until) {
     struct neg *n = e->neg;
     const neg_entry_t *s;
-    if (n->ndefer) publish_deferred(n);
+    if (n->ndefer) hvdl__neg_shm_publish(n);
     while (n->next < until && (s = next_entry(e))) {
         neg_entry_t ent = {.kind = s->kind, .n = s->n, .u = s->u};
         int rc = 0;
@@ -403,7 +283,7 @@ static int run_until(engine_t *e, uint64_t until) {
         n->next++;
         atomic_store_explicit(&n->ranks[n->me].consumed, n->next, memory_order_release);
         if (rc) return -1;
-        if (n->ndefer) publish_deferred(n);
+        if (n->ndefer) hvdl__neg_shm_publish(n);
     }
     return 0;
 }
