@@ -146,6 +146,19 @@ def case_allreduce(job, args, results, calibration):
         results[str(nbytes)] = worker.timed(job, job.reducer(t), budget=args.budget)
         after = worker.calibrate(job)
         calibration[str(nbytes)], before = [before, after], after
+    # the result, once: every rank's rank + 1 summed
+    t = job.torch.full((1024,), float(job.rank + 1))
+    job.reducer(t)() if job.impl != "engine" else t.copy_(job.reducer(t)())
+    return float(t[0]) == job.size * (job.size + 1) / 2
+
+
+def checksum(params):
+    """The sum of |p| over this rank's parameters (its shards, under FSDP2): the same
+    seeds, data and step counts give the same figure whatever carries the gradients, so
+    each implementation's figure is compared with the others' (a wrong result shows)."""
+    import torch
+    with torch.no_grad():
+        return float(sum(getattr(p, "to_local", lambda p=p: p)().abs().sum() for p in params))
 
 
 def case_ddp(job, args, results, calibration):
@@ -177,6 +190,7 @@ def case_ddp(job, args, results, calibration):
     results["mlp no_sync"] = steps_timed(job, local_step, args.iters, 5)
     after = worker.calibrate(job)
     calibration["mlp"], calibration["mlp no_sync"] = [before, mid], [mid, after]
+    return checksum(model.parameters())
 
 
 def case_fsdp(job, args, results, calibration):
@@ -209,6 +223,7 @@ def case_fsdp(job, args, results, calibration):
     before = worker.calibrate(job)
     results["transformer"] = steps_timed(job, step, args.iters, 2)
     calibration["transformer"] = [before, worker.calibrate(job)]
+    return checksum(model.parameters())
 
 
 def case_pipeline(job, args, results, calibration):
@@ -245,6 +260,7 @@ def case_pipeline(job, args, results, calibration):
     before = worker.calibrate(job)
     results["gpipe"] = steps_timed(job, step, args.iters, 2)
     calibration["gpipe"] = [before, worker.calibrate(job)]
+    return checksum(mod.parameters())
 
 
 CASES = {"allreduce": case_allreduce, "ddp": case_ddp, "fsdp": case_fsdp,
@@ -254,10 +270,11 @@ CASES = {"allreduce": case_allreduce, "ddp": case_ddp, "fsdp": case_fsdp,
 def worker_main(args):
     job = Job(args.impl)
     results, calibration = {}, {}
-    CASES[args.worker](job, args, results, calibration)
+    check = CASES[args.worker](job, args, results, calibration)
     if job.rank == 0:
         print("BENCH " + json.dumps({"impl": args.impl, "case": args.worker, "np": job.size,
-                                     "results": results, "calibration": calibration}),
+                                     "results": results, "calibration": calibration,
+                                     "check": check}),
               flush=True)
     job.barrier()
     job.close()
@@ -299,7 +316,7 @@ def run_job(impl, case, np_, args, launcher_args=(), extra_env=None, timeout=600
                        f"{out[-2000:]}\n{err[-3000:]}")
 
 
-def collect(plan, args, rounds_of, hangs, net=None):
+def collect(plan, args, rounds_of, hangs, checks, net=None):
     """plan: [(case key, worker case, np)]. Fills rounds_of[(key, np, label, impl)]."""
     for key, case, np_ in plan:
         impls = IMPLS[case]
@@ -315,6 +332,7 @@ def collect(plan, args, rounds_of, hangs, net=None):
                     hangs.setdefault(f"{key}/{np_}/{impl}", []).append(rnd + 1)
                     print(f"  {e}", file=sys.stderr, flush=True)
                     continue
+                checks.setdefault(f"{key}/{np_}", {}).setdefault(impl, []).append(out["check"])
                 for label, vals in out["results"].items():
                     rounds_of.setdefault((key, np_, label, impl), []).append(
                         {"round": rnd + 1, "seconds": vals,
@@ -338,6 +356,26 @@ def hang_runs(args):
         print(f"  hang run {i + 1}/{args.hang_runs}: {secs[-1]:.1f} s (hung {hung}, "
               f"failed {len(failed)})", file=sys.stderr, flush=True)
     return hung, failed, secs
+
+
+def check_report(checks):
+    """One line per row: all_reduce results right in every job; for the training cases,
+    whether every job's parameter checksum (rank 0's, after the same steps) agrees
+    with the first job's within 1e-4 relative, or the figures."""
+    lines = []
+    for what, by_impl in checks.items():
+        vals = [(i, v) for i, vs in by_impl.items() for v in vs]
+        if all(isinstance(v, bool) for _, v in vals):
+            bad = [i for i, v in vals if not v]
+            lines.append(f"check {what}: " + ("every result right" if not bad else
+                                              f"WRONG results from {sorted(set(bad))}"))
+            continue
+        ref = vals[0][1]
+        off = [(i, v) for i, v in vals if abs(v - ref) > 1e-4 * abs(ref)]
+        lines.append(f"check {what}: parameter checksums " +
+                     ("agree across all jobs" if not off else
+                      f"DIFFER: {vals}"))
+    return lines
 
 
 def label_name(label):
@@ -479,13 +517,13 @@ def main():
         return plot(rounds_of, hangs, args.plot or os.path.join(ROOT, "docs", "bench_torch_dist.png"))
     wanted = args.cases.split(",")
     nps = [int(n) for n in args.np.split(",")]
-    rounds_of, hangs, notes = {}, {}, []
+    rounds_of, hangs, notes, checks = {}, {}, [], {}
     t0 = time.time()
     load0 = os.getloadavg()
     plan = [(c, c, n) for c in ("allreduce", "ddp", "fsdp") if c in wanted for n in nps]
     if "pipeline" in wanted:
         plan.append(("pipeline", "pipeline", 2))
-    collect(plan, args, rounds_of, hangs)
+    collect(plan, args, rounds_of, hangs, checks)
     if "netns" in wanted:
         import netns
         why = netns.available()
@@ -494,9 +532,10 @@ def main():
         else:
             with netns.TwoNodes(rate=args.rate) as net:
                 collect([(f"{c}@2x2 {args.rate}", c, 4) for c in args.netns_cases.split(",")],
-                        args, rounds_of, hangs, net)
+                        args, rounds_of, hangs, checks, net)
     bases = house.mark_slow(rounds_of)
     lines = report(rounds_of, hangs)
+    lines += check_report(checks)
     lines += house.slow_report(rounds_of)
     lines.append("calibration baselines: " + ", ".join(
         f"{n} ranks {b * 1e3:.1f} ms" for n, b in sorted(bases.items()) if b is not None))
@@ -517,6 +556,7 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join([sys.executable] + sys.argv), "hangs": hangs,
+                   "checks": checks,
                    "summary": lines, "slow_factor": stats.SLOW_FACTOR,
                    "rounds": [dict(r, key=k[0], np=k[1], label=k[2], impl=k[3])
                               for k, rs in rounds_of.items() for r in rs]}, f, indent=1)
