@@ -14,6 +14,9 @@ as bench/run.py runs gloo):
   engine   the engine's own torch call, hvd.allreduce(t, name="bench", op=hvd.Sum)
            (all_reduce case only: what the backend adds on top of the engine)
   engine_  the same in place, hvd.allreduce_ (no output to allocate, as dist.all_reduce)
+  ours-direct  (with --impls) the backend's group called directly,
+           dist.group.WORLD.allreduce([t]).wait(), without torch's dist.all_reduce
+           wrapper: with ours and engine_, where a small all_reduce's time goes
 
 The cases:
 
@@ -78,7 +81,7 @@ class Job:
             hvd.init()
             self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
             return
-        if impl == "ours":
+        if impl in ("ours", "ours-direct"):
             import horovodlike.torch.distributed  # noqa: F401  (registers the backend)
             dist.init_process_group("horovodlike")
         else:
@@ -109,6 +112,9 @@ class Job:
             hvd = self.hvd
             return lambda: hvd.allreduce_(t, name="bench", op=hvd.Sum)
         dist = self.dist
+        if self.impl == "ours-direct":
+            group, opts = dist.group.WORLD, dist.AllreduceOptions()
+            return lambda: group.allreduce([t], opts).wait()
         return lambda: dist.all_reduce(t)
 
     def close(self):
@@ -148,7 +154,10 @@ def case_allreduce(job, args, results, calibration):
         calibration[str(nbytes)], before = [before, after], after
     # the result, once: every rank's rank + 1 summed
     t = job.torch.full((1024,), float(job.rank + 1))
-    job.reducer(t)() if job.impl != "engine" else t.copy_(job.reducer(t)())
+    if job.impl == "engine":
+        t.copy_(job.reducer(t)())
+    else:
+        job.reducer(t)()
     return float(t[0]) == job.size * (job.size + 1) / 2
 
 
@@ -221,7 +230,7 @@ def case_fsdp(job, args, results, calibration):
     for _ in range(2):
         step()
     before = worker.calibrate(job)
-    results["transformer"] = steps_timed(job, step, args.iters, 2)
+    results["transformer"] = steps_timed(job, step, args.iters, 1)
     calibration["transformer"] = [before, worker.calibrate(job)]
     return checksum(model.parameters())
 
@@ -426,35 +435,41 @@ def report(rounds_of, hangs):
 
 
 def plot(rounds_of, hangs, path):
-    """Left: all_reduce time against size per rank count (ours, engine, gloo); right: ours'
-    time over gloo's for every other row (DDP, FSDP2, pipelining, fake nodes)."""
+    """all_reduce time against size, one panel per place (one node; the fake nodes), a
+    colour per implementation and a line style per rank count; and ours' step time over
+    gloo's for every training row (DDP, FSDP2, pipelining, fake nodes)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax_a, ax_r) = plt.subplots(1, 2, figsize=(12, 4.4))
-    styles = {"ours": dict(lw=2.2, marker="o"), "engine": dict(lw=1.2, marker="s", ls="--"),
-              "engine_": dict(lw=1.2, marker="^", ls=":"), "gloo": dict(lw=1.2, marker="x")}
-    names = {"ours": 'dist.all_reduce, backend="horovodlike"', "engine": "hvd.allreduce",
-             "engine_": "hvd.allreduce_", "gloo": "dist.all_reduce, gloo"}
-    keys = sorted({(k[0], k[1]) for k in rounds_of if k[0].startswith("allreduce")})
-    for key, np_ in keys:
-        for impl in IMPLS["allreduce"]:
-            pts = sorted((int(k[2]), stats.summarize(v)["median"]) for k, v in rounds_of.items()
-                         if k[:2] == (key, np_) and k[3] == impl)
-            if pts:
-                where = "" if key == "allreduce" else " " + key.split("@")[1]
-                ax_a.plot([b for b, _ in pts], [t * 1e3 for _, t in pts],
-                          label=f"{names[impl]}, {np_} ranks{where}", **styles[impl],
-                          alpha=1.0 if np_ == 2 else 0.6)
-    ax_a.set_xscale("log", base=2)
-    ax_a.set_yscale("log")
-    ax_a.set_xticks(SIZES)
-    ax_a.set_xticklabels([house.human(s).replace(" ", "") for s in SIZES])
-    ax_a.set_xlabel("float32 all_reduce size")
-    ax_a.set_ylabel("ms (median of rounds)")
-    ax_a.set_title("all_reduce", fontsize=10)
-    ax_a.grid(alpha=0.3, which="both")
-    ax_a.legend(fontsize=6)
+    places = sorted({k[0] for k in rounds_of if k[0].startswith("allreduce")}, key=len)
+    fig, axes = plt.subplots(1, len(places) + 1, figsize=(5 * (len(places) + 1), 4.4),
+                             squeeze=False)
+    colors = {"ours": "tab:blue", "ours-direct": "tab:purple", "engine": "tab:orange",
+              "engine_": "tab:green", "gloo": "tab:red"}
+    names = {"ours": 'dist.all_reduce, "horovodlike"', "ours-direct": "group.allreduce",
+             "engine": "hvd.allreduce", "engine_": "hvd.allreduce_",
+             "gloo": "dist.all_reduce, gloo"}
+    for ax, key in zip(axes[0], places):
+        for np_ in sorted({k[1] for k in rounds_of if k[0] == key}):
+            for impl in colors:
+                pts = sorted((int(k[2]), stats.summarize(v)["median"])
+                             for k, v in rounds_of.items() if k[:2] == (key, np_) and k[3] == impl)
+                if pts:
+                    ax.plot([b for b, _ in pts], [t * 1e3 for _, t in pts], marker="o",
+                            color=colors[impl], ls="-" if np_ == 2 else "--",
+                            lw=2.2 if impl == "ours" else 1.2,
+                            label=f"{names[impl]}, {np_} ranks")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(SIZES)
+        ax.set_xticklabels([house.human(s).replace(" ", "") for s in SIZES])
+        ax.set_xlabel("float32 all_reduce size")
+        ax.set_ylabel("ms (median of rounds)")
+        ax.set_title("all_reduce, " + ("one node" if key == "allreduce" else key.split("@")[1]),
+                     fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    ax_r = axes[0][-1]
     bars, labels = [], []
     for (key, np_, label, impl), rs in sorted(rounds_of.items()):
         if impl != "ours" or key.startswith("allreduce") or label.endswith("no_sync"):
@@ -462,12 +477,13 @@ def plot(rounds_of, hangs, path):
         peer = rounds_of.get((key, np_, label, "gloo"))
         if peer:
             bars.append(stats.ratio(stats.summarize(rs), stats.summarize(peer)))
-            labels.append(f"{key}\n{label} np={np_}")
+            where = "" if "@" not in key else "\n" + key.split("@")[1]
+            labels.append(f"{key.split('@')[0]} {np_}r{where}")
     for what in hangs:
         if what.endswith("/gloo"):
             k, n, _ = what.split("/")
             bars.append(0)
-            labels.append(f"{k} np={n}\ngloo hangs")
+            labels.append(f"{k} {n}r\ngloo hangs")
     xs = range(len(bars))
     ax_r.bar(xs, bars, color=["tab:green" if b < 1 else "tab:red" for b in bars])
     for x, b in zip(xs, bars):
@@ -476,7 +492,7 @@ def plot(rounds_of, hangs, path):
     ax_r.set_xticks(list(xs))
     ax_r.set_xticklabels(labels, fontsize=7)
     ax_r.set_ylabel('step time, "horovodlike" / gloo')
-    ax_r.set_title("training steps (lower is better)", fontsize=10)
+    ax_r.set_title("training steps, ours / gloo (lower is better)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"plot: {path}")
@@ -494,7 +510,9 @@ def load(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", choices=CASES)
-    ap.add_argument("--impl", choices=["ours", "gloo", "engine", "engine_"])
+    ap.add_argument("--impl", choices=["ours", "ours-direct", "gloo", "engine", "engine_"])
+    ap.add_argument("--impls", help="all_reduce: comma-separated implementations (default "
+                    + ",".join(IMPLS["allreduce"]) + "; ours-direct too)")
     ap.add_argument("--cases", default="allreduce,ddp,fsdp,pipeline,netns")
     ap.add_argument("--np", default="2,4")
     ap.add_argument("--rounds", type=int, default=3)
@@ -516,6 +534,8 @@ def main():
         print("\n".join(report(rounds_of, hangs)))
         return plot(rounds_of, hangs, args.plot or os.path.join(ROOT, "docs", "bench_torch_dist.png"))
     wanted = args.cases.split(",")
+    if args.impls:
+        IMPLS["allreduce"] = args.impls.split(",")
     nps = [int(n) for n in args.np.split(",")]
     rounds_of, hangs, notes, checks = {}, {}, [], {}
     t0 = time.time()
