@@ -557,8 +557,9 @@ def main():
     lines = report(rounds_of, hangs)
     lines += check_report(checks)
     lines += house.slow_report(rounds_of)
-    lines.append("calibration baselines: " + ", ".join(
-        f"{n} ranks {b * 1e3:.1f} ms" for n, b in sorted(bases.items()) if b is not None))
+    if bases:
+        lines.append("calibration baselines: " + ", ".join(
+            f"{n} ranks {b * 1e3:.1f} ms" for n, b in sorted(bases.items()) if b is not None))
     hang_line = None
     if "hangs" in wanted:
         hung, failed, secs = hang_runs(args)
