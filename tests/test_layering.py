@@ -36,7 +36,7 @@ COMMON_LAYERS = [
     ["process_sets"],
     ["request"],
     ["ops", "arguments"],
-    ["objects", "dynamic_sets", "elastic"],
+    ["objects", "dynamic_sets", "elastic", "autotune"],
     ["api", "topology"],
 ]
 

@@ -17,6 +17,7 @@ checks this, function-level imports included):
     ops                              collectives on numpy arrays, handles
     arguments                        the distributed optimizers' argument rules
     objects, dynamic_sets, elastic   object collectives, add/remove sets, elastic rounds
+    autotune                         the knobs searched while the job trains
     api                              init(): elastic or plain, the public entry point
     topology                         the data × pipeline × tensor layout and its sets
 
