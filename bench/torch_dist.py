@@ -144,6 +144,16 @@ def steps_timed(job, step, iters, per):
     return out
 
 
+def warm_and_time(job, step, args, results, calibration, key, warmup, per):
+    """`warmup` untimed steps, then steps_timed between two calibrations, under `key`."""
+    import worker
+    for _ in range(warmup):
+        step()
+    before = worker.calibrate(job)
+    results[key] = steps_timed(job, step, args.iters, per)
+    calibration[key] = [before, worker.calibrate(job)]
+
+
 def case_allreduce(job, args, results, calibration):
     import worker
     before = worker.calibrate(job)
@@ -205,7 +215,6 @@ def case_ddp(job, args, results, calibration):
 def case_fsdp(job, args, results, calibration):
     import torch
     import torch.nn.functional as F
-    import worker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     ex = load_example("pytorch_sharded_transformer")
@@ -227,11 +236,7 @@ def case_fsdp(job, args, results, calibration):
         F.cross_entropy(logits.reshape(-1, c["vocab"]), tokens[:, 1:].reshape(-1)).backward()
         opt.step()
 
-    for _ in range(2):
-        step()
-    before = worker.calibrate(job)
-    results["transformer"] = steps_timed(job, step, args.iters, 1)
-    calibration["transformer"] = [before, worker.calibrate(job)]
+    warm_and_time(job, step, args, results, calibration, "transformer", 2, 1)
     return checksum(model.parameters())
 
 
@@ -239,7 +244,6 @@ def case_pipeline(job, args, results, calibration):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    import worker
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
     c, rank, p = PIPE, job.rank, job.size
     torch.manual_seed(0)
@@ -264,11 +268,7 @@ def case_pipeline(job, args, results, calibration):
             sched.step()
         opt.step()
 
-    for _ in range(2):
-        step()
-    before = worker.calibrate(job)
-    results["gpipe"] = steps_timed(job, step, args.iters, 2)
-    calibration["gpipe"] = [before, worker.calibrate(job)]
+    warm_and_time(job, step, args, results, calibration, "gpipe", 2, 2)
     return checksum(mod.parameters())
 
 
