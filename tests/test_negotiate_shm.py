@@ -74,9 +74,13 @@ def test_repeated_requests_are_agreed_in_the_segment(np_, negotiate, launcher_ar
         assert fast >= 0.9 * (iters - 1 + 3 * 40 + 6), (rank, fast, planned)
         assert planned < 60, (rank, fast, planned)
     # Blocking ops do not wake the engine's thread: the waiting caller starts them, and
-    # executes what the log holds while it waits (hvdl__drive). How many depends on the
-    # scheduling; that callers execute entries at all does not.
-    assert all(n > 0 for n in caller_counts(res.stderr).values()), res.stderr[-3000:]
+    # executes what the log holds while it waits (hvdl__drive). How many, and on which
+    # rank, depends on the scheduling: with 3 ranks on 2 cores one rank's engine thread
+    # may run every entry before its caller wakes (seen in CI: 520, 86 and 0). That
+    # waiting callers execute entries somewhere in the job does not depend on it.
+    callers = caller_counts(res.stderr)
+    assert sorted(callers) == list(range(np_)), res.stderr[-3000:]
+    assert sum(callers.values()) > 0, res.stderr[-3000:]
 
 
 OVERFLOW = rank_program("negotiate_shm_overflow")
